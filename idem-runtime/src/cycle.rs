@@ -1,0 +1,323 @@
+//! One idempotent request: claim the key, run the handler, store the response, commit,
+//! all in one PostgreSQL transaction; or replay what a previous request stored.
+//!
+//! The invariants this relies on (DESIGN.md):
+//!
+//! 1. **One transaction.** The claim, the handler's writes and the stored response
+//!    commit together. There is no "mark complete" step that could be lost.
+//! 2. **No stuck keys.** An unfinished claim is an uncommitted row: a crash, a dropped
+//!    connection or a dropped future rolls it back. No lease, no reaper.
+//! 3. **The primary key is the final arbiter.** Concurrent claims of one key serialize
+//!    on the row; the loser waits (up to `lock_timeout`) and then replays, or gets 409.
+//! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
+//!    sees the row the winner committed.
+//! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
+//!    dropped: a client that disconnects mid-request leaves nothing behind.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgConnection, Postgres, Row, Transaction};
+
+use crate::fingerprint::Fingerprint;
+use crate::problem::{self, Problem};
+use crate::response::{CaptureError, StoredResponse};
+use crate::store::{is_unavailable, Idempotency, PRIMARY_KEY};
+use crate::tx::{KeyInScope, Tx};
+
+/// What a handler produced, and whether it may commit: `Ok` below 500 commits and is
+/// replayed; `Err`, or any 5xx, rolls everything back so the client may retry.
+#[derive(Debug)]
+pub struct Outcome {
+    pub(crate) response: Response,
+    pub(crate) commit: bool,
+}
+
+impl Outcome {
+    /// An `Ok` answer: final unless it is a 5xx.
+    pub fn ok(response: impl IntoResponse) -> Self {
+        let response = response.into_response();
+        let commit = !response.status().is_server_error();
+        Self { response, commit }
+    }
+
+    /// An `Err` answer: rolled back, retryable.
+    pub fn err(response: impl IntoResponse) -> Self {
+        Self {
+            response: response.into_response(),
+            commit: false,
+        }
+    }
+}
+
+/// The handler, as the cycle calls it: given the transaction, a future of its outcome.
+pub type HandlerFuture<'t> = Pin<Box<dyn Future<Output = Outcome> + Send + 't>>;
+
+/// One request's claim: where the key lives and what it must match.
+pub(crate) struct Request {
+    pub(crate) key: KeyInScope,
+    pub(crate) ttl: Duration,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+/// A row found by the claim.
+struct Stored {
+    fingerprint: Vec<u8>,
+    field_hashes: Vec<u8>,
+    status: Option<i16>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
+    expired: bool,
+}
+
+enum Claim {
+    Fresh,
+    Stored(Stored),
+}
+
+/// Failures of the claim, each with its answer.
+enum ClaimError {
+    /// Another request with this key holds it (lock_timeout) or won the race.
+    InUse,
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for ClaimError {
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            // 55P03: our lock_timeout expired while another request held the key's row.
+            sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => Self::InUse,
+            // A unique violation of the key's own primary key: a concurrent request won.
+            // Any other unique violation is not ours to interpret.
+            sqlx::Error::Database(e) if e.constraint() == Some(PRIMARY_KEY) => Self::InUse,
+            _ => Self::Database(error),
+        }
+    }
+}
+
+pub(crate) async fn run<F>(store: &Idempotency, request: Request, handler: F) -> Response
+where
+    F: for<'t> FnOnce(Tx<'t>) -> HandlerFuture<'t>,
+{
+    let settings = &store.inner;
+    let retry_after = settings.retry_after;
+    let begin = settings.pool.begin_with(settings.sql.begin.clone());
+    let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
+        Ok(Ok(tx)) => tx,
+        Ok(Err(e)) => return database_failure(&e, retry_after, "begin"),
+        Err(_elapsed) => return Problem::unavailable(retry_after).into_response(),
+    };
+
+    match claim(store, &mut tx, &request).await {
+        Ok(Claim::Fresh) => {}
+        Ok(Claim::Stored(stored)) => {
+            // Nothing was written; ending the transaction early frees the connection.
+            drop(tx);
+            return replay_or_refuse(stored, &request.fingerprint);
+        }
+        Err(ClaimError::InUse) => return Problem::key_in_use(retry_after).into_response(),
+        Err(ClaimError::Database(e)) => return database_failure(&e, retry_after, "claim"),
+    }
+    if let Err(e) = sqlx::query(settings.sql.end_claim).execute(&mut *tx).await {
+        return database_failure(&e, retry_after, "claim");
+    }
+
+    let outcome = handler(Tx::new(&mut tx, &request.key)).await;
+
+    if !outcome.commit {
+        return match tx.rollback().await {
+            Ok(()) => outcome.response,
+            // The handler's error may be the symptom (its query failed because the
+            // connection died); the failed rollback tells us the database is gone.
+            Err(e) if is_unavailable(&e) => Problem::unavailable(retry_after).into_response(),
+            Err(e) => {
+                tracing::warn!(error = %e, scope = request.key.scope, "idem: rollback failed");
+                outcome.response
+            }
+        };
+    }
+
+    let (stored, parts) =
+        match StoredResponse::capture(outcome.response, &settings.replay_headers, settings.max_response_bytes).await {
+            Ok(captured) => captured,
+            Err(CaptureError::TooLarge { limit }) => {
+                tracing::error!(scope = request.key.scope, limit, "idem: response over the stored-response cap; rolled back");
+                return Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    problem::types::RESPONSE_TOO_LARGE,
+                    "Response too large to store",
+                )
+                .with_detail(format!(
+                    "the response body exceeds the {limit}-byte cap for stored responses; nothing was committed"
+                ))
+                .into_response();
+            }
+            Err(CaptureError::Body(e)) => {
+                tracing::error!(error = %e, scope = request.key.scope, "idem: response body failed; rolled back");
+                return Problem::internal("the response body could not be read; nothing was committed").into_response();
+            }
+        };
+
+    match store_response(store, &mut tx, &request.key, &stored).await {
+        Ok(true) => {}
+        Ok(false) => return escaped(store, tx, &request.key).await,
+        Err(e) => return database_failure(&e, retry_after, "store"),
+    }
+
+    // If COMMIT's answer is lost, the client cannot tell whether it happened; a 503 makes
+    // it retry, and the retry either replays the committed response or runs afresh.
+    if let Err(e) = tx.commit().await {
+        return database_failure(&e, retry_after, "commit");
+    }
+    Response::from_parts(parts, Body::from(stored.body))
+}
+
+async fn claim(
+    store: &Idempotency,
+    tx: &mut Transaction<'static, Postgres>,
+    request: &Request,
+) -> Result<Claim, ClaimError> {
+    let sql = &store.inner.sql;
+    let parts = request.fingerprint.parts();
+    // Claims go round at most a few times, and only under races with expiry: a row seen
+    // expired is reclaimed by another request first, or deleted by a sweeper.
+    for _ in 0..4 {
+        let claim = keyed(&sql.claim, &request.key)
+            .bind(request.fingerprint.combined().as_slice())
+            .bind(&parts)
+            .bind(request.ttl.as_secs_f64());
+        let found = match fetch(&mut *tx, claim).await? {
+            Some(row) => row,
+            // The conflicting row committed after the claim's snapshot began (the claim
+            // waited for it): a new statement sees it.
+            None => match fetch(&mut *tx, keyed(&sql.read, &request.key)).await? {
+                Some(row) => row,
+                None => continue,
+            },
+        };
+        let Some(stored) = found else {
+            return Ok(Claim::Fresh);
+        };
+        if !stored.expired && stored.status.is_some() {
+            return Ok(Claim::Stored(stored));
+        }
+        let reclaimed = keyed(&sql.reclaim, &request.key)
+            .bind(request.fingerprint.combined().as_slice())
+            .bind(&parts)
+            .bind(request.ttl.as_secs_f64())
+            .execute(&mut **tx)
+            .await?;
+        if reclaimed.rows_affected() == 1 {
+            return Ok(Claim::Fresh);
+        }
+    }
+    Err(ClaimError::InUse)
+}
+
+/// A statement whose first three parameters are the key: (scope, principal, key).
+fn keyed<'q>(sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(sql)
+        .bind(key.scope)
+        .bind(key.principal.as_str())
+        .bind(key.key.as_str())
+}
+
+/// Runs the claim or the read. `Ok(None)`: no row at all. `Ok(Some(None))`: a fresh
+/// claim. `Ok(Some(Some(stored)))`: a stored row.
+async fn fetch(
+    conn: &mut PgConnection,
+    query: Query<'_, Postgres, PgArguments>,
+) -> Result<Option<Option<Stored>>, sqlx::Error> {
+    let row: Option<PgRow> = query.fetch_optional(conn).await?;
+    let Some(row) = row else { return Ok(None) };
+    if row.try_get::<bool, _>("fresh")? {
+        return Ok(Some(None));
+    }
+    Ok(Some(Some(Stored {
+        fingerprint: row.try_get("fingerprint")?,
+        field_hashes: row.try_get("field_hashes")?,
+        status: row.try_get("status")?,
+        headers: row.try_get("headers")?,
+        body: row.try_get("body")?,
+        expired: row.try_get("expired")?,
+    })))
+}
+
+fn replay_or_refuse(stored: Stored, fingerprint: &Fingerprint) -> Response {
+    if !fingerprint.matches(&stored.fingerprint, &stored.field_hashes) {
+        return Problem::key_reused().into_response();
+    }
+    let status = stored
+        .status
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok());
+    let Some(status) = status else {
+        tracing::error!("idem: stored row has an invalid status");
+        return Problem::internal("the stored response is unreadable").into_response();
+    };
+    StoredResponse {
+        status,
+        headers: stored.headers.unwrap_or_default(),
+        body: stored.body.unwrap_or_default().into(),
+    }
+    .replay()
+}
+
+/// Writes the response into the claimed row. `Ok(false)`: the row is not this
+/// transaction's any more (the handler ended the transaction itself).
+async fn store_response(
+    store: &Idempotency,
+    tx: &mut Transaction<'static, Postgres>,
+    key: &KeyInScope,
+    response: &StoredResponse,
+) -> Result<bool, sqlx::Error> {
+    let done = keyed(&store.inner.sql.store, key)
+        .bind(i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX))
+        .bind(&response.headers)
+        .bind(response.body.as_ref())
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The handler ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
+/// committed without the key's response. Nothing is stored; the committed claim, if any,
+/// is removed so the key is not stuck, and the request fails loudly.
+async fn escaped(store: &Idempotency, tx: Transaction<'static, Postgres>, key: &KeyInScope) -> Response {
+    tracing::error!(
+        scope = key.scope,
+        "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
+         its writes escaped the idempotency guarantee; nothing was stored"
+    );
+    drop(tx);
+    let forget = keyed(&store.inner.sql.forget, key)
+        .execute(&store.inner.pool)
+        .await;
+    if let Err(e) = forget {
+        // The claim path takes over such a row anyway.
+        tracing::warn!(error = %e, "idem: could not remove the escaped claim");
+    }
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::types::TRANSACTION_ESCAPED,
+        "Transaction ended by the handler",
+    )
+    .with_detail("the handler committed or rolled back idem's transaction itself; nothing was stored")
+    .into_response()
+}
+
+fn database_failure(error: &sqlx::Error, retry_after: u32, step: &'static str) -> Response {
+    if is_unavailable(error) {
+        tracing::warn!(%error, step, "idem: database unavailable");
+        Problem::unavailable(retry_after).into_response()
+    } else {
+        tracing::error!(%error, step, "idem: database error");
+        Problem::internal("a database error occurred; nothing was committed").into_response()
+    }
+}

@@ -1,0 +1,801 @@
+//! The request fingerprint: what makes a retry "the same request".
+//!
+//! A fingerprint is SHA-256 over a canonical, domain-separated encoding of
+//!
+//! 1. a format version,
+//! 2. the target: scope, method, matched route and the raw path parameters,
+//! 3. each named field as (name, value), in declared order.
+//!
+//! Values are encoded from the typed, deserialized value through `serde`, with a
+//! [`Serializer`](serde::Serializer) that writes straight into the hasher: whitespace
+//! and key order in the client's JSON never matter, map and struct entries are sorted,
+//! and every value is tagged and self-delimiting (strings and bytes are length-prefixed,
+//! sequences and maps are bracketed), so no two different values encode alike.
+//!
+//! Beside the combined hash, each field keeps its own hash. After a deploy that changes
+//! an endpoint's `fields`, a retry is compared on the fields both versions share
+//! instead of being refused by the new list ([`Fingerprint::matches`]).
+
+use std::fmt;
+
+use serde::ser::{self, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A SHA-256 digest.
+pub type Digest32 = [u8; 32];
+
+const VERSION: &[u8] = b"idem.fingerprint.v1";
+
+/// The name under which the whole body is hashed when an endpoint names no fields.
+/// No Rust field can be called this, so it never collides with a named field.
+pub const WHOLE_BODY: &str = "";
+
+/// The fingerprint of one request: the combined hash and its parts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    combined: Digest32,
+    target: Digest32,
+    fields: Vec<(String, Digest32)>,
+}
+
+impl Fingerprint {
+    /// Starts a fingerprint for a request to `scope`, with the route's method, matched
+    /// path and raw path parameters (in route order).
+    pub fn builder<'a>(
+        scope: &str,
+        method: &str,
+        matched_path: &str,
+        params: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> FingerprintBuilder {
+        let mut hasher = domain(b't');
+        put_str(&mut hasher, scope.as_bytes());
+        put_str(&mut hasher, method.as_bytes());
+        put_str(&mut hasher, matched_path.as_bytes());
+        for (name, value) in params {
+            hasher.put(&[tag::SEQ]);
+            put_str(&mut hasher, name.as_bytes());
+            put_str(&mut hasher, value.as_bytes());
+        }
+        hasher.put(&[tag::END]);
+        FingerprintBuilder {
+            target: hasher.finalize().into(),
+            fields: Vec::new(),
+        }
+    }
+
+    /// The combined hash, compared first.
+    pub fn combined(&self) -> &Digest32 {
+        &self.combined
+    }
+
+    /// Whether a request with this fingerprint is a retry of the request stored as
+    /// (`combined`, `parts`), where `parts` is what [`Fingerprint::parts`] produced.
+    ///
+    /// Equal combined hashes match. Otherwise the targets must be equal and the field
+    /// lists, when they differ (a deploy changed `fields`), must share at least one
+    /// field and agree on every shared one. Unreadable stored parts never match.
+    pub fn matches(&self, combined: &[u8], parts: &[u8]) -> bool {
+        if combined == self.combined {
+            return true;
+        }
+        let Some((target, stored)) = decode_parts(parts) else {
+            return false;
+        };
+        if target != self.target {
+            return false;
+        }
+        let mut shared = 0;
+        for (name, hash) in &self.fields {
+            if let Some((_, stored_hash)) = stored.iter().find(|(n, _)| n == name) {
+                if stored_hash != hash {
+                    return false;
+                }
+                shared += 1;
+            }
+        }
+        let same_names = stored.len() == self.fields.len() && shared == stored.len();
+        shared > 0 && !same_names
+    }
+
+    /// The target and per-field hashes, in the compact form stored beside the combined
+    /// hash: the 32-byte target, then per field a big-endian `u16` name length, the
+    /// name and its 32-byte hash.
+    pub fn parts(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32 + self.fields.len() * 48);
+        out.extend_from_slice(&self.target);
+        for (name, hash) in &self.fields {
+            // Field names are Rust identifiers; a longer name is cut, which can only make
+            // a later comparison stricter, never looser.
+            let name = &name.as_bytes()[..name.len().min(usize::from(u16::MAX))];
+            out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(hash);
+        }
+        out
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fingerprint")
+            .field("combined", &hex(&self.combined))
+            .field("fields", &self.fields.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn decode_parts(mut parts: &[u8]) -> Option<(Digest32, Vec<(&str, &[u8])>)> {
+    let target: Digest32 = parts.get(..32)?.try_into().ok()?;
+    parts = &parts[32..];
+    let mut fields = Vec::new();
+    while !parts.is_empty() {
+        let len = usize::from(u16::from_be_bytes(parts.get(..2)?.try_into().ok()?));
+        let name = std::str::from_utf8(parts.get(2..2 + len)?).ok()?;
+        let hash = parts.get(2 + len..2 + len + 32)?;
+        fields.push((name, hash));
+        parts = &parts[2 + len + 32..];
+    }
+    Some((target, fields))
+}
+
+/// Collects the named fields of one request; see [`Fingerprint::builder`].
+pub struct FingerprintBuilder {
+    target: Digest32,
+    fields: Vec<(String, Digest32)>,
+}
+
+impl FingerprintBuilder {
+    /// Adds one named field. Fails only when the value's own `Serialize`
+    /// implementation reports an error.
+    pub fn field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), FingerprintError> {
+        let mut hasher = domain(b'f');
+        put_str(&mut hasher, name.as_bytes());
+        value.serialize(Encoder { out: &mut hasher })?;
+        self.fields.push((name.to_owned(), hasher.finalize().into()));
+        Ok(())
+    }
+
+    /// Adds the whole body, for endpoints that name no fields.
+    pub fn whole_body<T: Serialize + ?Sized>(&mut self, body: &T) -> Result<(), FingerprintError> {
+        self.field(WHOLE_BODY, body)
+    }
+
+    /// Combines the target and the fields, in the order they were added.
+    pub fn finish(self) -> Fingerprint {
+        let mut hasher = domain(b'c');
+        hasher.put(&self.target);
+        for (name, hash) in &self.fields {
+            hasher.put(&[tag::SEQ]);
+            put_str(&mut hasher, name.as_bytes());
+            hasher.put(hash);
+        }
+        hasher.put(&[tag::END]);
+        Fingerprint {
+            combined: hasher.finalize().into(),
+            target: self.target,
+            fields: self.fields,
+        }
+    }
+}
+
+fn domain(kind: u8) -> Sha256 {
+    let mut hasher = Sha256::new();
+    put_str(&mut hasher, VERSION);
+    hasher.put(&[kind]);
+    hasher
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// A value's `Serialize` implementation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintError(String);
+
+impl fmt::Display for FingerprintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot fingerprint the request: {}", self.0)
+    }
+}
+
+impl std::error::Error for FingerprintError {}
+
+impl ser::Error for FingerprintError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        Self(msg.to_string())
+    }
+}
+
+/// One byte in front of every value says what follows. Every encoding starts with a tag
+/// and none starts with [`tag::END`], so bracketed sequences are unambiguous.
+mod tag {
+    pub const UNIT: u8 = b'u';
+    pub const NONE: u8 = b'n';
+    pub const SOME: u8 = b'o';
+    pub const BOOL: u8 = b'B';
+    /// Any integer in `i128`'s range, whatever its Rust type: 16 bytes, big-endian.
+    pub const INT: u8 = b'i';
+    /// A `u128` above `i128::MAX`.
+    pub const BIG: u8 = b'I';
+    /// Any float, widened to `f64`.
+    pub const FLOAT: u8 = b'F';
+    pub const STR: u8 = b's';
+    pub const BYTES: u8 = b'b';
+    pub const SEQ: u8 = b'l';
+    pub const MAP: u8 = b'm';
+    pub const VARIANT: u8 = b'v';
+    pub const END: u8 = b'.';
+}
+
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+fn put_str(out: &mut impl Sink, bytes: &[u8]) {
+    out.put(&[tag::STR]);
+    out.put(&(bytes.len() as u64).to_be_bytes());
+    out.put(bytes);
+}
+
+fn put_int(out: &mut impl Sink, value: i128) {
+    out.put(&[tag::INT]);
+    out.put(&value.to_be_bytes());
+}
+
+/// Encodes one value into `out`.
+struct Encoder<'a, W> {
+    out: &'a mut W,
+}
+
+fn encode_to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
+    let mut buf = Vec::new();
+    value.serialize(Encoder { out: &mut buf })?;
+    Ok(buf)
+}
+
+impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+    type SerializeSeq = Seq<'a, W>;
+    type SerializeTuple = Seq<'a, W>;
+    type SerializeTupleStruct = Seq<'a, W>;
+    type SerializeTupleVariant = Seq<'a, W>;
+    type SerializeMap = Map<'a, W>;
+    type SerializeStruct = Map<'a, W>;
+    type SerializeStructVariant = Map<'a, W>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::BOOL, u8::from(v)]);
+        Ok(())
+    }
+
+    fn serialize_i8(self, v: i8) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_i16(self, v: i16) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_i32(self, v: i32) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_i64(self, v: i64) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_i128(self, v: i128) -> Result<(), FingerprintError> {
+        put_int(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u8(self, v: u8) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_u16(self, v: u16) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_u32(self, v: u32) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_u64(self, v: u64) -> Result<(), FingerprintError> {
+        self.serialize_i128(v.into())
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<(), FingerprintError> {
+        match i128::try_from(v) {
+            Ok(v) => put_int(self.out, v),
+            Err(_) => {
+                self.out.put(&[tag::BIG]);
+                self.out.put(&v.to_be_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn serialize_f32(self, v: f32) -> Result<(), FingerprintError> {
+        self.serialize_f64(v.into())
+    }
+
+    fn serialize_f64(self, v: f64) -> Result<(), FingerprintError> {
+        // -0.0 == 0.0: equal values encode alike.
+        let v = if v == 0.0 { 0.0 } else { v };
+        self.out.put(&[tag::FLOAT]);
+        self.out.put(&v.to_bits().to_be_bytes());
+        Ok(())
+    }
+
+    fn serialize_char(self, v: char) -> Result<(), FingerprintError> {
+        self.serialize_str(v.encode_utf8(&mut [0; 4]))
+    }
+
+    fn serialize_str(self, v: &str) -> Result<(), FingerprintError> {
+        put_str(self.out, v.as_bytes());
+        Ok(())
+    }
+
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::BYTES]);
+        self.out.put(&(v.len() as u64).to_be_bytes());
+        self.out.put(v);
+        Ok(())
+    }
+
+    fn serialize_none(self) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::NONE]);
+        Ok(())
+    }
+
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::SOME]);
+        value.serialize(self)
+    }
+
+    fn serialize_unit(self) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::UNIT]);
+        Ok(())
+    }
+
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), FingerprintError> {
+        self.serialize_unit()
+    }
+
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), FingerprintError> {
+        put_variant(self.out, variant);
+        self.out.put(&[tag::UNIT]);
+        Ok(())
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        put_variant(self.out, variant);
+        value.serialize(self)
+    }
+
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a, W>, FingerprintError> {
+        self.out.put(&[tag::SEQ]);
+        Ok(Seq { out: self.out })
+    }
+
+    fn serialize_tuple(self, len: usize) -> Result<Seq<'a, W>, FingerprintError> {
+        self.serialize_seq(Some(len))
+    }
+
+    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a, W>, FingerprintError> {
+        self.serialize_seq(Some(len))
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Seq<'a, W>, FingerprintError> {
+        put_variant(self.out, variant);
+        self.serialize_seq(Some(len))
+    }
+
+    fn serialize_map(self, len: Option<usize>) -> Result<Map<'a, W>, FingerprintError> {
+        Ok(Map {
+            out: self.out,
+            entries: Vec::with_capacity(len.unwrap_or(0)),
+            key: None,
+        })
+    }
+
+    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<Map<'a, W>, FingerprintError> {
+        self.serialize_map(Some(len))
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Map<'a, W>, FingerprintError> {
+        put_variant(self.out, variant);
+        self.serialize_map(Some(len))
+    }
+}
+
+/// Variants are identified by name, so reordering an enum keeps its fingerprints.
+fn put_variant(out: &mut impl Sink, variant: &str) {
+    out.put(&[tag::VARIANT]);
+    out.put(&(variant.len() as u64).to_be_bytes());
+    out.put(variant.as_bytes());
+}
+
+struct Seq<'a, W> {
+    out: &'a mut W,
+}
+
+impl<W: Sink> Seq<'_, W> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        value.serialize(Encoder { out: &mut *self.out })
+    }
+
+    fn close(self) -> Result<(), FingerprintError> {
+        self.out.put(&[tag::END]);
+        Ok(())
+    }
+}
+
+impl<W: Sink> ser::SerializeSeq for Seq<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+impl<W: Sink> ser::SerializeTuple for Seq<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+impl<W: Sink> ser::SerializeTupleStruct for Seq<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+impl<W: Sink> ser::SerializeTupleVariant for Seq<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+/// Maps and structs alike: entries are encoded aside, sorted by their encoded key, then
+/// written. A struct therefore encodes like a map with its field names as string keys,
+/// so the body type may move between the two without changing fingerprints.
+struct Map<'a, W> {
+    out: &'a mut W,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    key: Option<Vec<u8>>,
+}
+
+impl<W: Sink> Map<'_, W> {
+    fn close(mut self) -> Result<(), FingerprintError> {
+        self.entries.sort_unstable();
+        self.out.put(&[tag::MAP]);
+        self.out.put(&(self.entries.len() as u64).to_be_bytes());
+        for (key, value) in &self.entries {
+            self.out.put(key);
+            self.out.put(value);
+        }
+        Ok(())
+    }
+
+    fn struct_field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), FingerprintError> {
+        let mut key = Vec::with_capacity(name.len() + 9);
+        put_str(&mut key, name.as_bytes());
+        self.entries.push((key, encode_to_vec(value)?));
+        Ok(())
+    }
+}
+
+impl<W: Sink> ser::SerializeMap for Map<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), FingerprintError> {
+        self.key = Some(encode_to_vec(key)?);
+        Ok(())
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        let key = self
+            .key
+            .take()
+            .ok_or_else(|| FingerprintError("map value serialized before its key".into()))?;
+        self.entries.push((key, encode_to_vec(value)?));
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+impl<W: Sink> ser::SerializeStruct for Map<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), FingerprintError> {
+        self.struct_field(name, value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+impl<W: Sink> ser::SerializeStructVariant for Map<'_, W> {
+    type Ok = ();
+    type Error = FingerprintError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), FingerprintError> {
+        self.struct_field(name, value)
+    }
+
+    fn end(self) -> Result<(), FingerprintError> {
+        self.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use proptest::prelude::*;
+    use serde::{Deserialize, Serialize};
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn encode(value: &impl Serialize) -> Vec<u8> {
+        encode_to_vec(value).unwrap()
+    }
+
+    fn fingerprint(fields: &[(&str, &Value)]) -> Fingerprint {
+        let mut builder = Fingerprint::builder("charges", "POST", "/charges", []);
+        for (name, value) in fields {
+            builder.field(name, value).unwrap();
+        }
+        builder.finish()
+    }
+
+    #[derive(Deserialize, Serialize)]
+    struct Charge {
+        amount: i64,
+        currency: String,
+        customer: String,
+        metadata: HashMap<String, Value>,
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_matter() {
+        let a: Charge = serde_json::from_str(
+            r#"{"amount":100,"currency":"usd","customer":"c1","metadata":{"x":1,"y":{"b":2,"a":[1,2]}}}"#,
+        )
+        .unwrap();
+        let b: Charge = serde_json::from_str(
+            "{ \"metadata\" : { \"y\": {\"a\": [1, 2], \"b\": 2}, \"x\": 1 },\n  \"customer\": \"c1\", \"currency\": \"usd\", \"amount\": 100 }",
+        )
+        .unwrap();
+        assert_eq!(encode(&a), encode(&b));
+    }
+
+    #[test]
+    fn structs_encode_like_maps() {
+        let charge = Charge {
+            amount: 1,
+            currency: "usd".into(),
+            customer: "c".into(),
+            metadata: HashMap::new(),
+        };
+        let map: BTreeMap<&str, Value> = [
+            ("customer", json!("c")),
+            ("amount", json!(1)),
+            ("metadata", json!({})),
+            ("currency", json!("usd")),
+        ]
+        .into();
+        assert_eq!(encode(&charge), encode(&map));
+    }
+
+    #[test]
+    fn integer_types_agree_but_never_with_strings_or_floats() {
+        assert_eq!(encode(&1_u8), encode(&1_i64));
+        assert_eq!(encode(&u64::MAX), encode(&u128::from(u64::MAX)));
+        assert_ne!(encode(&u128::MAX), encode(&-1_i128));
+        assert_ne!(encode(&1_i64), encode(&"1"));
+        assert_ne!(encode(&1_i64), encode(&1.0_f64));
+        assert_ne!(encode(&true), encode(&1));
+        assert_ne!(encode(&Option::<i32>::None), encode(&()));
+        assert_ne!(encode(&Some(())), encode(&()));
+    }
+
+    #[test]
+    fn strings_that_contain_separators_stay_apart() {
+        // Without length prefixes these pairs would concatenate to the same bytes.
+        assert_ne!(encode(&("ab", "c")), encode(&("a", "bc")));
+        assert_ne!(encode(&vec!["a.", "b"]), encode(&vec!["a", ".b"]));
+        assert_ne!(encode(&json!({"a": "b\"c"})), encode(&json!({"a\":\"b": "c"})));
+        assert_ne!(encode(&json!([["a"], []])), encode(&json!([[], ["a"]])));
+        assert_ne!(encode(&json!({"a": {"b": 1}})), encode(&json!({"a": {}, "b": 1})));
+    }
+
+    #[test]
+    fn field_names_and_values_are_bound_together() {
+        let one = json!(1);
+        let two = json!(2);
+        assert_ne!(
+            fingerprint(&[("amount", &one), ("fee", &two)]),
+            fingerprint(&[("amount", &two), ("fee", &one)])
+        );
+        assert_ne!(fingerprint(&[("amount", &one)]), fingerprint(&[("fee", &one)]));
+        assert_eq!(fingerprint(&[("amount", &one)]), fingerprint(&[("amount", &json!(1))]));
+    }
+
+    #[test]
+    fn the_target_is_part_of_the_fingerprint() {
+        let build = |scope, method, path, id| {
+            let mut b = Fingerprint::builder(scope, method, path, [("id", id)]);
+            b.field("amount", &5).unwrap();
+            b.finish()
+        };
+        let base = build("refunds", "POST", "/charges/{id}/refunds", "ch_1");
+        assert_eq!(base, build("refunds", "POST", "/charges/{id}/refunds", "ch_1"));
+        assert_ne!(base, build("refunds", "POST", "/charges/{id}/refunds", "ch_2"));
+        assert_ne!(base, build("refunds", "PUT", "/charges/{id}/refunds", "ch_1"));
+        assert_ne!(base, build("other", "POST", "/charges/{id}/refunds", "ch_1"));
+        assert!(!base.matches(build("refunds", "POST", "/charges/{id}/refunds", "ch_2").combined(), &build("refunds", "POST", "/charges/{id}/refunds", "ch_2").parts()));
+    }
+
+    #[test]
+    fn a_changed_field_list_compares_the_shared_fields() {
+        let (amount, currency, customer) = (json!(100), json!("usd"), json!("c1"));
+        let old = fingerprint(&[("amount", &amount), ("currency", &currency)]);
+        let new = fingerprint(&[("amount", &amount), ("currency", &currency), ("customer", &customer)]);
+        assert_ne!(old.combined(), new.combined());
+        assert!(new.matches(old.combined(), &old.parts()));
+        assert!(old.matches(new.combined(), &new.parts()));
+
+        let changed = fingerprint(&[("amount", &json!(200)), ("currency", &currency), ("customer", &customer)]);
+        assert!(!changed.matches(old.combined(), &old.parts()));
+        // Same names, one value differs: no match.
+        let other = fingerprint(&[("amount", &amount), ("currency", &json!("eur"))]);
+        assert!(!other.matches(old.combined(), &old.parts()));
+        // Nothing shared: no match.
+        let disjoint = fingerprint(&[("customer", &customer)]);
+        assert!(!disjoint.matches(old.combined(), &old.parts()));
+        // Garbage parts never match.
+        assert!(!new.matches(&[0; 32], b"short"));
+    }
+
+    #[test]
+    fn enums_are_encoded_by_variant_name() {
+        #[derive(Serialize)]
+        enum A {
+            X,
+            Y(i32),
+            Z { v: i32 },
+        }
+        assert_ne!(encode(&A::X), encode(&A::Y(0)));
+        assert_ne!(encode(&A::Y(1)), encode(&A::Z { v: 1 }));
+        assert_ne!(encode(&A::X), encode(&"X"));
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            (-1e6_f64..1e6).prop_map(|f| json!(f)),
+            "[a-c\\\\\" .:]{0,4}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec(("[a-c\" .:]{0,3}", inner), 0..5)
+                    .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The same value with every object's entries in reverse insertion order.
+    fn reorder(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(map.iter().rev().map(|(k, v)| (k.clone(), reorder(v))).collect()),
+            Value::Array(items) => Value::Array(items.iter().map(reorder).collect()),
+            other => other.clone(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn equal_values_encode_alike(value in json_value()) {
+            let reordered = reorder(&value);
+            prop_assert_eq!(encode(&value), encode(&reordered));
+            let reparsed: Value = serde_json::from_str(&serde_json::to_string_pretty(&value).unwrap()).unwrap();
+            prop_assert_eq!(encode(&value), encode(&reparsed));
+        }
+
+        #[test]
+        fn different_values_encode_apart(a in json_value(), b in json_value()) {
+            // serde_json compares objects regardless of entry order, as the encoding does.
+            prop_assert_eq!(a == b, encode(&a) == encode(&b));
+            prop_assert_eq!(a == b, fingerprint(&[("f", &a)]) == fingerprint(&[("f", &b)]));
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! RFC 9457 problem details: every error idem answers is `application/problem+json`.
+
+use std::borrow::Cow;
+
+use axum::response::{IntoResponse, Response};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, StatusCode};
+use serde::Serialize;
+
+/// The media type of problem bodies.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The stable `type` URIs of the problems idem itself answers.
+///
+/// Clients should branch on these, not on `title` or `detail`, which are prose.
+pub mod types {
+    /// 400: the endpoint requires an `Idempotency-Key` header and none was sent.
+    pub const MISSING_KEY: &str = "urn:idem:problem:missing-key";
+    /// 400: the `Idempotency-Key` header is malformed or repeated.
+    pub const MALFORMED_KEY: &str = "urn:idem:problem:malformed-key";
+    /// 409: a request with this key is still running; retry after `Retry-After`.
+    pub const KEY_IN_USE: &str = "urn:idem:problem:key-in-use";
+    /// 422: this key was used for a request with a different payload or target.
+    pub const KEY_REUSED: &str = "urn:idem:problem:key-reused";
+    /// 503: the database cannot be reached; nothing ran; retry after `Retry-After`.
+    pub const UNAVAILABLE: &str = "urn:idem:problem:unavailable";
+    /// 500: the handler's transaction was ended by the handler itself; nothing stored.
+    pub const TRANSACTION_ESCAPED: &str = "urn:idem:problem:transaction-escaped";
+    /// 500: the response exceeds the stored-response size cap; nothing committed.
+    pub const RESPONSE_TOO_LARGE: &str = "urn:idem:problem:response-too-large";
+    /// 500: an unexpected failure inside idem; nothing committed.
+    pub const INTERNAL: &str = "urn:idem:problem:internal";
+    /// 4xx: a request extractor (JSON body, path, query ...) refused the request.
+    pub const INVALID_REQUEST: &str = "urn:idem:problem:invalid-request";
+}
+
+/// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.
+///
+/// ```
+/// use idem_runtime::Problem;
+/// use http::StatusCode;
+///
+/// let problem = Problem::new(StatusCode::BAD_REQUEST, "https://example.com/problems/bad-amount", "Invalid amount")
+///     .with_detail("amount must be a positive integer");
+/// assert_eq!(problem.status(), StatusCode::BAD_REQUEST);
+/// ```
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    kind: Cow<'static, str>,
+    title: Cow<'static, str>,
+    #[serde(serialize_with = "serialize_status")]
+    status: StatusCode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(skip)]
+    retry_after: Option<u32>,
+}
+
+fn serialize_status<S: serde::Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u16(status.as_u16())
+}
+
+impl Problem {
+    /// A problem with its status, `type` URI and short, stable `title`.
+    pub fn new(
+        status: StatusCode,
+        kind: impl Into<Cow<'static, str>>,
+        title: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Self {
+            kind: kind.into(),
+            title: title.into(),
+            status,
+            detail: None,
+            retry_after: None,
+        }
+    }
+
+    /// Adds the human-readable explanation of this occurrence.
+    #[must_use]
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// Adds a `Retry-After` header, in seconds.
+    #[must_use]
+    pub fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The `type` URI.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The detail, when one was given.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
+
+    pub(crate) fn missing_key(detail: String) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, types::MISSING_KEY, "Idempotency-Key required").with_detail(detail)
+    }
+
+    pub(crate) fn malformed_key(detail: String) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, types::MALFORMED_KEY, "Malformed Idempotency-Key").with_detail(detail)
+    }
+
+    pub(crate) fn key_in_use(retry_after: u32) -> Self {
+        Self::new(StatusCode::CONFLICT, types::KEY_IN_USE, "Request in progress")
+            .with_detail("a request with this Idempotency-Key is still being processed; retry later")
+            .with_retry_after(retry_after)
+    }
+
+    pub(crate) fn key_reused() -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED, "Idempotency-Key reused")
+            .with_detail(
+                "this Idempotency-Key was already used for a request with a different payload or target",
+            )
+    }
+
+    pub(crate) fn unavailable(retry_after: u32) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, types::UNAVAILABLE, "Service unavailable")
+            .with_detail("the database could not be reached; nothing was done; retry later")
+            .with_retry_after(retry_after)
+    }
+
+    pub(crate) fn internal(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, types::INTERNAL, "Internal error").with_detail(detail)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        // Serializing a struct of strings and an integer cannot fail; the fallback keeps
+        // this path free of panics all the same.
+        let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = (self.status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// Rewrites an extractor's rejection (axum answers those in plain text) as a problem,
+/// keeping its status and its text as the detail. Rejections that already are
+/// problems pass through untouched.
+pub(crate) async fn from_rejection(rejection: Response) -> Response {
+    let is_problem = rejection
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if is_problem {
+        return rejection;
+    }
+    let (parts, body) = rejection.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+    let title = parts.status.canonical_reason().unwrap_or("Invalid request");
+    let mut problem = Problem::new(parts.status, types::INVALID_REQUEST, title);
+    if !text.is_empty() {
+        problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
+    }
+    let mut response = problem.into_response();
+    // Keep what the extractor said beyond its body (`Allow`, `WWW-Authenticate` ...).
+    for (name, value) in &parts.headers {
+        if name != CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+            response.headers_mut().append(name, value.clone());
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn problem_body_and_headers() {
+        let response = Problem::key_in_use(1).into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], types::KEY_IN_USE);
+        assert_eq!(json["status"], 409);
+        assert_eq!(json["title"], "Request in progress");
+        assert!(json["detail"].as_str().unwrap().contains("still being processed"));
+    }
+
+    #[tokio::test]
+    async fn rejections_become_problems() {
+        let rejection = (StatusCode::UNSUPPORTED_MEDIA_TYPE, "Expected request with `Content-Type: application/json`")
+            .into_response();
+        let response = from_rejection(rejection).await;
+        assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], types::INVALID_REQUEST);
+        assert_eq!(json["status"], 415);
+        assert!(json["detail"].as_str().unwrap().contains("Content-Type"));
+
+        let already = Problem::key_reused().into_response();
+        let passed = from_rejection(already).await;
+        assert_eq!(passed.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+}

@@ -1,0 +1,89 @@
+//! [`Tx`]: the handler's view of the request's transaction.
+
+use std::ops::{Deref, DerefMut};
+
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+
+use crate::fingerprint::hex;
+use crate::key::IdempotencyKey;
+
+/// The request's transaction, lent to an `#[idempotent]` handler.
+///
+/// It derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx executor:
+///
+/// ```ignore
+/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
+/// ```
+///
+/// idem owns the transaction: the claim of the key, the handler's writes and the stored
+/// response commit together, or not at all. `Tx` is therefore only a borrow. It has no
+/// `commit` or `rollback`, and its lifetime keeps it out of `tokio::spawn`, so writes
+/// cannot escape the transaction. What the type system cannot stop, a raw `COMMIT`
+/// statement, is caught after the handler returns: the request answers 500 and nothing
+/// is stored.
+pub struct Tx<'t> {
+    conn: &'t mut PgConnection,
+    key: &'t KeyInScope,
+}
+
+/// A key with what it was claimed under.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyInScope {
+    pub(crate) scope: &'static str,
+    pub(crate) principal: String,
+    pub(crate) key: IdempotencyKey,
+}
+
+impl<'t> Tx<'t> {
+    pub(crate) fn new(conn: &'t mut PgConnection, key: &'t KeyInScope) -> Self {
+        Self { conn, key }
+    }
+
+    /// The request's idempotency key, as the client sent it.
+    pub fn idempotency_key(&self) -> &str {
+        self.key.key.as_str()
+    }
+
+    /// A key for a downstream API that accepts one (a payment processor, say), derived
+    /// from this request's scope, principal and key and from `purpose`: a retry of this
+    /// request derives the same key, another request or another purpose a different one.
+    /// 64 hex characters.
+    ///
+    /// The database transaction cannot roll back a call to another service; forwarding a
+    /// derived key is how that call becomes idempotent too.
+    pub fn derived_key(&self, purpose: &str) -> String {
+        let mut hasher = Sha256::new();
+        for part in [
+            "idem.derived-key.v1",
+            self.key.scope,
+            &self.key.principal,
+            self.key.key.as_str(),
+            purpose,
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part.as_bytes());
+        }
+        hex(&hasher.finalize())
+    }
+}
+
+impl Deref for Tx<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.conn
+    }
+}
+
+impl DerefMut for Tx<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn
+    }
+}
+
+impl std::fmt::Debug for Tx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx").field("scope", &self.key.scope).finish_non_exhaustive()
+    }
+}
