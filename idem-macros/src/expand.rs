@@ -52,6 +52,26 @@ fn is_outer_attr(attr: &Attribute) -> bool {
     attr.path().is_ident("doc") || attr.path().is_ident("cfg")
 }
 
+/// The user's signature for the inner function, with `Tx` given its elided lifetime:
+/// `tx: Tx` reads best, but an `async fn` may not hide a lifetime (E0726).
+fn inner_signature(func: &ItemFn, handler: &Handler<'_>) -> syn::Signature {
+    let mut sig = func.sig.clone();
+    // Receivers are refused before expansion, so parameter and input indices agree.
+    let Some(tx) = handler.tx else { return sig };
+    let Some(syn::FnArg::Typed(param)) = sig.inputs.iter_mut().nth(tx) else {
+        return sig;
+    };
+    if let syn::Type::Path(path) = &mut *param.ty {
+        if let Some(last) = path.path.segments.last_mut() {
+            if last.arguments.is_none() {
+                let span = last.ident.span();
+                last.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote_spanned!(span=> <'_>));
+            }
+        }
+    }
+    sig
+}
+
 fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let name = &func.sig.ident;
     let vis = &func.vis;
@@ -60,7 +80,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let outer_attrs = func.attrs.iter().filter(|a| is_outer_attr(a));
     let cfg_attrs = func.attrs.iter().filter(|a| a.path().is_ident("cfg"));
     let inner_attrs = func.attrs.iter().filter(|a| !a.path().is_ident("doc"));
-    let sig = &func.sig;
+    let sig = inner_signature(func, handler);
     let block = &func.block;
 
     let scope = &args.scope;

@@ -156,6 +156,11 @@ impl IntoResponse for Problem {
 /// Rewrites an extractor's rejection (axum answers those in plain text) as a problem,
 /// keeping its status and its text as the detail. Rejections that already are
 /// problems pass through untouched.
+///
+/// One status changes: on an idempotent endpoint 422 means "this key was used for
+/// another payload" (the IETF draft), so an extractor's 422 (axum's `Json` answers a
+/// body of the wrong shape so) becomes 400, and clients can tell the two apart by
+/// status alone.
 pub(crate) async fn from_rejection(rejection: Response) -> Response {
     let is_problem = rejection
         .headers()
@@ -166,8 +171,12 @@ pub(crate) async fn from_rejection(rejection: Response) -> Response {
     }
     let (parts, body) = rejection.into_parts();
     let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
-    let title = parts.status.canonical_reason().unwrap_or("Invalid request");
-    let mut problem = Problem::new(parts.status, types::INVALID_REQUEST, title);
+    let status = match parts.status {
+        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+        other => other,
+    };
+    let title = status.canonical_reason().unwrap_or("Invalid request");
+    let mut problem = Problem::new(status, types::INVALID_REQUEST, title);
     if !text.is_empty() {
         problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
     }
@@ -211,6 +220,9 @@ mod tests {
         assert_eq!(json["type"], types::INVALID_REQUEST);
         assert_eq!(json["status"], 415);
         assert!(json["detail"].as_str().unwrap().contains("Content-Type"));
+
+        let wrong_shape = (StatusCode::UNPROCESSABLE_ENTITY, "invalid type").into_response();
+        assert_eq!(from_rejection(wrong_shape).await.status(), StatusCode::BAD_REQUEST);
 
         let already = Problem::key_reused().into_response();
         let passed = from_rejection(already).await;

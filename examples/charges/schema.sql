@@ -1,0 +1,19 @@
+-- The charges example's own tables. idem's table is created by Idempotency::migrate.
+CREATE TABLE IF NOT EXISTS charges (
+    id          text        PRIMARY KEY DEFAULT 'ch_' || replace(gen_random_uuid()::text, '-', ''),
+    account     text        NOT NULL,
+    amount      bigint      NOT NULL CHECK (amount > 0),
+    currency    text        NOT NULL,
+    customer    text        NOT NULL,
+    description text,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS refunds (
+    id          text        PRIMARY KEY DEFAULT 're_' || replace(gen_random_uuid()::text, '-', ''),
+    charge_id   text        NOT NULL REFERENCES charges (id),
+    amount      bigint      NOT NULL CHECK (amount > 0),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX IF NOT EXISTS refunds_charge_id_idx ON refunds (charge_id);
