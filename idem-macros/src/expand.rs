@@ -92,7 +92,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let mut last_arg = None;
     for (i, param) in handler.params.iter().enumerate() {
         if handler.tx == Some(i) {
-            call_args.push(quote!(__idem_tx));
+            call_args.push(quote!(__idem_claim.tx()));
             continue;
         }
         let arg = format_ident!("__idem_arg{}", i);
@@ -141,12 +141,6 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         _ => quote!(),
     };
 
-    let tx_param = if handler.tx.is_some() {
-        quote!(__idem_tx)
-    } else {
-        quote!(_)
-    };
-
     quote! {
         #(#outer_attrs)*
         #[allow(clippy::too_many_arguments)]
@@ -168,16 +162,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields
-            __idem_guard
-                .run(&__IDEM_SPEC, __idem_principal, __idem_fields, move |#tx_param| {
-                    ::idem_runtime::__private::Box::pin(async move {
-                        #[allow(unused_imports)]
-                        use ::idem_runtime::__private::{ResponseKind as _, ResultKind as _};
-                        let __idem_out = #name(#(#call_args),*).await;
-                        (&__idem_out).__idem_kind().outcome(__idem_out)
-                    })
-                })
-                .await
+            #[allow(unused_mut)]
+            let mut __idem_claim = match __idem_guard.claim(&__IDEM_SPEC, __idem_principal, __idem_fields).await {
+                ::core::result::Result::Ok(claim) => claim,
+                ::core::result::Result::Err(answer) => return answer,
+            };
+            let __idem_out = ::idem_runtime::__private::assert_send(#name(#(#call_args),*)).await;
+            #[allow(unused_imports)]
+            use ::idem_runtime::__private::{ResponseKind as _, ResultKind as _};
+            let __idem_outcome = (&__idem_out).__idem_kind().outcome(__idem_out);
+            __idem_claim.finish(__idem_outcome).await
         }
     }
 }

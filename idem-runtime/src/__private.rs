@@ -9,10 +9,14 @@ use http::request::Parts;
 use http::Method;
 use serde::Serialize;
 
-pub use crate::cycle::{HandlerFuture, Outcome};
-pub use crate::tx::Tx;
+pub use crate::cycle::{Claimed, Outcome};
 pub use axum::response::Response;
-pub use std::boxed::Box;
+
+/// Asserts that the handler's own future is `Send`, so that a value held across an
+/// `.await` that is not is reported on the handler, not as a missing `Handler` impl.
+pub fn assert_send<F: std::future::Future + Send>(future: F) -> F {
+    future
+}
 
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::{IdempotencyKey, KeyError};
@@ -80,18 +84,16 @@ impl Guard {
         }
     }
 
-    /// Runs the idempotent cycle. `principal` is the handler's own `principal = ...`
-    /// when it has one; otherwise the store's resolver decides.
-    pub async fn run<F>(self, spec: &'static Spec, principal: Option<String>, fields: Fields, handler: F) -> Response
-    where
-        F: for<'t> FnOnce(Tx<'t>) -> HandlerFuture<'t>,
-    {
+    /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
+    /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
+    /// `principal = ...` when it has one; otherwise the store's resolver decides.
+    pub async fn claim(self, spec: &'static Spec, principal: Option<String>, fields: Fields) -> Result<Claimed, Response> {
         let Some(key) = self.key else {
-            return Problem::missing_key(KeyError::Missing.to_string()).into_response();
+            return Err(Problem::missing_key(KeyError::Missing.to_string()).into_response());
         };
         if let Some(error) = fields.error {
             tracing::error!(%error, scope = spec.scope, "idem: fingerprint failed");
-            return Problem::internal(error.to_string()).into_response();
+            return Err(Problem::internal(error.to_string()).into_response());
         }
         let request = cycle::Request {
             key: KeyInScope {
@@ -102,7 +104,7 @@ impl Guard {
             ttl: Duration::from_secs(spec.ttl_secs),
             fingerprint: fields.builder.finish(),
         };
-        cycle::run(&self.store, request, handler).await
+        cycle::claim(self.store, request).await
     }
 }
 

@@ -14,8 +14,6 @@
 //! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
 //!    dropped: a client that disconnects mid-request leaves nothing behind.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -55,9 +53,6 @@ impl Outcome {
         }
     }
 }
-
-/// The handler, as the cycle calls it: given the transaction, a future of its outcome.
-pub type HandlerFuture<'t> = Pin<Box<dyn Future<Output = Outcome> + Send + 't>>;
 
 /// One request's claim: where the key lives and what it must match.
 pub(crate) struct Request {
@@ -101,53 +96,75 @@ impl From<sqlx::Error> for ClaimError {
     }
 }
 
-pub(crate) async fn run<F>(store: &Idempotency, request: Request, handler: F) -> Response
-where
-    F: for<'t> FnOnce(Tx<'t>) -> HandlerFuture<'t>,
-{
+/// A claimed key: the open transaction that holds the claim, lent to the handler as
+/// [`Tx`] and then finished with the handler's [`Outcome`]. Dropping it (a client that
+/// disconnects, a timeout, a panic) rolls everything back.
+pub struct Claimed {
+    store: Idempotency,
+    tx: Transaction<'static, Postgres>,
+    key: KeyInScope,
+}
+
+/// Opens the transaction and claims the key. `Err` is the answer when the handler must
+/// not run: a replay, 409, 422, 503.
+pub(crate) async fn claim(store: Idempotency, request: Request) -> Result<Claimed, Response> {
     let settings = &store.inner;
     let retry_after = settings.retry_after;
     let begin = settings.pool.begin_with(settings.sql.begin.clone());
     let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
         Ok(Ok(tx)) => tx,
-        Ok(Err(e)) => return database_failure(&e, retry_after, "begin"),
-        Err(_elapsed) => return Problem::unavailable(retry_after).into_response(),
+        Ok(Err(e)) => return Err(database_failure(&e, retry_after, "begin")),
+        Err(_elapsed) => return Err(Problem::unavailable(retry_after).into_response()),
     };
 
-    match claim(store, &mut tx, &request).await {
+    match claim_row(&store, &mut tx, &request).await {
         Ok(Claim::Fresh) => {}
-        Ok(Claim::Stored(stored)) => {
-            // Nothing was written; ending the transaction early frees the connection.
-            drop(tx);
-            return replay_or_refuse(stored, &request.fingerprint);
-        }
-        Err(ClaimError::InUse) => return Problem::key_in_use(retry_after).into_response(),
-        Err(ClaimError::Database(e)) => return database_failure(&e, retry_after, "claim"),
+        // Nothing was written; dropping the transaction frees the connection.
+        Ok(Claim::Stored(stored)) => return Err(replay_or_refuse(stored, &request.fingerprint)),
+        Err(ClaimError::InUse) => return Err(Problem::key_in_use(retry_after).into_response()),
+        Err(ClaimError::Database(e)) => return Err(database_failure(&e, retry_after, "claim")),
     }
     if let Err(e) = sqlx::query(settings.sql.end_claim).execute(&mut *tx).await {
-        return database_failure(&e, retry_after, "claim");
+        return Err(database_failure(&e, retry_after, "claim"));
+    }
+    Ok(Claimed {
+        store,
+        tx,
+        key: request.key,
+    })
+}
+
+impl Claimed {
+    /// The transaction, lent to the handler.
+    pub fn tx(&mut self) -> Tx<'_> {
+        Tx::new(&mut self.tx, &self.key)
     }
 
-    let outcome = handler(Tx::new(&mut tx, &request.key)).await;
+    /// Commits the handler's outcome with its stored response, or rolls it back.
+    pub async fn finish(self, outcome: Outcome) -> Response {
+        let Self { store, mut tx, key } = self;
+        let settings = &store.inner;
+        let retry_after = settings.retry_after;
 
-    if !outcome.commit {
-        return match tx.rollback().await {
-            Ok(()) => outcome.response,
-            // The handler's error may be the symptom (its query failed because the
-            // connection died); the failed rollback tells us the database is gone.
-            Err(e) if is_unavailable(&e) => Problem::unavailable(retry_after).into_response(),
-            Err(e) => {
-                tracing::warn!(error = %e, scope = request.key.scope, "idem: rollback failed");
-                outcome.response
-            }
-        };
-    }
+        if !outcome.commit {
+            return match tx.rollback().await {
+                Ok(()) => outcome.response,
+                // The handler's error may be the symptom (its query failed because the
+                // connection died); the failed rollback tells us the database is gone.
+                Err(e) if is_unavailable(&e) => Problem::unavailable(retry_after).into_response(),
+                Err(e) => {
+                    tracing::warn!(error = %e, scope = key.scope, "idem: rollback failed");
+                    outcome.response
+                }
+            };
+        }
 
-    let (stored, parts) =
-        match StoredResponse::capture(outcome.response, &settings.replay_headers, settings.max_response_bytes).await {
+        let captured =
+            StoredResponse::capture(outcome.response, &settings.replay_headers, settings.max_response_bytes).await;
+        let (stored, parts) = match captured {
             Ok(captured) => captured,
             Err(CaptureError::TooLarge { limit }) => {
-                tracing::error!(scope = request.key.scope, limit, "idem: response over the stored-response cap; rolled back");
+                tracing::error!(scope = key.scope, limit, "idem: response over the stored-response cap; rolled back");
                 return Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     problem::types::RESPONSE_TOO_LARGE,
@@ -159,26 +176,28 @@ where
                 .into_response();
             }
             Err(CaptureError::Body(e)) => {
-                tracing::error!(error = %e, scope = request.key.scope, "idem: response body failed; rolled back");
+                tracing::error!(error = %e, scope = key.scope, "idem: response body failed; rolled back");
                 return Problem::internal("the response body could not be read; nothing was committed").into_response();
             }
         };
 
-    match store_response(store, &mut tx, &request.key, &stored).await {
-        Ok(true) => {}
-        Ok(false) => return escaped(store, tx, &request.key).await,
-        Err(e) => return database_failure(&e, retry_after, "store"),
-    }
+        match store_response(&store, &mut tx, &key, &stored).await {
+            Ok(true) => {}
+            Ok(false) => return escaped(&store, tx, &key).await,
+            Err(e) => return database_failure(&e, retry_after, "store"),
+        }
 
-    // If COMMIT's answer is lost, the client cannot tell whether it happened; a 503 makes
-    // it retry, and the retry either replays the committed response or runs afresh.
-    if let Err(e) = tx.commit().await {
-        return database_failure(&e, retry_after, "commit");
+        // If COMMIT's answer is lost, the client cannot tell whether it happened; a 503
+        // makes it retry, and the retry either replays the committed response or runs
+        // afresh.
+        if let Err(e) = tx.commit().await {
+            return database_failure(&e, retry_after, "commit");
+        }
+        Response::from_parts(parts, Body::from(stored.body))
     }
-    Response::from_parts(parts, Body::from(stored.body))
 }
 
-async fn claim(
+async fn claim_row(
     store: &Idempotency,
     tx: &mut Transaction<'static, Postgres>,
     request: &Request,
