@@ -30,7 +30,11 @@ pub struct FieldPath {
 impl FieldPath {
     /// The name hashed with the value: `customer.id`.
     pub fn name(&self) -> String {
-        self.members.iter().map(Ident::to_string).collect::<Vec<_>>().join(".")
+        self.members
+            .iter()
+            .map(Ident::to_string)
+            .collect::<Vec<_>>()
+            .join(".")
     }
 }
 
@@ -92,7 +96,10 @@ fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &mut Errors
 /// Parses the arguments. `attr_span` is where to report a missing `scope` when the
 /// attribute has no arguments at all.
 pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args> {
-    let parsed = match syn::parse::Parser::parse2(Punctuated::<Arg, Token![,]>::parse_terminated, args.clone()) {
+    let parsed = match syn::parse::Parser::parse2(
+        Punctuated::<Arg, Token![,]>::parse_terminated,
+        args.clone(),
+    ) {
         Ok(parsed) => parsed,
         Err(e) => {
             errors.push(e);
@@ -138,7 +145,11 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
         }
     }
     let Some(scope) = scope else {
-        let span = if args.is_empty() { Span::call_site() } else { args.span() };
+        let span = if args.is_empty() {
+            Span::call_site()
+        } else {
+            args.span()
+        };
         errors.at(span, "missing `scope = \"...\"`: the name that keys of this endpoint live under, such as `scope = \"charges\"`");
         return None;
     };
@@ -152,7 +163,8 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
 
 fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Option<&'a LitStr> {
     if let Expr::Lit(syn::ExprLit {
-        lit: syn::Lit::Str(s), ..
+        lit: syn::Lit::Str(s),
+        ..
     }) = value
     {
         return Some(s);
@@ -204,7 +216,10 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<u64> {
         }
     };
     if count == 0 {
-        errors.at(lit.span(), "`ttl` must be longer than zero: a stored response must be kept for some time");
+        errors.at(
+            lit.span(),
+            "`ttl` must be longer than zero: a stored response must be kept for some time",
+        );
         return None;
     }
     // A century is more than any key needs and keeps `now() + ttl` inside PostgreSQL's range.
@@ -219,7 +234,10 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<u64> {
 
 fn parse_fields(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
     let Expr::Array(array) = value else {
-        errors.at(value.span(), "`fields` takes a list of body fields, such as `fields = [amount, currency]`");
+        errors.at(
+            value.span(),
+            "`fields` takes a list of body fields, such as `fields = [amount, currency]`",
+        );
         return None;
     };
     if array.elems.is_empty() {
@@ -236,7 +254,10 @@ fn parse_fields(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
             Some(path) => {
                 let name = path.name();
                 if paths.iter().any(|p| p.name() == name) {
-                    errors.at(elem.span(), format!("field `{name}` is listed more than once"));
+                    errors.at(
+                        elem.span(),
+                        format!("field `{name}` is listed more than once"),
+                    );
                     ok = false;
                 } else {
                     paths.push(path);

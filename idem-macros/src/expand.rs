@@ -14,7 +14,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(e) => {
-            let e = syn::Error::new(e.span(), format!("`#[idempotent]` goes on an `async fn` handler: {e}"));
+            let e = syn::Error::new(
+                e.span(),
+                format!("`#[idempotent]` goes on an `async fn` handler: {e}"),
+            );
             return fallback(item, e);
         }
     };
@@ -33,7 +36,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let tokens = match (errors.finish(), args) {
         (Ok(()), Some(args)) => wrapper(&func, &args, &handler),
         (Err(e), _) => fallback(item, e),
-        (Ok(()), None) => fallback(item, syn::Error::new(Span::call_site(), "invalid `#[idempotent]` arguments")),
+        (Ok(()), None) => fallback(
+            item,
+            syn::Error::new(Span::call_site(), "invalid `#[idempotent]` arguments"),
+        ),
     };
     if std::env::var_os("IDEM_MACROS_DEBUG").is_some() {
         eprintln!("#[idempotent] expansion of `{}`:\n{tokens}", func.sig.ident);
@@ -65,7 +71,8 @@ fn inner_signature(func: &ItemFn, handler: &Handler<'_>) -> syn::Signature {
         if let Some(last) = path.path.segments.last_mut() {
             if last.arguments.is_none() {
                 let span = last.ident.span();
-                last.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote_spanned!(span=> <'_>));
+                last.arguments =
+                    syn::PathArguments::AngleBracketed(syn::parse_quote_spanned!(span=> <'_>));
             }
         }
     }
@@ -97,7 +104,8 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         let arg = format_ident!("__idem_arg{}", i);
         let ty = &param.ty;
-        wrapper_params.push(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
+        wrapper_params
+            .push(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
         unwrap_params.push(quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
         call_args.push(quote!(#arg));
         last_arg = Some((arg, ty));

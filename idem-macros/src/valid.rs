@@ -14,7 +14,9 @@ pub struct Handler<'a> {
 /// Whether a parameter's type is idem's `Tx` (`Tx`, `Tx<'_>`, `idem_runtime::Tx`).
 fn is_tx(ty: &Type) -> bool {
     match ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last().is_some_and(|s| s.ident == "Tx"),
+        Type::Path(p) if p.qself.is_none() => {
+            p.path.segments.last().is_some_and(|s| s.ident == "Tx")
+        }
         Type::Group(g) => is_tx(&g.elem),
         Type::Paren(p) => is_tx(&p.elem),
         _ => false,
@@ -30,13 +32,22 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
         );
     }
     if let Some(constness) = &sig.constness {
-        errors.at(constness.span(), "`#[idempotent]` cannot be used on a `const fn`");
+        errors.at(
+            constness.span(),
+            "`#[idempotent]` cannot be used on a `const fn`",
+        );
     }
     if let Some(abi) = &sig.abi {
-        errors.at(abi.span(), "`#[idempotent]` handlers cannot have an `extern` ABI");
+        errors.at(
+            abi.span(),
+            "`#[idempotent]` handlers cannot have an `extern` ABI",
+        );
     }
     if let Some(variadic) = &sig.variadic {
-        errors.at(variadic.span(), "`#[idempotent]` handlers cannot be variadic");
+        errors.at(
+            variadic.span(),
+            "`#[idempotent]` handlers cannot be variadic",
+        );
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         errors.at(

@@ -87,7 +87,12 @@ impl Guard {
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...` when it has one; otherwise the store's resolver decides.
-    pub async fn claim(self, spec: &'static Spec, principal: Option<String>, fields: Fields) -> Result<Claimed, Response> {
+    pub async fn claim(
+        self,
+        spec: &'static Spec,
+        principal: Option<String>,
+        fields: Fields,
+    ) -> Result<Claimed, Response> {
         let Some(key) = self.key else {
             return Err(Problem::missing_key(KeyError::Missing.to_string()).into_response());
         };
@@ -124,7 +129,11 @@ impl Fields {
     }
 
     /// Adds the whole body, when the endpoint names no fields.
-    pub fn whole_body<B: FingerprintBody>(&mut self, body: &B) {
+    pub fn whole_body<B>(&mut self, body: &B)
+    where
+        B: FingerprintBody,
+        B::Value: Serialize,
+    {
         if self.error.is_none() {
             self.error = self.builder.whole_body(body.fingerprint_value()).err();
         }
@@ -149,7 +158,10 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
         // The rejection becomes a `Response` first: rejection types need not be `Send`.
-        match T::from_request_parts(parts, state).await.map_err(IntoResponse::into_response) {
+        match T::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)
+        {
             Ok(value) => Ok(Self(value)),
             Err(rejection) => Err(problem::from_rejection(rejection).await),
         }
@@ -165,7 +177,10 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         // The rejection becomes a `Response` first: rejection types need not be `Send`.
-        match T::from_request(req, state).await.map_err(IntoResponse::into_response) {
+        match T::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)
+        {
             Ok(value) => Ok(Self(value)),
             Err(rejection) => Err(problem::from_rejection(rejection).await),
         }
@@ -249,7 +264,11 @@ impl<T> ViaNoBody for &T {}
 
 impl BodyTag {
     /// Adds the whole body.
-    pub fn add<B: FingerprintBody>(self, fields: &mut Fields, body: &B) {
+    pub fn add<B>(self, fields: &mut Fields, body: &B)
+    where
+        B: FingerprintBody,
+        B::Value: Serialize,
+    {
         fields.whole_body(body);
     }
 }

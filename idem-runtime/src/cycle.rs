@@ -159,12 +159,20 @@ impl Claimed {
             };
         }
 
-        let captured =
-            StoredResponse::capture(outcome.response, &settings.replay_headers, settings.max_response_bytes).await;
+        let captured = StoredResponse::capture(
+            outcome.response,
+            &settings.replay_headers,
+            settings.max_response_bytes,
+        )
+        .await;
         let (stored, parts) = match captured {
             Ok(captured) => captured,
             Err(CaptureError::TooLarge { limit }) => {
-                tracing::error!(scope = key.scope, limit, "idem: response over the stored-response cap; rolled back");
+                tracing::error!(
+                    scope = key.scope,
+                    limit,
+                    "idem: response over the stored-response cap; rolled back"
+                );
                 return Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     problem::types::RESPONSE_TOO_LARGE,
@@ -177,7 +185,10 @@ impl Claimed {
             }
             Err(CaptureError::Body(e)) => {
                 tracing::error!(error = %e, scope = key.scope, "idem: response body failed; rolled back");
-                return Problem::internal("the response body could not be read; nothing was committed").into_response();
+                return Problem::internal(
+                    "the response body could not be read; nothing was committed",
+                )
+                .into_response();
             }
         };
 
@@ -212,19 +223,17 @@ async fn claim_row(
             .bind(&parts)
             .bind(request.ttl.as_secs_f64());
         let found = match fetch(&mut *tx, claim).await? {
-            Some(row) => row,
+            Some(found) => found,
             // The conflicting row committed after the claim's snapshot began (the claim
             // waited for it): a new statement sees it.
             None => match fetch(&mut *tx, keyed(&sql.read, &request.key)).await? {
-                Some(row) => row,
+                Some(found) => found,
                 None => continue,
             },
         };
-        let Some(stored) = found else {
-            return Ok(Claim::Fresh);
-        };
-        if !stored.expired && stored.status.is_some() {
-            return Ok(Claim::Stored(stored));
+        match found {
+            Claim::Stored(stored) if stored.expired || stored.status.is_none() => {}
+            claim => return Ok(claim),
         }
         let reclaimed = keyed(&sql.reclaim, &request.key)
             .bind(request.fingerprint.combined().as_slice())
@@ -247,18 +256,17 @@ fn keyed<'q>(sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArgumen
         .bind(key.key.as_str())
 }
 
-/// Runs the claim or the read. `Ok(None)`: no row at all. `Ok(Some(None))`: a fresh
-/// claim. `Ok(Some(Some(stored)))`: a stored row.
+/// Runs the claim or the read; `None` when neither sees a row.
 async fn fetch(
     conn: &mut PgConnection,
     query: Query<'_, Postgres, PgArguments>,
-) -> Result<Option<Option<Stored>>, sqlx::Error> {
+) -> Result<Option<Claim>, sqlx::Error> {
     let row: Option<PgRow> = query.fetch_optional(conn).await?;
     let Some(row) = row else { return Ok(None) };
     if row.try_get::<bool, _>("fresh")? {
-        return Ok(Some(None));
+        return Ok(Some(Claim::Fresh));
     }
-    Ok(Some(Some(Stored {
+    Ok(Some(Claim::Stored(Stored {
         fingerprint: row.try_get("fingerprint")?,
         field_hashes: row.try_get("field_hashes")?,
         status: row.try_get("status")?,
@@ -308,7 +316,11 @@ async fn store_response(
 /// The handler ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
 /// committed without the key's response. Nothing is stored; the committed claim, if any,
 /// is removed so the key is not stuck, and the request fails loudly.
-async fn escaped(store: &Idempotency, tx: Transaction<'static, Postgres>, key: &KeyInScope) -> Response {
+async fn escaped(
+    store: &Idempotency,
+    tx: Transaction<'static, Postgres>,
+    key: &KeyInScope,
+) -> Response {
     tracing::error!(
         scope = key.scope,
         "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
@@ -327,7 +339,9 @@ async fn escaped(store: &Idempotency, tx: Transaction<'static, Postgres>, key: &
         problem::types::TRANSACTION_ESCAPED,
         "Transaction ended by the handler",
     )
-    .with_detail("the handler committed or rolled back idem's transaction itself; nothing was stored")
+    .with_detail(
+        "the handler committed or rolled back idem's transaction itself; nothing was stored",
+    )
     .into_response()
 }
 

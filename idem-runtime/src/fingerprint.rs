@@ -78,12 +78,13 @@ impl Fingerprint {
         if combined == self.combined {
             return true;
         }
-        let Some((target, stored)) = decode_parts(parts) else {
+        let Some(stored) = StoredParts::decode(parts) else {
             return false;
         };
-        if target != self.target {
+        if stored.target != self.target {
             return false;
         }
+        let stored = stored.fields;
         let mut shared = 0;
         for (name, hash) in &self.fields {
             if let Some((_, stored_hash)) = stored.iter().find(|(n, _)| n == name) {
@@ -119,23 +120,34 @@ impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fingerprint")
             .field("combined", &hex(&self.combined))
-            .field("fields", &self.fields.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field(
+                "fields",
+                &self.fields.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
 
-fn decode_parts(mut parts: &[u8]) -> Option<(Digest32, Vec<(&str, &[u8])>)> {
-    let target: Digest32 = parts.get(..32)?.try_into().ok()?;
-    parts = &parts[32..];
-    let mut fields = Vec::new();
-    while !parts.is_empty() {
-        let len = usize::from(u16::from_be_bytes(parts.get(..2)?.try_into().ok()?));
-        let name = std::str::from_utf8(parts.get(2..2 + len)?).ok()?;
-        let hash = parts.get(2 + len..2 + len + 32)?;
-        fields.push((name, hash));
-        parts = &parts[2 + len + 32..];
+/// [`Fingerprint::parts`] read back.
+struct StoredParts<'a> {
+    target: Digest32,
+    fields: Vec<(&'a str, &'a [u8])>,
+}
+
+impl<'a> StoredParts<'a> {
+    fn decode(mut parts: &'a [u8]) -> Option<Self> {
+        let target: Digest32 = parts.get(..32)?.try_into().ok()?;
+        parts = &parts[32..];
+        let mut fields = Vec::new();
+        while !parts.is_empty() {
+            let len = usize::from(u16::from_be_bytes(parts.get(..2)?.try_into().ok()?));
+            let name = std::str::from_utf8(parts.get(2..2 + len)?).ok()?;
+            let hash = parts.get(2 + len..2 + len + 32)?;
+            fields.push((name, hash));
+            parts = &parts[2 + len + 32..];
+        }
+        Some(Self { target, fields })
     }
-    Some((target, fields))
 }
 
 /// Collects the named fields of one request; see [`Fingerprint::builder`].
@@ -147,11 +159,16 @@ pub struct FingerprintBuilder {
 impl FingerprintBuilder {
     /// Adds one named field. Fails only when the value's own `Serialize`
     /// implementation reports an error.
-    pub fn field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), FingerprintError> {
+    pub fn field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         let mut hasher = domain(b'f');
         put_str(&mut hasher, name.as_bytes());
         value.serialize(Encoder { out: &mut hasher })?;
-        self.fields.push((name.to_owned(), hasher.finalize().into()));
+        self.fields
+            .push((name.to_owned(), hasher.finalize().into()));
         Ok(())
     }
 
@@ -187,10 +204,12 @@ fn domain(kind: u8) -> Sha256 {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// A value's `Serialize` implementation failed.
@@ -420,7 +439,11 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
         self.serialize_seq(Some(len))
     }
 
-    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a, W>, FingerprintError> {
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> Result<Seq<'a, W>, FingerprintError> {
         self.serialize_seq(Some(len))
     }
 
@@ -443,7 +466,11 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
         })
     }
 
-    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<Map<'a, W>, FingerprintError> {
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> Result<Map<'a, W>, FingerprintError> {
         self.serialize_map(Some(len))
     }
 
@@ -472,7 +499,9 @@ struct Seq<'a, W> {
 
 impl<W: Sink> Seq<'_, W> {
     fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
-        value.serialize(Encoder { out: &mut *self.out })
+        value.serialize(Encoder {
+            out: &mut *self.out,
+        })
     }
 
     fn close(self) -> Result<(), FingerprintError> {
@@ -485,7 +514,10 @@ impl<W: Sink> ser::SerializeSeq for Seq<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_element<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.element(value)
     }
 
@@ -498,7 +530,10 @@ impl<W: Sink> ser::SerializeTuple for Seq<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_element<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.element(value)
     }
 
@@ -511,7 +546,10 @@ impl<W: Sink> ser::SerializeTupleStruct for Seq<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.element(value)
     }
 
@@ -524,7 +562,10 @@ impl<W: Sink> ser::SerializeTupleVariant for Seq<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.element(value)
     }
 
@@ -554,7 +595,11 @@ impl<W: Sink> Map<'_, W> {
         Ok(())
     }
 
-    fn struct_field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), FingerprintError> {
+    fn struct_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         let mut key = Vec::with_capacity(name.len() + 9);
         put_str(&mut key, name.as_bytes());
         self.entries.push((key, encode_to_vec(value)?));
@@ -571,7 +616,10 @@ impl<W: Sink> ser::SerializeMap for Map<'_, W> {
         Ok(())
     }
 
-    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_value<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         let key = self
             .key
             .take()
@@ -589,7 +637,11 @@ impl<W: Sink> ser::SerializeStruct for Map<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.struct_field(name, value)
     }
 
@@ -602,7 +654,11 @@ impl<W: Sink> ser::SerializeStructVariant for Map<'_, W> {
     type Ok = ();
     type Error = FingerprintError;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), FingerprintError> {
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
         self.struct_field(name, value)
     }
 
@@ -689,9 +745,15 @@ mod tests {
         // Without length prefixes these pairs would concatenate to the same bytes.
         assert_ne!(encode(&("ab", "c")), encode(&("a", "bc")));
         assert_ne!(encode(&vec!["a.", "b"]), encode(&vec!["a", ".b"]));
-        assert_ne!(encode(&json!({"a": "b\"c"})), encode(&json!({"a\":\"b": "c"})));
+        assert_ne!(
+            encode(&json!({"a": "b\"c"})),
+            encode(&json!({"a\":\"b": "c"}))
+        );
         assert_ne!(encode(&json!([["a"], []])), encode(&json!([[], ["a"]])));
-        assert_ne!(encode(&json!({"a": {"b": 1}})), encode(&json!({"a": {}, "b": 1})));
+        assert_ne!(
+            encode(&json!({"a": {"b": 1}})),
+            encode(&json!({"a": {}, "b": 1}))
+        );
     }
 
     #[test]
@@ -702,8 +764,14 @@ mod tests {
             fingerprint(&[("amount", &one), ("fee", &two)]),
             fingerprint(&[("amount", &two), ("fee", &one)])
         );
-        assert_ne!(fingerprint(&[("amount", &one)]), fingerprint(&[("fee", &one)]));
-        assert_eq!(fingerprint(&[("amount", &one)]), fingerprint(&[("amount", &json!(1))]));
+        assert_ne!(
+            fingerprint(&[("amount", &one)]),
+            fingerprint(&[("fee", &one)])
+        );
+        assert_eq!(
+            fingerprint(&[("amount", &one)]),
+            fingerprint(&[("amount", &json!(1))])
+        );
     }
 
     #[test]
@@ -714,23 +782,46 @@ mod tests {
             b.finish()
         };
         let base = build("refunds", "POST", "/charges/{id}/refunds", "ch_1");
-        assert_eq!(base, build("refunds", "POST", "/charges/{id}/refunds", "ch_1"));
-        assert_ne!(base, build("refunds", "POST", "/charges/{id}/refunds", "ch_2"));
-        assert_ne!(base, build("refunds", "PUT", "/charges/{id}/refunds", "ch_1"));
-        assert_ne!(base, build("other", "POST", "/charges/{id}/refunds", "ch_1"));
-        assert!(!base.matches(build("refunds", "POST", "/charges/{id}/refunds", "ch_2").combined(), &build("refunds", "POST", "/charges/{id}/refunds", "ch_2").parts()));
+        assert_eq!(
+            base,
+            build("refunds", "POST", "/charges/{id}/refunds", "ch_1")
+        );
+        assert_ne!(
+            base,
+            build("refunds", "POST", "/charges/{id}/refunds", "ch_2")
+        );
+        assert_ne!(
+            base,
+            build("refunds", "PUT", "/charges/{id}/refunds", "ch_1")
+        );
+        assert_ne!(
+            base,
+            build("other", "POST", "/charges/{id}/refunds", "ch_1")
+        );
+        assert!(!base.matches(
+            build("refunds", "POST", "/charges/{id}/refunds", "ch_2").combined(),
+            &build("refunds", "POST", "/charges/{id}/refunds", "ch_2").parts()
+        ));
     }
 
     #[test]
     fn a_changed_field_list_compares_the_shared_fields() {
         let (amount, currency, customer) = (json!(100), json!("usd"), json!("c1"));
         let old = fingerprint(&[("amount", &amount), ("currency", &currency)]);
-        let new = fingerprint(&[("amount", &amount), ("currency", &currency), ("customer", &customer)]);
+        let new = fingerprint(&[
+            ("amount", &amount),
+            ("currency", &currency),
+            ("customer", &customer),
+        ]);
         assert_ne!(old.combined(), new.combined());
         assert!(new.matches(old.combined(), &old.parts()));
         assert!(old.matches(new.combined(), &new.parts()));
 
-        let changed = fingerprint(&[("amount", &json!(200)), ("currency", &currency), ("customer", &customer)]);
+        let changed = fingerprint(&[
+            ("amount", &json!(200)),
+            ("currency", &currency),
+            ("customer", &customer),
+        ]);
         assert!(!changed.matches(old.combined(), &old.parts()));
         // Same names, one value differs: no match.
         let other = fingerprint(&[("amount", &amount), ("currency", &json!("eur"))]);
@@ -776,7 +867,12 @@ mod tests {
     /// The same value with every object's entries in reverse insertion order.
     fn reorder(value: &Value) -> Value {
         match value {
-            Value::Object(map) => Value::Object(map.iter().rev().map(|(k, v)| (k.clone(), reorder(v))).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .rev()
+                    .map(|(k, v)| (k.clone(), reorder(v)))
+                    .collect(),
+            ),
             Value::Array(items) => Value::Array(items.iter().map(reorder).collect()),
             other => other.clone(),
         }

@@ -63,7 +63,9 @@ impl IdempotencyKey {
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("IdempotencyKey").field(&self.as_str()).finish()
+        f.debug_tuple("IdempotencyKey")
+            .field(&self.as_str())
+            .finish()
     }
 }
 
@@ -75,10 +77,16 @@ impl fmt::Display for IdempotencyKey {
 
 fn bare(value: &[u8]) -> Result<String, KeyError> {
     if let Some(at) = value.iter().position(|b| !(0x21..=0x7e).contains(b)) {
-        return Err(KeyError::InvalidCharacter { at, byte: value[at] });
+        return Err(KeyError::InvalidCharacter {
+            at,
+            byte: value[at],
+        });
     }
     // Every byte is ASCII, so this cannot fail; the error arm keeps it panic-free.
-    String::from_utf8(value.to_vec()).map_err(|_| KeyError::InvalidCharacter { at: 0, byte: value[0] })
+    String::from_utf8(value.to_vec()).map_err(|_| KeyError::InvalidCharacter {
+        at: 0,
+        byte: value[0],
+    })
 }
 
 /// RFC 8941 section 4.2.5, "Parsing a String", for a value that starts with `"`.
@@ -191,7 +199,10 @@ mod tests {
     #[test]
     fn quoted_keys_mean_the_same_key() {
         assert_eq!(parse("\"abc\"").unwrap(), "abc");
-        assert_eq!(IdempotencyKey::parse(b"\"abc\""), IdempotencyKey::parse(b"abc"));
+        assert_eq!(
+            IdempotencyKey::parse(b"\"abc\""),
+            IdempotencyKey::parse(b"abc")
+        );
         assert_eq!(parse(r#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
         assert_eq!(parse("\"with space\"").unwrap(), "with space");
         // The limit counts the key, not its quotes.
@@ -207,8 +218,14 @@ mod tests {
             parse(&format!("\"{}\"", "k".repeat(256))),
             Err(KeyError::TooLong { len: 256 })
         );
-        assert_eq!(parse("a b"), Err(KeyError::InvalidCharacter { at: 1, byte: b' ' }));
-        assert_eq!(parse("a\tb"), Err(KeyError::InvalidCharacter { at: 1, byte: b'\t' }));
+        assert_eq!(
+            parse("a b"),
+            Err(KeyError::InvalidCharacter { at: 1, byte: b' ' })
+        );
+        assert_eq!(
+            parse("a\tb"),
+            Err(KeyError::InvalidCharacter { at: 1, byte: b'\t' })
+        );
         assert_eq!(
             IdempotencyKey::parse("clé".as_bytes()),
             Err(KeyError::InvalidCharacter { at: 2, byte: 0xC3 })
@@ -229,9 +246,18 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert_eq!(IdempotencyKey::from_headers(&headers), Ok(None));
         headers.append(IDEMPOTENCY_KEY, "k1".parse().unwrap());
-        assert_eq!(IdempotencyKey::from_headers(&headers).unwrap().unwrap().as_str(), "k1");
+        assert_eq!(
+            IdempotencyKey::from_headers(&headers)
+                .unwrap()
+                .unwrap()
+                .as_str(),
+            "k1"
+        );
         headers.append(IDEMPOTENCY_KEY, "k1".parse().unwrap());
-        assert_eq!(IdempotencyKey::from_headers(&headers), Err(KeyError::Repeated));
+        assert_eq!(
+            IdempotencyKey::from_headers(&headers),
+            Err(KeyError::Repeated)
+        );
     }
 
     proptest! {

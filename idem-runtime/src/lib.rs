@@ -105,38 +105,40 @@ mod tx;
 
 use axum::body::Bytes;
 use axum::Json;
-use serde::Serialize;
 
 pub use fingerprint::Fingerprint;
 pub use idem_macros::idempotent;
 pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY};
 pub use problem::Problem;
 pub use response::IDEMPOTENT_REPLAYED;
-pub use store::{is_unavailable, Idempotency, IdempotencyBuilder, PrincipalResolver, PRIMARY_KEY, SCHEMA_SQL};
+pub use store::{
+    is_unavailable, Idempotency, IdempotencyBuilder, PrincipalResolver, PRIMARY_KEY, SCHEMA_SQL,
+};
 pub use tx::Tx;
 
 /// A request body idem can fingerprint: the last parameter of an `#[idempotent]`
 /// handler whose payload identifies the request.
 ///
-/// With `fields = [...]` the named fields are read from [`fingerprint_value`]; without,
-/// the whole value is fingerprinted. Implemented for [`Json<T>`], [`String`] and
-/// [`Bytes`]; implement it for your own body extractors.
+/// With `fields = [...]` the named fields are read from [`fingerprint_value`] (and only
+/// they need to be `Serialize`); without, the whole value is fingerprinted and must be
+/// `Serialize`. Implemented for [`Json<T>`], [`String`] and [`Bytes`]; implement it for
+/// your own body extractors.
 ///
 /// [`fingerprint_value`]: FingerprintBody::fingerprint_value
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a request body idem can fingerprint",
     label = "`fields = [...]` reads its fields from this parameter",
-    note = "make the last parameter a JSON body, such as `Json<T>` with `T: Serialize`, or implement `idem_runtime::FingerprintBody` for it"
+    note = "make the last parameter a JSON body, such as `Json<T>`, or implement `idem_runtime::FingerprintBody` for it"
 )]
 pub trait FingerprintBody {
     /// The value whose fields are fingerprinted.
-    type Value: Serialize + ?Sized;
+    type Value: ?Sized;
 
     /// The deserialized body.
     fn fingerprint_value(&self) -> &Self::Value;
 }
 
-impl<T: Serialize> FingerprintBody for Json<T> {
+impl<T> FingerprintBody for Json<T> {
     type Value = T;
 
     fn fingerprint_value(&self) -> &T {

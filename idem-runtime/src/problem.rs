@@ -107,17 +107,31 @@ impl Problem {
     }
 
     pub(crate) fn missing_key(detail: String) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, types::MISSING_KEY, "Idempotency-Key required").with_detail(detail)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            types::MISSING_KEY,
+            "Idempotency-Key required",
+        )
+        .with_detail(detail)
     }
 
     pub(crate) fn malformed_key(detail: String) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, types::MALFORMED_KEY, "Malformed Idempotency-Key").with_detail(detail)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            types::MALFORMED_KEY,
+            "Malformed Idempotency-Key",
+        )
+        .with_detail(detail)
     }
 
     pub(crate) fn key_in_use(retry_after: u32) -> Self {
-        Self::new(StatusCode::CONFLICT, types::KEY_IN_USE, "Request in progress")
-            .with_detail("a request with this Idempotency-Key is still being processed; retry later")
-            .with_retry_after(retry_after)
+        Self::new(
+            StatusCode::CONFLICT,
+            types::KEY_IN_USE,
+            "Request in progress",
+        )
+        .with_detail("a request with this Idempotency-Key is still being processed; retry later")
+        .with_retry_after(retry_after)
     }
 
     pub(crate) fn key_reused() -> Self {
@@ -128,13 +142,22 @@ impl Problem {
     }
 
     pub(crate) fn unavailable(retry_after: u32) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, types::UNAVAILABLE, "Service unavailable")
-            .with_detail("the database could not be reached; nothing was done; retry later")
-            .with_retry_after(retry_after)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            types::UNAVAILABLE,
+            "Service unavailable",
+        )
+        .with_detail("the database could not be reached; nothing was done; retry later")
+        .with_retry_after(retry_after)
     }
 
     pub(crate) fn internal(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, types::INTERNAL, "Internal error").with_detail(detail)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            types::INTERNAL,
+            "Internal error",
+        )
+        .with_detail(detail)
     }
 }
 
@@ -170,7 +193,9 @@ pub(crate) async fn from_rejection(rejection: Response) -> Response {
         return rejection;
     }
     let (parts, body) = rejection.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
     let status = match parts.status {
         StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
         other => other,
@@ -200,29 +225,42 @@ mod tests {
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[RETRY_AFTER], "1");
-        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["type"], types::KEY_IN_USE);
         assert_eq!(json["status"], 409);
         assert_eq!(json["title"], "Request in progress");
-        assert!(json["detail"].as_str().unwrap().contains("still being processed"));
+        assert!(json["detail"]
+            .as_str()
+            .unwrap()
+            .contains("still being processed"));
     }
 
     #[tokio::test]
     async fn rejections_become_problems() {
-        let rejection = (StatusCode::UNSUPPORTED_MEDIA_TYPE, "Expected request with `Content-Type: application/json`")
+        let rejection = (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Expected request with `Content-Type: application/json`",
+        )
             .into_response();
         let response = from_rejection(rejection).await;
         assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
-        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["type"], types::INVALID_REQUEST);
         assert_eq!(json["status"], 415);
         assert!(json["detail"].as_str().unwrap().contains("Content-Type"));
 
         let wrong_shape = (StatusCode::UNPROCESSABLE_ENTITY, "invalid type").into_response();
-        assert_eq!(from_rejection(wrong_shape).await.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            from_rejection(wrong_shape).await.status(),
+            StatusCode::BAD_REQUEST
+        );
 
         let already = Problem::key_reused().into_response();
         let passed = from_rejection(already).await;

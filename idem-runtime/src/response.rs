@@ -1,8 +1,8 @@
 //! The stored response: what is committed with the key and replayed on retries.
 
 use axum::body::Body;
-use axum::response::Response;
 use axum::body::Bytes;
+use axum::response::Response;
 use http::header::HeaderName;
 use http::response::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -110,27 +110,40 @@ mod tests {
     async fn capture_keeps_allowed_headers_and_exact_body() {
         let response = (
             StatusCode::CREATED,
-            [(LOCATION, "/charges/ch_1"), (SET_COOKIE, "s=1"), (CONTENT_TYPE, "application/json")],
+            [
+                (LOCATION, "/charges/ch_1"),
+                (SET_COOKIE, "s=1"),
+                (CONTENT_TYPE, "application/json"),
+            ],
             "{\"id\": \"ch_1\"}",
         )
             .into_response();
         let allow = [CONTENT_TYPE, LOCATION];
-        let (stored, parts) = StoredResponse::capture(response, &allow, 1024).await.unwrap();
-        assert_eq!(parts.headers[SET_COOKIE], "s=1", "the first caller gets every header");
+        let (stored, parts) = StoredResponse::capture(response, &allow, 1024)
+            .await
+            .unwrap();
+        assert_eq!(
+            parts.headers[SET_COOKIE], "s=1",
+            "the first caller gets every header"
+        );
         let replay = stored.clone().replay();
         assert_eq!(replay.status(), StatusCode::CREATED);
         assert_eq!(replay.headers()[LOCATION], "/charges/ch_1");
         assert_eq!(replay.headers()[CONTENT_TYPE], "application/json");
         assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
         assert!(replay.headers().get(SET_COOKIE).is_none());
-        let body = axum::body::to_bytes(replay.into_body(), 1024).await.unwrap();
+        let body = axum::body::to_bytes(replay.into_body(), 1024)
+            .await
+            .unwrap();
         assert_eq!(body, stored.body);
     }
 
     #[tokio::test]
     async fn over_the_cap_is_refused() {
         let response = "x".repeat(2000).into_response();
-        let err = StoredResponse::capture(response, &[], 1000).await.unwrap_err();
+        let err = StoredResponse::capture(response, &[], 1000)
+            .await
+            .unwrap_err();
         assert!(matches!(err, CaptureError::TooLarge { limit: 1000 }));
     }
 

@@ -174,7 +174,10 @@ impl Idempotency {
     /// The principal of a request by the store's resolver; `None` when no resolver is
     /// configured or it found none, which makes keys global to the scope.
     pub(crate) fn principal_of(&self, parts: &Parts) -> Option<String> {
-        self.inner.principal.as_ref().and_then(|resolve| resolve(parts))
+        self.inner
+            .principal
+            .as_ref()
+            .and_then(|resolve| resolve(parts))
     }
 }
 
@@ -198,7 +201,8 @@ pub(crate) async fn migrate(pool: &PgPool, sql: &str) -> Result<(), sqlx::Error>
         match sqlx::raw_sql(sql).execute(pool).await {
             Ok(_) => return Ok(()),
             Err(sqlx::Error::Database(e))
-                if attempt < 5 && matches!(e.code().as_deref(), Some("23505" | "42P07" | "42710")) =>
+                if attempt < 5
+                    && matches!(e.code().as_deref(), Some("23505" | "42P07" | "42710")) =>
             {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
@@ -305,9 +309,9 @@ pub fn is_unavailable(error: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|code| code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")),
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
+        }),
         _ => false,
     }
 }

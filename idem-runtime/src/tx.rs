@@ -84,6 +84,8 @@ impl DerefMut for Tx<'_> {
 
 impl std::fmt::Debug for Tx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tx").field("scope", &self.key.scope).finish_non_exhaustive()
+        f.debug_struct("Tx")
+            .field("scope", &self.key.scope)
+            .finish_non_exhaustive()
     }
 }

@@ -16,7 +16,8 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 /// The server tests run against.
 pub fn admin_options() -> PgConnectOptions {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     PgConnectOptions::from_str(&url)
         .unwrap_or_else(|e| panic!("DATABASE_URL is not a PostgreSQL URL: {e}"))
         .disable_statement_logging()
@@ -34,7 +35,9 @@ impl TestDb {
     /// Creates an empty database.
     pub async fn new() -> Self {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
         let name = format!(
             "idem_test_{}_{}_{nanos}",
             std::process::id(),
@@ -69,7 +72,10 @@ impl Drop for TestDb {
         // Drop runs inside the test's runtime, which cannot block on itself: a thread
         // with its own small runtime does the cleanup.
         let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             rt.block_on(async {
                 let mut admin = PgConnection::connect_with(&admin_options()).await.ok()?;
                 sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -95,7 +101,9 @@ pub struct TestServer {
 impl TestServer {
     /// Serves `app` on an ephemeral port.
     pub async fn start(app: Router) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.expect("serve");
@@ -132,13 +140,21 @@ impl Answer {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let body = response.bytes().await.expect("read body").to_vec();
-        Self { status, headers, body }
+        Self {
+            status,
+            headers,
+            body,
+        }
     }
 
     /// The body as JSON.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     /// A header as text, if present.
@@ -154,11 +170,22 @@ impl Answer {
     /// Asserts a problem+json answer with this status and a `type` ending in `slug`.
     #[track_caller]
     pub fn assert_problem(&self, status: u16, slug: &str) {
-        assert_eq!(self.status, status, "body: {}", String::from_utf8_lossy(&self.body));
-        assert_eq!(self.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
         let json = self.json();
         let kind = json["type"].as_str().unwrap_or_default();
-        assert!(kind.ends_with(slug), "problem type {kind:?} does not end in {slug:?}");
+        assert!(
+            kind.ends_with(slug),
+            "problem type {kind:?} does not end in {slug:?}"
+        );
         assert_eq!(json["status"], status);
         assert!(json["title"].is_string());
     }

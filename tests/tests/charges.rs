@@ -36,7 +36,13 @@ impl Service {
         }
     }
 
-    fn post(&self, path: &str, account: &str, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+    fn post(
+        &self,
+        path: &str,
+        account: &str,
+        key: Option<&str>,
+        body: &Value,
+    ) -> reqwest::RequestBuilder {
         let mut request = self
             .client
             .post(self.server.url(path))
@@ -49,13 +55,25 @@ impl Service {
     }
 
     async fn charge(&self, account: &str, key: &str, body: &Value) -> Answer {
-        Answer::read(self.post("/charges", account, Some(key), body).send().await.expect("send")).await
+        Answer::read(
+            self.post("/charges", account, Some(key), body)
+                .send()
+                .await
+                .expect("send"),
+        )
+        .await
     }
 
     async fn refund(&self, account: &str, charge_id: &str, key: &str, amount: i64) -> Answer {
         let path = format!("/charges/{charge_id}/refunds");
         let body = json!({ "amount": amount });
-        Answer::read(self.post(&path, account, Some(key), &body).send().await.expect("send")).await
+        Answer::read(
+            self.post(&path, account, Some(key), &body)
+                .send()
+                .await
+                .expect("send"),
+        )
+        .await
     }
 
     async fn charges(&self) -> i64 {
@@ -85,7 +103,10 @@ async fn a_single_call_creates_one_charge() {
     assert_eq!(charge["description"], "first");
     assert!(charge["created_at"].as_str().unwrap().ends_with('Z'));
     let id = charge["id"].as_str().unwrap();
-    assert_eq!(a.header("location"), Some(format!("/charges/{id}").as_str()));
+    assert_eq!(
+        a.header("location"),
+        Some(format!("/charges/{id}").as_str())
+    );
     assert_eq!(s.charges().await, 1);
 
     let expiry: f64 = sqlx::query_scalar(
@@ -156,7 +177,9 @@ async fn a_reused_key_with_other_semantic_fields_is_refused() {
         json!({ "amount": 500, "currency": "eur", "customer": "cus_1" }),
         json!({ "amount": 500, "currency": "usd", "customer": "cus_2" }),
     ] {
-        s.charge("acct_1", "k1", &changed).await.assert_problem(422, "key-reused");
+        s.charge("acct_1", "k1", &changed)
+            .await
+            .assert_problem(422, "key-reused");
     }
     assert_eq!(s.charges().await, 1);
 }
@@ -166,7 +189,8 @@ async fn a_changed_unnamed_field_replays() {
     let s = Service::start().await;
     let first = s.charge("acct_1", "k1", &new_charge(500)).await;
     // Another description and another key order and spacing: the same request.
-    let body = r#"{ "description": "second",  "customer": "cus_1", "currency": "usd", "amount": 500 }"#;
+    let body =
+        r#"{ "description": "second",  "customer": "cus_1", "currency": "usd", "amount": 500 }"#;
     let retry = Answer::read(
         s.client
             .post(s.server.url("/charges"))
@@ -180,7 +204,10 @@ async fn a_changed_unnamed_field_replays() {
     )
     .await;
     assert!(retry.replayed());
-    assert_eq!(retry.body, first.body, "the stored response, with the first description");
+    assert_eq!(
+        retry.body, first.body,
+        "the stored response, with the first description"
+    );
     assert_eq!(s.charges().await, 1);
 }
 
@@ -216,13 +243,23 @@ async fn fifty_concurrent_duplicates_make_one_charge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_body_stores_nothing_and_a_corrected_retry_runs() {
     let s = Service::start().await;
-    s.charge("acct_1", "k1", &new_charge(0)).await.assert_problem(400, "invalid-request");
-    s.charge("acct_1", "k1", &json!({ "amount": "ten", "currency": "usd", "customer": "c" }))
+    s.charge("acct_1", "k1", &new_charge(0))
         .await
         .assert_problem(400, "invalid-request");
-    s.charge("acct_1", "k1", &json!({ "amount": 5, "currency": "dollars", "customer": "c" }))
-        .await
-        .assert_problem(400, "invalid-request");
+    s.charge(
+        "acct_1",
+        "k1",
+        &json!({ "amount": "ten", "currency": "usd", "customer": "c" }),
+    )
+    .await
+    .assert_problem(400, "invalid-request");
+    s.charge(
+        "acct_1",
+        "k1",
+        &json!({ "amount": 5, "currency": "dollars", "customer": "c" }),
+    )
+    .await
+    .assert_problem(400, "invalid-request");
     let bad_json = Answer::read(
         s.client
             .post(s.server.url("/charges"))
@@ -270,7 +307,10 @@ async fn keys_of_two_principals_never_meet() {
     let a = s.charge("acct_a", "shared-key", &new_charge(100)).await;
     let b = s.charge("acct_b", "shared-key", &new_charge(999)).await;
     assert_eq!((a.status, b.status), (201, 201));
-    assert!(!b.replayed(), "b never sees a's response, and is no 422 either");
+    assert!(
+        !b.replayed(),
+        "b never sees a's response, and is no 422 either"
+    );
     assert_eq!(b.json()["account"], "acct_b");
     assert_eq!(s.charges().await, 2);
     let a_again = s.charge("acct_a", "shared-key", &new_charge(100)).await;
@@ -280,15 +320,33 @@ async fn keys_of_two_principals_never_meet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_malformed_keys_are_refused() {
     let s = Service::start().await;
-    let missing = Answer::read(s.post("/charges", "acct_1", None, &new_charge(5)).send().await.unwrap()).await;
+    let missing = Answer::read(
+        s.post("/charges", "acct_1", None, &new_charge(5))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     missing.assert_problem(400, "missing-key");
 
     let too_long = "k".repeat(256);
     let quoted_too_long = format!("\"{}\"", "k".repeat(256));
-    for key in ["", "\"\"", "a b", "\"unterminated", "\"a\"b", r#""bad\escape""#, &too_long, &quoted_too_long] {
+    for key in [
+        "",
+        "\"\"",
+        "a b",
+        "\"unterminated",
+        "\"a\"b",
+        r#""bad\escape""#,
+        &too_long,
+        &quoted_too_long,
+    ] {
         let a = s.charge("acct_1", key, &new_charge(5)).await;
         a.assert_problem(400, "malformed-key");
-        assert!(a.json()["detail"].as_str().unwrap().contains("Idempotency-Key"));
+        assert!(a.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key"));
     }
     // Non-ASCII bytes, which HTTP allows in header values.
     let non_ascii = reqwest::header::HeaderValue::from_bytes("clé".as_bytes()).unwrap();
@@ -313,7 +371,10 @@ async fn missing_and_malformed_keys_are_refused() {
     assert_eq!((s.charges().await, s.keys().await), (0, 0));
 
     // The longest key and a UUID, which starts with a digit, are fine.
-    for key in ["k".repeat(255), "8e03978e-40d5-43e8-bc93-6894a57f9324".to_owned()] {
+    for key in [
+        "k".repeat(255),
+        "8e03978e-40d5-43e8-bc93-6894a57f9324".to_owned(),
+    ] {
         assert_eq!(s.charge("acct_1", &key, &new_charge(5)).await.status, 201);
     }
 }
@@ -403,11 +464,18 @@ async fn a_refund_over_the_remaining_amount_is_a_final_answer() {
     // The key belongs to one charge: the same key on another charge is another target.
     let other = s.charge("acct_1", "c2", &new_charge(100)).await.json();
     let other_id = other["id"].as_str().unwrap();
-    s.refund("acct_1", other_id, "r1", 60).await.assert_problem(422, "key-reused");
+    s.refund("acct_1", other_id, "r1", 60)
+        .await
+        .assert_problem(422, "key-reused");
 
     // Another account's charge does not exist for this account; nothing is stored.
-    s.refund("acct_2", id, "r3", 1).await.assert_problem(404, "not-found");
-    assert_eq!(count(&s.pool, "idempotency_keys WHERE scope = 'refunds'").await, 2);
+    s.refund("acct_2", id, "r3", 1)
+        .await
+        .assert_problem(404, "not-found");
+    assert_eq!(
+        count(&s.pool, "idempotency_keys WHERE scope = 'refunds'").await,
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,8 +486,16 @@ async fn concurrent_refunds_under_different_keys_never_over_refund() {
     let keys: Vec<String> = (0..10).map(|i| format!("refund-{i}")).collect();
     let answers = join_all(keys.iter().map(|k| s.refund("acct_1", &id, k, 30))).await;
     let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
-    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 3, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|&&s| s == 400).count(), 7, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 201).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 400).count(),
+        7,
+        "{statuses:?}"
+    );
     let refunded: i64 = sqlx::query_scalar("SELECT sum(amount)::bigint FROM refunds")
         .fetch_one(&s.pool)
         .await
@@ -448,7 +524,12 @@ async fn many_keys_with_many_copies_each_make_one_charge_per_key() {
     }
     let ids: HashSet<String> = bodies
         .values()
-        .map(|b| serde_json::from_slice::<Value>(b).unwrap()["id"].as_str().unwrap().to_owned())
+        .map(|b| {
+            serde_json::from_slice::<Value>(b).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(ids.len(), bodies.len());
 }

@@ -37,7 +37,12 @@ async fn write_effect(tx: &mut Tx<'_>, note: &str) -> Result<i64, Problem> {
 }
 
 fn db_problem(e: sqlx::Error) -> Problem {
-    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "https://example.com/db", "Database error").with_detail(e.to_string())
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "https://example.com/db",
+        "Database error",
+    )
+    .with_detail(e.to_string())
 }
 
 /// Writes an effect, optionally sleeps inside the transaction, answers 201.
@@ -45,7 +50,10 @@ fn db_problem(e: sqlx::Error) -> Problem {
 async fn effect(mut tx: Tx, Json(req): Json<Effect>) -> Result<(StatusCode, Json<Value>), Problem> {
     let id = write_effect(&mut tx, &req.note).await?;
     tokio::time::sleep(Duration::from_millis(req.sleep_ms)).await;
-    Ok((StatusCode::CREATED, Json(json!({ "id": id, "note": req.note }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "note": req.note })),
+    ))
 }
 
 /// Writes an effect, then commits idem's transaction behind its back.
@@ -54,7 +62,9 @@ async fn escape(mut tx: Tx, Json(req): Json<Effect>) -> Result<StatusCode, Probl
     write_effect(&mut tx, &req.note).await?;
     // `raw_sql(..).execute(&mut *tx)` trips sqlx#3581 in any axum handler; this is the
     // documented equivalent (simple query protocol, several statements allowed).
-    sqlx::Executor::execute(&mut *tx, req.note.as_str()).await.map_err(db_problem)?;
+    sqlx::Executor::execute(&mut *tx, req.note.as_str())
+        .await
+        .map_err(db_problem)?;
     Ok(StatusCode::CREATED)
 }
 
@@ -127,7 +137,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .get("x-tenant")
             .and_then(|v| v.to_str().ok())
             .map(|t| Tenant(t.to_owned()))
-            .ok_or_else(|| Problem::new(StatusCode::UNAUTHORIZED, "https://example.com/no-tenant", "No tenant"))
+            .ok_or_else(|| {
+                Problem::new(
+                    StatusCode::UNAUTHORIZED,
+                    "https://example.com/no-tenant",
+                    "No tenant",
+                )
+            })
     }
 }
 
@@ -139,7 +155,11 @@ impl Principal for Tenant {
 
 /// Keys per tenant, by the handler's own `principal = ...`.
 #[idempotent(scope = "tenants", fields = [note], principal = Tenant)]
-async fn per_tenant(State(pool): State<PgPool>, mut tx: Tx, Json(req): Json<Effect>) -> Result<Json<Value>, Problem> {
+async fn per_tenant(
+    State(pool): State<PgPool>,
+    mut tx: Tx,
+    Json(req): Json<Effect>,
+) -> Result<Json<Value>, Problem> {
     let id = write_effect(&mut tx, &req.note).await?;
     let _ = pool.size();
     Ok(Json(json!({ "id": id })))
@@ -159,11 +179,17 @@ impl Service {
         Self::serve(db, pool, configure).await
     }
 
-    async fn serve(db: TestDb, pool: PgPool, configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder) -> Self {
-        sqlx::raw_sql("CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, note text NOT NULL)")
-            .execute(&pool)
-            .await
-            .unwrap();
+    async fn serve(
+        db: TestDb,
+        pool: PgPool,
+        configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder,
+    ) -> Self {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, note text NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
         let idempotency = configure(Idempotency::builder(pool.clone())).build();
         idempotency.migrate().await.unwrap();
         let app = Router::new()
@@ -193,7 +219,13 @@ impl Service {
         self.post_with(path, key, body, &[]).await
     }
 
-    async fn post_with(&self, path: &str, key: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+    async fn post_with(
+        &self,
+        path: &str,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Answer {
         let mut request = self
             .client
             .post(self.server.url(path))
@@ -295,7 +327,10 @@ async fn a_waiting_duplicate_replays_under_a_repeatable_read_default() {
     .unwrap();
     admin.close().await;
     let pool = db.pool(10).await;
-    let level: String = sqlx::query_scalar("SHOW default_transaction_isolation").fetch_one(&pool).await.unwrap();
+    let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(level, "repeatable read");
     let s = Service::serve(db, pool, |b| b.conflict_wait(Duration::from_secs(10))).await;
     assert_waiting_duplicate_replays(&s).await;
@@ -312,7 +347,12 @@ async fn assert_waiting_duplicate_replays(s: &Service) {
     let (first, second) = tokio::join!(first, second);
     assert_eq!(first.status, 201);
     assert!(!first.replayed());
-    assert_eq!(second.status, 201, "{}", String::from_utf8_lossy(&second.body));
+    assert_eq!(
+        second.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&second.body)
+    );
     assert!(second.replayed());
     assert_eq!(second.body, first.body);
     assert_eq!(s.effects().await, 1);
@@ -357,12 +397,22 @@ async fn a_duplicate_in_flight_gets_409_then_the_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_commit_in_the_handler_is_caught() {
     let s = Service::start(|b| b).await;
-    for (key, statement) in [("k1", "COMMIT"), ("k2", "ROLLBACK"), ("k3", "COMMIT; BEGIN")] {
+    for (key, statement) in [
+        ("k1", "COMMIT"),
+        ("k2", "ROLLBACK"),
+        ("k3", "COMMIT; BEGIN"),
+    ] {
         let a = s.post("/escape", key, &note(statement)).await;
         a.assert_problem(500, "transaction-escaped");
-        assert_eq!(s.keys().await, 0, "{statement}: no key row, complete or not");
+        assert_eq!(
+            s.keys().await,
+            0,
+            "{statement}: no key row, complete or not"
+        );
         // Not stuck: the same key is handled again (and caught again).
-        s.post("/escape", key, &note(statement)).await.assert_problem(500, "transaction-escaped");
+        s.post("/escape", key, &note(statement))
+            .await
+            .assert_problem(500, "transaction-escaped");
     }
     // The escaped writes are the damage the check reports, not something it can undo.
     assert_eq!(s.effects().await, 4, "two COMMITs, each run twice");
@@ -373,7 +423,10 @@ async fn a_raw_commit_in_the_handler_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_does_not_inherit_the_claims_lock_timeout() {
     let s = Service::start(|b| b).await;
-    sqlx::query("INSERT INTO effects (note) VALUES ('locked')").execute(&s.pool).await.unwrap();
+    sqlx::query("INSERT INTO effects (note) VALUES ('locked')")
+        .execute(&s.pool)
+        .await
+        .unwrap();
     let mut holder = s.pool.begin().await.unwrap();
     sqlx::query("SELECT id FROM effects WHERE note = 'locked' FOR UPDATE")
         .execute(&mut *holder)
@@ -386,7 +439,12 @@ async fn the_handler_does_not_inherit_the_claims_lock_timeout() {
         holder.rollback().await.unwrap();
     };
     let (answer, ()) = tokio::join!(request, release);
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
 }
 
 /// 503: the handler never runs without a claim, and the answer comes quickly.
@@ -399,10 +457,12 @@ async fn an_unreachable_database_answers_503_quickly() {
     let dead = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy_with(idem_tests::admin_options().port(1));
-    let app = Router::new().route("/effect", post(effect)).with_state(AppState {
-        idempotency: Idempotency::builder(dead.clone()).retry_after(3).build(),
-        pool: dead,
-    });
+    let app = Router::new()
+        .route("/effect", post(effect))
+        .with_state(AppState {
+            idempotency: Idempotency::builder(dead.clone()).retry_after(3).build(),
+            pool: dead,
+        });
     let server = TestServer::start(app).await;
     let started = Instant::now();
     let a = Answer::read(
@@ -417,7 +477,11 @@ async fn an_unreachable_database_answers_503_quickly() {
     .await;
     a.assert_problem(503, "unavailable");
     assert_eq!(a.header("retry-after"), Some("3"));
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 /// 503 when the connection dies under the handler and its `Err` is the only symptom;
@@ -447,8 +511,15 @@ async fn a_connection_lost_mid_handler_answers_503_and_the_service_recovers() {
     assert!(answer.header("retry-after").is_some());
     assert_eq!((s.effects().await, s.keys().await), (0, 0));
 
-    let retry = s.post("/sleepy", "k1", &json!({ "note": "n", "sleep_ms": 1 })).await;
-    assert_eq!(retry.status, 201, "{}", String::from_utf8_lossy(&retry.body));
+    let retry = s
+        .post("/sleepy", "k1", &json!({ "note": "n", "sleep_ms": 1 }))
+        .await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
 }
 
 /// The handler can read its key and derive a stable key for a downstream API.
@@ -473,7 +544,10 @@ async fn the_handler_reads_its_key_and_derives_downstream_keys() {
 async fn a_handler_without_tx_is_idempotent_too() {
     let s = Service::start(|b| b).await;
     let a = s.post("/plain", "k1", &note("world")).await;
-    assert_eq!((a.status, a.body.as_slice()), (200, b"hello world".as_slice()));
+    assert_eq!(
+        (a.status, a.body.as_slice()),
+        (200, b"hello world".as_slice())
+    );
     let b = s.post("/plain", "k1", &note("world")).await;
     assert!(b.replayed());
     assert_eq!(b.body, a.body);
@@ -481,10 +555,12 @@ async fn a_handler_without_tx_is_idempotent_too() {
     s.post("/plain", "k1", &json!({ "note": "world", "sleep_ms": 1 }))
         .await
         .assert_problem(422, "key-reused");
-    let ttl: f64 = sqlx::query_scalar("SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys")
-        .fetch_one(&s.pool)
-        .await
-        .unwrap();
+    let ttl: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys",
+    )
+    .fetch_one(&s.pool)
+    .await
+    .unwrap();
     assert_eq!(ttl, 90.0);
 }
 
@@ -492,17 +568,24 @@ async fn a_handler_without_tx_is_idempotent_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_principal_separates_tenants() {
     let s = Service::start(|b| b).await;
-    let a = s.post_with("/tenants", "k1", &note("a"), &[("x-tenant", "t1")]).await;
-    let b = s.post_with("/tenants", "k1", &note("b"), &[("x-tenant", "t2")]).await;
+    let a = s
+        .post_with("/tenants", "k1", &note("a"), &[("x-tenant", "t1")])
+        .await;
+    let b = s
+        .post_with("/tenants", "k1", &note("b"), &[("x-tenant", "t2")])
+        .await;
     assert_eq!((a.status, b.status), (200, 200));
     assert!(!b.replayed());
     assert_eq!(s.effects().await, 2);
-    let principals: Vec<String> = sqlx::query_scalar("SELECT principal FROM idempotency_keys ORDER BY principal")
-        .fetch_all(&s.pool)
-        .await
-        .unwrap();
+    let principals: Vec<String> =
+        sqlx::query_scalar("SELECT principal FROM idempotency_keys ORDER BY principal")
+            .fetch_all(&s.pool)
+            .await
+            .unwrap();
     assert_eq!(principals, ["t1", "t2"]);
-    s.post("/tenants", "k1", &note("a")).await.assert_problem(401, "no-tenant");
+    s.post("/tenants", "k1", &note("a"))
+        .await
+        .assert_problem(401, "no-tenant");
 }
 
 /// Table creation is safe when several processes start at once.
@@ -510,7 +593,12 @@ async fn a_handler_principal_separates_tenants() {
 async fn concurrent_migrations_all_succeed() {
     let db = TestDb::new().await;
     let pools = join_all((0..8).map(|_| db.pool(1))).await;
-    let results = join_all(pools.iter().map(|p| async move { Idempotency::new(p.clone()).migrate().await })).await;
+    let results = join_all(
+        pools
+            .iter()
+            .map(|p| async move { Idempotency::new(p.clone()).migrate().await }),
+    )
+    .await;
     for r in results {
         r.expect("every concurrent migrate succeeds");
     }

@@ -101,8 +101,12 @@ pub async fn authenticate(mut request: Request, next: Next) -> Response {
         .filter(|a| !a.is_empty() && a.len() <= 128 && a.bytes().all(|b| b.is_ascii_graphic()));
     let Some(account) = account else {
         let mut response = ApiError(
-            Problem::new(StatusCode::UNAUTHORIZED, problem_type("unauthenticated"), "Unauthenticated")
-                .with_detail("send `Authorization: Bearer <account>`"),
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                problem_type("unauthenticated"),
+                "Unauthenticated",
+            )
+            .with_detail("send `Authorization: Bearer <account>`"),
         )
         .into_response();
         response
@@ -126,11 +130,25 @@ pub struct ApiError(pub Problem);
 
 impl ApiError {
     fn invalid(detail: impl Into<String>) -> Self {
-        Self(Problem::new(StatusCode::BAD_REQUEST, problem_type("invalid-request"), "Invalid request").with_detail(detail))
+        Self(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                problem_type("invalid-request"),
+                "Invalid request",
+            )
+            .with_detail(detail),
+        )
     }
 
     fn not_found(what: &str) -> Self {
-        Self(Problem::new(StatusCode::NOT_FOUND, problem_type("not-found"), "Not found").with_detail(format!("no such {what}")))
+        Self(
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                problem_type("not-found"),
+                "Not found",
+            )
+            .with_detail(format!("no such {what}")),
+        )
     }
 }
 
@@ -139,12 +157,20 @@ impl From<sqlx::Error> for ApiError {
         if idem_runtime::is_unavailable(&error) {
             tracing::warn!(%error, "database unavailable");
             Self(
-                Problem::new(StatusCode::SERVICE_UNAVAILABLE, problem_type("unavailable"), "Service unavailable")
-                    .with_retry_after(1),
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    problem_type("unavailable"),
+                    "Service unavailable",
+                )
+                .with_retry_after(1),
             )
         } else {
             tracing::error!(%error, "database error");
-            Self(Problem::new(StatusCode::INTERNAL_SERVER_ERROR, problem_type("internal"), "Internal error"))
+            Self(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                problem_type("internal"),
+                "Internal error",
+            ))
         }
     }
 }
@@ -198,7 +224,9 @@ async fn create_charge(
         return Err(ApiError::invalid("amount must be a positive integer"));
     }
     if req.currency.len() != 3 || !req.currency.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Err(ApiError::invalid("currency must be three ASCII letters, such as \"usd\""));
+        return Err(ApiError::invalid(
+            "currency must be three ASCII letters, such as \"usd\"",
+        ));
     }
     if req.customer.trim().is_empty() {
         return Err(ApiError::invalid("customer must not be empty"));
@@ -239,7 +267,9 @@ async fn get_charge(
     .bind(&account.0)
     .fetch_optional(&pool)
     .await?;
-    charge.map(Json).ok_or_else(|| ApiError::not_found("charge"))
+    charge
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("charge"))
 }
 
 /// The body of `POST /charges/{id}/refunds`.
@@ -297,18 +327,27 @@ async fn create_refund(
 
 /// Locks the charge row and returns what remains to refund, or `None` if the account has
 /// no such charge. The lock serializes refunds of one charge, whatever their keys.
-async fn lock_remaining(conn: &mut PgConnection, charge_id: &str, account: &Account) -> Result<Option<i64>, sqlx::Error> {
-    let amount: Option<i64> = sqlx::query_scalar("SELECT amount FROM charges WHERE id = $1 AND account = $2 FOR UPDATE")
-        .bind(charge_id)
-        .bind(&account.0)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(amount) = amount else { return Ok(None) };
+async fn lock_remaining(
+    conn: &mut PgConnection,
+    charge_id: &str,
+    account: &Account,
+) -> Result<Option<i64>, sqlx::Error> {
+    let amount: Option<i64> =
+        sqlx::query_scalar("SELECT amount FROM charges WHERE id = $1 AND account = $2 FOR UPDATE")
+            .bind(charge_id)
+            .bind(&account.0)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some(amount) = amount else {
+        return Ok(None);
+    };
     // A separate statement, so its snapshot is taken after the lock was granted and sees
     // the refunds committed by whoever held the lock before us (READ COMMITTED).
-    let refunded: i64 = sqlx::query_scalar("SELECT coalesce(sum(amount), 0)::bigint FROM refunds WHERE charge_id = $1")
-        .bind(charge_id)
-        .fetch_one(&mut *conn)
-        .await?;
+    let refunded: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(amount), 0)::bigint FROM refunds WHERE charge_id = $1",
+    )
+    .bind(charge_id)
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(Some(amount - refunded))
 }

@@ -19,9 +19,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     let bind = std::env::var("BIND_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let database_url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    let database_url =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
     let delay_ms: u64 = match std::env::var("PROCESSOR_DELAY_MS") {
-        Ok(v) => v.parse().map_err(|_| format!("PROCESSOR_DELAY_MS must be a whole number of milliseconds, not {v:?}"))?,
+        Ok(v) => v.parse().map_err(|_| {
+            format!("PROCESSOR_DELAY_MS must be a whole number of milliseconds, not {v:?}")
+        })?,
         Err(_) => 0,
     };
 
