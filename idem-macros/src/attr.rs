@@ -11,9 +11,22 @@ const OPTIONS: &str = "`scope`, `ttl`, `fields` or `principal`";
 /// The parsed `#[idempotent(...)]` arguments.
 pub struct Args {
     pub scope: LitStr,
-    pub ttl_secs: u64,
+    pub ttl: Option<Ttl>,
     pub fields: Option<Fields>,
-    pub principal: Option<syn::Path>,
+    pub principal: Option<syn::Type>,
+}
+
+/// `ttl = "24h"`: the literal as written and what it means.
+pub struct Ttl {
+    pub lit: LitStr,
+    pub secs: u64,
+}
+
+impl Args {
+    /// The ttl in seconds; one day when not given.
+    pub fn ttl_secs(&self) -> u64 {
+        self.ttl.as_ref().map_or(24 * 60 * 60, |ttl| ttl.secs)
+    }
 }
 
 /// `fields = [a, b.c]`: where the option was written, and the field paths.
@@ -41,7 +54,22 @@ impl FieldPath {
 /// One `name = value` pair, before its value is checked.
 struct Arg {
     name: Ident,
-    value: Expr,
+    value: Value,
+}
+
+/// `principal` names a type; every other option takes an expression-like value.
+enum Value {
+    Expr(Expr),
+    Type(syn::Type),
+}
+
+impl Value {
+    fn span(&self) -> Span {
+        match self {
+            Self::Expr(e) => e.span(),
+            Self::Type(t) => t.span(),
+        }
+    }
 }
 
 impl Parse for Arg {
@@ -54,10 +82,12 @@ impl Parse for Arg {
             ));
         }
         input.parse::<Token![=]>()?;
-        Ok(Self {
-            name,
-            value: input.parse()?,
-        })
+        let value = if name == "principal" && !input.peek(syn::Lit) {
+            Value::Type(input.parse()?)
+        } else {
+            Value::Expr(input.parse()?)
+        };
+        Ok(Self { name, value })
     }
 }
 
@@ -93,37 +123,36 @@ fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &mut Errors
     }
 }
 
-/// Parses the arguments. `attr_span` is where to report a missing `scope` when the
-/// attribute has no arguments at all.
+/// Parses the arguments; `None` when they cannot make a wrapper (the errors say why).
 pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args> {
-    let parsed = match syn::parse::Parser::parse2(
-        Punctuated::<Arg, Token![,]>::parse_terminated,
-        args.clone(),
-    ) {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            errors.push(e);
-            return None;
-        }
-    };
+    let parsed =
+        match syn::parse::Parser::parse2(Punctuated::<Arg, Token![,]>::parse_terminated, args) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                errors.push(e);
+                return None;
+            }
+        };
     let mut scope = None;
     let mut ttl = None;
     let mut fields = None;
     let mut principal = None;
+    let mut scope_given = false;
     for arg in parsed {
         match arg.name.to_string().as_str() {
             "scope" => {
-                if let Some(v) = parse_scope(&arg.value, errors) {
+                scope_given = true;
+                if let Some(v) = expr(&arg.value, "scope", errors).and_then(|e| parse_scope(e, errors)) {
                     set_once(&mut scope, v, &arg.name, errors);
                 }
             }
             "ttl" => {
-                if let Some(v) = parse_ttl(&arg.value, errors) {
+                if let Some(v) = expr(&arg.value, "ttl", errors).and_then(|e| parse_ttl(e, errors)) {
                     set_once(&mut ttl, v, &arg.name, errors);
                 }
             }
             "fields" => {
-                if let Some(paths) = parse_fields(&arg.value, errors) {
+                if let Some(paths) = expr(&arg.value, "fields", errors).and_then(|e| parse_fields(e, errors)) {
                     let value = Fields {
                         keyword: arg.name.clone(),
                         paths,
@@ -132,7 +161,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
                 }
             }
             "principal" => match &arg.value {
-                Expr::Path(p) if p.qself.is_none() => set_once(&mut principal, p.path.clone(), &arg.name, errors),
+                Value::Type(ty) => set_once(&mut principal, ty.clone(), &arg.name, errors),
                 other => errors.at(
                     other.span(),
                     "`principal` takes an extractor type that implements `idem_runtime::Principal`, such as `principal = Tenant`",
@@ -145,20 +174,31 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
         }
     }
     let Some(scope) = scope else {
-        let span = if args.is_empty() {
-            Span::call_site()
-        } else {
-            args.span()
-        };
-        errors.at(span, "missing `scope = \"...\"`: the name that keys of this endpoint live under, such as `scope = \"charges\"`");
+        if !scope_given {
+            // No one token is wrong: the attribute as a whole lacks the option.
+            errors.at(
+                Span::call_site(),
+                "missing `scope = \"...\"`: the name that keys of this endpoint live under, such as `scope = \"charges\"`",
+            );
+        }
         return None;
     };
     Some(Args {
         scope,
-        ttl_secs: ttl.unwrap_or(24 * 60 * 60),
+        ttl,
         fields,
         principal,
     })
+}
+
+fn expr<'a>(value: &'a Value, option: &str, errors: &mut Errors) -> Option<&'a Expr> {
+    match value {
+        Value::Expr(e) => Some(e),
+        Value::Type(t) => {
+            errors.at(t.span(), format!("`{option}` does not take a type"));
+            None
+        }
+    }
 }
 
 fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Option<&'a LitStr> {
@@ -193,7 +233,7 @@ fn parse_scope(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
 
 const TTL_FORMS: &str = "`ttl` must look like \"90s\", \"30m\", \"24h\" or \"7d\": a positive whole number and one unit of s, m, h or d";
 
-fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<u64> {
+fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
     let lit = string_literal(value, "ttl = \"...\"", errors)?;
     let text = lit.value();
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
@@ -224,7 +264,10 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<u64> {
     }
     // A century is more than any key needs and keeps `now() + ttl` inside PostgreSQL's range.
     match count.checked_mul(seconds_per_unit) {
-        Some(secs) if secs <= 100 * 365 * 24 * 60 * 60 => Some(secs),
+        Some(secs) if secs <= 100 * 365 * 24 * 60 * 60 => Some(Ttl {
+            lit: lit.clone(),
+            secs,
+        }),
         _ => {
             errors.at(lit.span(), "`ttl` is too long: the limit is 100 years");
             None
@@ -293,5 +336,123 @@ fn field_path(expr: &Expr) -> Option<FieldPath> {
             Some(path)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+
+    fn parse_ok(args: proc_macro2::TokenStream) -> Args {
+        let mut errors = Errors::default();
+        let parsed = parse(args, &mut errors);
+        if let Err(e) = errors.finish() {
+            panic!("unexpected error: {e}");
+        }
+        parsed.expect("arguments")
+    }
+
+    fn messages(args: proc_macro2::TokenStream) -> Vec<String> {
+        let mut errors = Errors::default();
+        let _ = parse(args, &mut errors);
+        errors
+            .finish()
+            .err()
+            .map_or_else(Vec::new, |e| e.into_iter().map(|e| e.to_string()).collect())
+    }
+
+    #[test]
+    fn ttl_forms() {
+        for (ttl, secs) in [
+            ("90s", 90),
+            ("30m", 1800),
+            ("24h", 86_400),
+            ("7d", 604_800),
+            ("1d", 86_400),
+        ] {
+            assert_eq!(
+                parse_ok(quote!(scope = "s", ttl = #ttl)).ttl_secs(),
+                secs,
+                "{ttl}"
+            );
+        }
+        assert_eq!(
+            parse_ok(quote!(scope = "s")).ttl_secs(),
+            86_400,
+            "one day by default"
+        );
+        for bad in [
+            "",
+            "h",
+            "24",
+            "24 h",
+            "2w",
+            "-1h",
+            "+1h",
+            "1.5h",
+            "0s",
+            "0d",
+            "99999999999999999999d",
+            "36600000d",
+        ] {
+            assert_eq!(
+                messages(quote!(scope = "s", ttl = #bad)).len(),
+                1,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn fields_and_principal() {
+        let args = parse_ok(quote!(
+            scope = "orders",
+            fields = [amount, customer.id],
+            principal = auth::Tenant
+        ));
+        let names: Vec<String> = args
+            .fields
+            .unwrap()
+            .paths
+            .iter()
+            .map(FieldPath::name)
+            .collect();
+        assert_eq!(names, ["amount", "customer.id"]);
+        assert!(args.principal.is_some());
+    }
+
+    #[test]
+    fn every_mistake_is_reported_at_once() {
+        let all = messages(quote!(
+            scope = "",
+            ttl = "1 day",
+            colour = "blue",
+            fields = [],
+            fields = [a]
+        ));
+        assert_eq!(all.len(), 4, "{all:#?}");
+        assert!(all[0].contains("`scope` must be"));
+        assert!(all[1].contains("`ttl` must look like"));
+        assert!(all[2].contains("unknown option `colour`"));
+        assert!(all[3].contains("`fields` is empty"));
+    }
+
+    #[test]
+    fn repeated_options_come_from_one_place() {
+        for option in [
+            quote!(scope = "a"),
+            quote!(ttl = "1h"),
+            quote!(fields = [a]),
+            quote!(principal = P),
+        ] {
+            let all = messages(quote!(scope = "s", #option, #option));
+            assert!(
+                all.iter()
+                    .any(|m| m.ends_with("is specified more than once")),
+                "{all:?}"
+            );
+        }
     }
 }

@@ -1,13 +1,14 @@
 //! The generated wrapper: an axum handler that extracts the key, fingerprints the
-//! request and hands the user's function to the runtime as an inner `async fn` under
-//! the handler's own name (so `return` and `?` behave, and errors name the handler).
+//! request, claims the key and calls the user's function, kept as an inner `async fn`
+//! under the handler's own name (so `return` and `?` behave, and errors name the
+//! handler), with a `Tx` borrowed from the claim.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Attribute, ItemFn};
+use syn::{Attribute, Ident, ItemFn, Type};
 
-use crate::attr::{self, Args, Errors};
+use crate::attr::{self, Args, Errors, FieldPath};
 use crate::valid::{self, Handler};
 
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -25,8 +26,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let args = attr::parse(args, &mut errors);
     let handler = valid::handler(&func, &mut errors);
     if let Some(fields) = args.as_ref().and_then(|a| a.fields.as_ref()) {
-        let has_body = handler.params.len() > usize::from(handler.tx.is_some());
-        if !has_body {
+        if handler.extracted().next().is_none() {
             errors.at(
                 fields.keyword.span(),
                 "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
@@ -35,9 +35,9 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     let tokens = match (errors.finish(), args) {
         (Ok(()), Some(args)) => wrapper(&func, &args, &handler),
-        (Err(e), _) => fallback(item, e),
-        (Ok(()), None) => fallback(
-            item,
+        (Err(e), _) => fallback_fn(func.clone(), e),
+        (Ok(()), None) => fallback_fn(
+            func.clone(),
             syn::Error::new(Span::call_site(), "invalid `#[idempotent]` arguments"),
         ),
     };
@@ -54,62 +54,87 @@ fn fallback(item: TokenStream, error: syn::Error) -> TokenStream {
     quote!(#item #error)
 }
 
-fn is_outer_attr(attr: &Attribute) -> bool {
+/// The fallback for a function: as written, but with `Tx` lifetimes made explicit, so
+/// the only errors are the real ones.
+fn fallback_fn(mut func: ItemFn, error: syn::Error) -> TokenStream {
+    elide_tx_lifetimes(&mut func.sig);
+    fallback(quote!(#func), error)
+}
+
+/// Docs and `cfg` describe the handler, so they go on the wrapper; every other
+/// attribute (lints, tracing ...) is about the body, which is the inner function.
+fn is_wrapper_attr(attr: &Attribute) -> bool {
     attr.path().is_ident("doc") || attr.path().is_ident("cfg")
 }
 
-/// The user's signature for the inner function, with `Tx` given its elided lifetime:
-/// `tx: Tx` reads best, but an `async fn` may not hide a lifetime (E0726).
-fn inner_signature(func: &ItemFn, handler: &Handler<'_>) -> syn::Signature {
-    let mut sig = func.sig.clone();
-    // Receivers are refused before expansion, so parameter and input indices agree.
-    let Some(tx) = handler.tx else { return sig };
-    let Some(syn::FnArg::Typed(param)) = sig.inputs.iter_mut().nth(tx) else {
-        return sig;
-    };
-    if let syn::Type::Path(path) = &mut *param.ty {
-        if let Some(last) = path.path.segments.last_mut() {
-            if last.arguments.is_none() {
-                let span = last.ident.span();
-                last.arguments =
-                    syn::PathArguments::AngleBracketed(syn::parse_quote_spanned!(span=> <'_>));
+/// Gives every `Tx` parameter written without a lifetime its elided one: `tx: Tx` reads
+/// best, but an `async fn` may not hide a lifetime (E0726).
+fn elide_tx_lifetimes(sig: &mut syn::Signature) {
+    for input in &mut sig.inputs {
+        let syn::FnArg::Typed(param) = input else {
+            continue;
+        };
+        if !valid::is_tx(&param.ty) {
+            continue;
+        }
+        if let Type::Path(path) = &mut *param.ty {
+            if let Some(last) = path.path.segments.last_mut() {
+                if last.arguments.is_none() {
+                    let span = last.ident.span();
+                    last.arguments =
+                        syn::PathArguments::AngleBracketed(syn::parse_quote_spanned!(span=> <'_>));
+                }
             }
         }
     }
-    sig
 }
 
 fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let name = &func.sig.ident;
     let vis = &func.vis;
-    // Docs and `cfg` describe the handler; every other attribute (lints, tracing ...)
-    // belongs to the body, which is the inner function.
-    let outer_attrs = func.attrs.iter().filter(|a| is_outer_attr(a));
-    let cfg_attrs = func.attrs.iter().filter(|a| a.path().is_ident("cfg"));
+    let wrapper_attrs = func.attrs.iter().filter(|a| is_wrapper_attr(a));
     let inner_attrs = func.attrs.iter().filter(|a| !a.path().is_ident("doc"));
-    let sig = inner_signature(func, handler);
+    let mut inner_sig = func.sig.clone();
+    elide_tx_lifetimes(&mut inner_sig);
     let block = &func.block;
-
     let scope = &args.scope;
-    let ttl_secs = args.ttl_secs;
-
-    let mut wrapper_params = Vec::new();
-    let mut unwrap_params = Vec::new();
-    let mut call_args = Vec::new();
-    let mut last_arg = None;
-    for (i, param) in handler.params.iter().enumerate() {
-        if handler.tx == Some(i) {
-            call_args.push(quote!(__idem_claim.tx()));
-            continue;
+    let ttl_secs = match &args.ttl {
+        Some(ttl) => {
+            let secs = ttl.secs;
+            quote_spanned!(ttl.lit.span()=> #secs)
         }
-        let arg = format_ident!("__idem_arg{}", i);
-        let ty = &param.ty;
-        wrapper_params
-            .push(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
-        unwrap_params.push(quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
-        call_args.push(quote!(#arg));
-        last_arg = Some((arg, ty));
-    }
+        None => {
+            let secs = args.ttl_secs();
+            quote!(#secs)
+        }
+    };
+
+    let extracted: Vec<(Ident, &Type)> = handler
+        .extracted()
+        .map(|(i, param)| (format_ident!("__idem_arg{}", i), &*param.ty))
+        .collect();
+    let params = extracted
+        .iter()
+        .map(|(arg, ty)| quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
+    let unwrap = extracted
+        .iter()
+        .map(|(arg, _)| quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
+    // The body, if any, is last: axum reads it after every other extractor.
+    let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
+        quote_spanned! {ty.span()=>
+            ::idem_runtime::__private::before_the_body(
+                (&&::idem_runtime::__private::Probe::<#ty>::new()).__idem_param()
+            );
+        }
+    });
+    let call_args = handler.params.iter().enumerate().map(|(i, _)| {
+        if handler.tx == Some(i) {
+            quote!(__idem_claim.tx())
+        } else {
+            let arg = format_ident!("__idem_arg{}", i);
+            quote!(#arg)
+        }
+    });
 
     let (principal_param, principal) = match &args.principal {
         Some(path) => (
@@ -119,53 +144,68 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         None => (quote!(), quote!(::core::option::Option::None)),
     };
 
-    let add_fields = match (&args.fields, &last_arg) {
+    // The body's binding, respanned onto its type so that a bound it fails is reported
+    // once, there.
+    let last = extracted
+        .last()
+        .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), *ty));
+    let add_fields = match (&args.fields, &last) {
         (Some(fields), Some((arg, ty))) => {
-            let body = quote_spanned!(ty.span()=> ::idem_runtime::FingerprintBody::fingerprint_value(&#arg));
-            let adds = fields.paths.iter().map(|path| {
-                let name = path.name();
-                let members = &path.members;
-                let span = members
-                    .iter()
-                    .map(|m| m.span())
-                    .reduce(|a, b| a.join(b).unwrap_or(a))
-                    .unwrap_or_else(Span::call_site);
-                // Each access carries the user's span: a typo is rustc's own error on the
-                // user's token, and a field that is not `Serialize` is reported there too.
-                quote_spanned!(span=> __idem_fields.field(#name, &__idem_body #(.#members)*);)
-            });
+            let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
+            let adds = fields.paths.iter().map(add_field);
             quote!({
                 let __idem_body = #body;
                 #(#adds)*
             })
         }
-        (None, Some((arg, _))) => quote! {
-            {
-                #[allow(unused_imports)]
-                use ::idem_runtime::__private::{ViaBody as _, ViaNoBody as _};
-                (&#arg).__idem_body().add(&mut __idem_fields, &#arg);
-            }
+        (None, Some((arg, ty))) => quote_spanned! {ty.span()=>
+            ::idem_runtime::__private::whole_body(
+                &mut __idem_fields,
+                &#arg,
+                (&&::idem_runtime::__private::Probe::<#ty>::new()).__idem_param(),
+            );
         },
         _ => quote!(),
     };
 
+    let output_span = match &func.sig.output {
+        syn::ReturnType::Type(_, ty) => ty.span(),
+        syn::ReturnType::Default => name.span(),
+    };
+    let outcome = quote_spanned! {output_span=>
+        {
+            let __idem_tag = (&&::idem_runtime::__private::probe(&__idem_out)).__idem_output();
+            ::idem_runtime::__private::outcome(__idem_out, __idem_tag)
+        }
+    };
+    let call = quote_spanned! {name.span()=>
+        ::idem_runtime::__private::assert_send(#name(#(#call_args),*)).await
+    };
+
     quote! {
-        #(#outer_attrs)*
-        #[allow(clippy::too_many_arguments)]
+        #(#wrapper_attrs)*
+        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
         #vis async fn #name(
             __idem_guard: ::idem_runtime::__private::Guard,
             #principal_param
-            #(#wrapper_params),*
+            #(#params),*
         ) -> ::idem_runtime::__private::Response {
-            #(#cfg_attrs)*
             #(#inner_attrs)*
-            #sig #block
+            // `async` is required by the attribute, awaited or not.
+            #[allow(clippy::unused_async)]
+            #inner_sig #block
 
+            #[allow(unused_imports)]
+            use ::idem_runtime::__private::{
+                BodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _, OtherLevel as _,
+                ResponseLevel as _, ResultLevel as _, SerializeLevel as _, UnserializableBodyLevel as _,
+            };
             static __IDEM_SPEC: ::idem_runtime::__private::Spec = ::idem_runtime::__private::Spec {
                 scope: #scope,
                 ttl_secs: #ttl_secs,
             };
-            #(#unwrap_params)*
+            #(#not_bodies)*
+            #(#unwrap)*
             let __idem_principal = #principal;
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
@@ -175,11 +215,29 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 ::core::result::Result::Ok(claim) => claim,
                 ::core::result::Result::Err(answer) => return answer,
             };
-            let __idem_out = ::idem_runtime::__private::assert_send(#name(#(#call_args),*)).await;
-            #[allow(unused_imports)]
-            use ::idem_runtime::__private::{ResponseKind as _, ResultKind as _};
-            let __idem_outcome = (&__idem_out).__idem_kind().outcome(__idem_out);
+            let __idem_out = #call;
+            let __idem_outcome = #outcome;
             __idem_claim.finish(__idem_outcome).await
         }
+    }
+}
+
+/// `__idem_fields.field("customer.id", &__idem_body.customer.id)`, spanned on the
+/// user's field tokens: a typo is rustc's own error there, with its suggestions, and a
+/// field that is not `Serialize` is reported there too.
+fn add_field(path: &FieldPath) -> TokenStream {
+    let name = path.name();
+    let members = &path.members;
+    let span = members
+        .iter()
+        .map(Ident::span)
+        .reduce(|a, b| a.join(b).unwrap_or(a))
+        .unwrap_or_else(Span::call_site);
+    quote_spanned! {span=>
+        __idem_fields.field(
+            #name,
+            &__idem_body #(.#members)*,
+            (&::idem_runtime::__private::probe(&__idem_body #(.#members)*)).__idem_serialize(),
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! The `#[idempotent]` attribute of idem. Use it through the `idem-runtime` crate, which
-//! re-exports it and documents it: `use idem_runtime::idempotent;`.
+//! The `#[idempotent]` attribute of idem. Depend on `idem-runtime`, which re-exports it:
+//! `use idem_runtime::idempotent;`.
 
 mod attr;
 mod expand;
@@ -7,17 +7,103 @@ mod valid;
 
 use proc_macro::TokenStream;
 
-/// Makes an axum handler idempotent on PostgreSQL. See `idem_runtime` for the guide.
+/// Makes an axum handler idempotent on PostgreSQL.
 ///
-/// ```ignore
-/// #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer])]
-/// async fn create_charge(tx: Tx, Json(req): Json<NewCharge>) -> Result<Json<Charge>, ApiError> { ... }
+/// The handler runs inside a PostgreSQL transaction in which the `Idempotency-Key`'s
+/// row, the stored response and the handler's own writes (through `Tx`) commit
+/// together. Retries replay the stored response; a duplicate in flight gets 409; a key
+/// reused with another payload gets 422; an `Err` or a 5xx rolls everything back.
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use axum::Json;
+/// use idem_runtime::{idempotent, Problem, Tx};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Deserialize, Serialize)]
+/// struct NewCharge {
+///     amount: i64,
+///     currency: String,
+///     description: Option<String>,
+/// }
+///
+/// #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency])]
+/// async fn create_charge(mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, Problem> {
+///     sqlx::query("INSERT INTO charges (amount, currency) VALUES ($1, $2)")
+///         .bind(req.amount)
+///         .bind(&req.currency)
+///         .execute(&mut *tx)
+///         .await
+///         .map_err(|e| Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "urn:example:db", "Database error")
+///             .with_detail(e.to_string()))?;
+///     Ok(StatusCode::CREATED)
+/// }
 /// ```
 ///
-/// Options: `scope` (required), `ttl` (default `"24h"`), `fields` (default: the whole
-/// body) and `principal` (an extractor type implementing `idem_runtime::Principal`;
-/// default: the store's resolver). Set `IDEM_MACROS_DEBUG=1` while building to print
-/// the expansion.
+/// # Options
+///
+/// | option | meaning |
+/// |---|---|
+/// | `scope = "charges"` | required: the namespace of the endpoint's keys |
+/// | `ttl = "24h"` | how long responses are replayed: a whole number and `s`, `m`, `h` or `d`; default one day |
+/// | `fields = [amount, customer.id]` | the body fields that identify a request; default: the whole body |
+/// | `principal = Tenant` | an extractor implementing `idem_runtime::Principal`; default: the store's resolver |
+///
+/// # The handler
+///
+/// An ordinary axum handler, `async`, with at most one `Tx` parameter anywhere in its
+/// list and its body extractor last. It may return any `IntoResponse`, or a `Result` of
+/// two: `Ok` below 500 commits and is replayed, `Err` rolls back.
+///
+/// # Mistakes are compile errors
+///
+/// Every option is checked at compile time, on your own tokens. A field the body does
+/// not have is rustc's own error, with its suggestion:
+///
+/// ```compile_fail,E0609
+/// # use axum::Json;
+/// # use idem_runtime::{idempotent, Tx};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Deserialize, Serialize)]
+/// # struct NewCharge { amount: i64, currency: String }
+/// // error[E0609]: no field `curency` on type `&NewCharge`
+/// //   help: a field with a similar name exists: `currency`
+/// #[idempotent(scope = "charges", fields = [amount, curency])]
+/// async fn create_charge(tx: Tx, Json(req): Json<NewCharge>) -> String {
+///     String::new()
+/// }
+/// ```
+///
+/// and so is ending idem's transaction by hand:
+///
+/// ```compile_fail
+/// # use axum::Json;
+/// # use idem_runtime::{idempotent, Tx};
+/// # use serde_json::Value;
+/// // error: `tx.commit()`: idem ends the request's transaction itself, together with the
+/// //        key and the stored response; return `Ok(..)` to commit or `Err(..)` to roll back
+/// #[idempotent(scope = "charges")]
+/// async fn create_charge(tx: Tx, Json(req): Json<Value>) -> String {
+///     tx.commit().await.ok();
+///     req.to_string()
+/// }
+/// ```
+///
+/// The fix: name fields that exist, and let the return value decide.
+///
+/// ```
+/// # use axum::Json;
+/// # use idem_runtime::{idempotent, Tx};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Deserialize, Serialize)]
+/// # struct NewCharge { amount: i64, currency: String }
+/// #[idempotent(scope = "charges", fields = [amount, currency])]
+/// async fn create_charge(_tx: Tx, Json(req): Json<NewCharge>) -> Result<String, String> {
+///     Ok(format!("{} {}", req.amount, req.currency))
+/// }
+/// ```
+///
+/// Set `IDEM_MACROS_DEBUG=1` while building to print each expansion to stderr.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

@@ -1,7 +1,9 @@
-//! Checks on the handler's signature: what the wrapper can and cannot be built around.
+//! Checks on the handler: what the wrapper can and cannot be built around, and what the
+//! body must not do with the request's transaction.
 
 use syn::spanned::Spanned;
-use syn::{FnArg, ItemFn, PatType, Type};
+use syn::visit::{self, Visit};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, PatType, Type};
 
 use crate::attr::Errors;
 
@@ -11,8 +13,19 @@ pub struct Handler<'a> {
     pub tx: Option<usize>,
 }
 
+impl Handler<'_> {
+    /// The parameters the wrapper extracts (all but `Tx`), with their positions.
+    pub fn extracted(&self) -> impl Iterator<Item = (usize, &PatType)> {
+        self.params
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self.tx)
+            .map(|(i, p)| (i, *p))
+    }
+}
+
 /// Whether a parameter's type is idem's `Tx` (`Tx`, `Tx<'_>`, `idem_runtime::Tx`).
-fn is_tx(ty: &Type) -> bool {
+pub fn is_tx(ty: &Type) -> bool {
     match ty {
         Type::Path(p) if p.qself.is_none() => {
             p.path.segments.last().is_some_and(|s| s.ident == "Tx")
@@ -50,8 +63,12 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
         );
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        let span = match sig.generics.params.first() {
+            Some(param) => param.span(),
+            None => sig.generics.where_clause.span(),
+        };
         errors.at(
-            sig.generics.span(),
+            span,
             "`#[idempotent]` handlers cannot be generic: axum needs one concrete handler per route",
         );
     }
@@ -62,7 +79,7 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(receiver) => errors.at(
-                receiver.span(),
+                receiver.self_token.span(),
                 "`#[idempotent]` handlers cannot take `self`: write a free function and pass state with `State`",
             ),
             FnArg::Typed(param) => {
@@ -80,5 +97,78 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
             }
         }
     }
+    if let Some(tx) = handler.tx.map(|i| handler.params[i]) {
+        if let Pat::Ident(binding) = &*tx.pat {
+            let mut check = TxMisuse {
+                tx: &binding.ident,
+                errors,
+                spawned: false,
+            };
+            check.visit_block(&func.block);
+        }
+    }
     handler
+}
+
+/// Finds what the type system reports only obscurely: ending idem's transaction by
+/// hand, and moving `Tx` into a spawned task.
+struct TxMisuse<'a> {
+    tx: &'a Ident,
+    errors: &'a mut Errors,
+    spawned: bool,
+}
+
+impl TxMisuse<'_> {
+    fn is_tx(&self, expr: &Expr) -> bool {
+        matches!(expr, Expr::Path(p) if p.qself.is_none() && p.path.is_ident(self.tx))
+    }
+}
+
+impl<'ast> Visit<'ast> for TxMisuse<'_> {
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if (call.method == "commit" || call.method == "rollback") && self.is_tx(&call.receiver) {
+            let tx = self.tx;
+            let method = &call.method;
+            self.errors.at(
+                call.method.span(),
+                format!(
+                    "`{tx}.{method}()`: idem ends the request's transaction itself, together with the key and the stored response; \
+                     return `Ok(..)` to commit or `Err(..)` to roll back"
+                ),
+            );
+        }
+        visit::visit_expr_method_call(self, call);
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        let spawns = matches!(&*call.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| {
+            matches!(s.ident.to_string().as_str(), "spawn" | "spawn_blocking" | "spawn_local")
+        }));
+        if spawns && !self.spawned {
+            self.spawned = true;
+            visit::visit_expr_call(self, call);
+            self.spawned = false;
+        } else {
+            visit::visit_expr_call(self, call);
+        }
+    }
+
+    fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+        if self.spawned && path.qself.is_none() && path.path.is_ident(self.tx) {
+            let tx = self.tx;
+            self.errors.at(
+                path.span(),
+                format!(
+                    "`{tx}` cannot be moved into a spawned task: the task may outlive the request, and its writes would \
+                     escape the transaction that commits with the key; do the write in the handler itself"
+                ),
+            );
+            // Once per spawned task is enough.
+            self.spawned = false;
+        }
+        visit::visit_expr_path(self, path);
+    }
+
+    // A nested item is another function: its names are not the handler's.
+    fn visit_item(&mut self, _: &'ast syn::Item) {}
 }

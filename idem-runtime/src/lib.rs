@@ -107,6 +107,7 @@ use axum::body::Bytes;
 use axum::Json;
 
 pub use fingerprint::Fingerprint;
+#[doc(inline)]
 pub use idem_macros::idempotent;
 pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY};
 pub use problem::Problem;

@@ -325,24 +325,48 @@ mod tests {
     #[test]
     fn request_sql_stays_portable() {
         let sql = Sql::new("idempotency_keys", Duration::from_millis(5));
-        assert_eq!(sql.begin, "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5ms'");
-        for statement in [&sql.claim, &sql.read, &sql.reclaim, &sql.store, &sql.forget, &sql.end_claim.to_owned()] {
+        assert_eq!(
+            sql.begin,
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5ms'"
+        );
+        for statement in [
+            &sql.claim,
+            &sql.read,
+            &sql.reclaim,
+            &sql.store,
+            &sql.forget,
+            &sql.end_claim.to_owned(),
+        ] {
             let first = statement.split_whitespace().next().unwrap_or_default();
             assert!(
                 ["WITH", "SELECT", "UPDATE", "DELETE", "SET"].contains(&first),
                 "unexpected statement: {statement}"
             );
             let lower = statement.to_lowercase();
-            for exotic in ["pg_", "advisory", "skip locked", "for update", "xmin", "ctid", "notify", "listen", "make_interval"] {
+            for exotic in [
+                "pg_",
+                "advisory",
+                "skip locked",
+                "for update",
+                "xmin",
+                "ctid",
+                "notify",
+                "listen",
+                "make_interval",
+            ] {
                 assert!(!lower.contains(exotic), "{exotic:?} in: {statement}");
             }
         }
-        assert!(sql.claim.contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
+        assert!(sql
+            .claim
+            .contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
     }
 
     #[test]
     fn a_zero_conflict_wait_never_means_wait_forever() {
         // lock_timeout = 0 disables the timeout in PostgreSQL.
-        assert!(Sql::new("t", Duration::ZERO).begin.ends_with("lock_timeout = '1ms'"));
+        assert!(Sql::new("t", Duration::ZERO)
+            .begin
+            .ends_with("lock_timeout = '1ms'"));
     }
 }

@@ -12,8 +12,10 @@ use crate::key::IdempotencyKey;
 ///
 /// It derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx executor:
 ///
-/// ```ignore
+/// ```
+/// # async fn f(mut tx: idem_runtime::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
 /// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
+/// # Ok(()) }
 /// ```
 ///
 /// idem owns the transaction: the claim of the key, the handler's writes and the stored

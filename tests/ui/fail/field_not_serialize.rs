@@ -1,0 +1,20 @@
+use axum::Json;
+use idem_runtime::idempotent;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Card {
+    number: String,
+}
+
+#[derive(Deserialize)]
+struct Payment {
+    card: Card,
+}
+
+#[idempotent(scope = "payments", fields = [card])]
+async fn pay(Json(req): Json<Payment>) -> String {
+    req.card.number
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use idem_runtime::{idempotent, Tx};
+
+#[idempotent(scope = "charges", fields = [amount])]
+async fn create(_tx: Tx) -> String {
+    String::new()
+}
+
+fn main() {}

@@ -1,0 +1,20 @@
+use axum::Json;
+use idem_runtime::{idempotent, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize)]
+struct NewCharge {
+    amount: i64,
+    currency: String,
+}
+
+struct Service;
+
+impl Service {
+    #[idempotent(scope = "charges")]
+    async fn create(&self, _tx: Tx, Json(_req): Json<NewCharge>) -> String {
+        String::new()
+    }
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+use idem_runtime::idempotent;
+
+#[idempotent(scope = "charges")]
+struct Charges;
+
+fn main() {}

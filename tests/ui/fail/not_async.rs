@@ -1,0 +1,16 @@
+use axum::Json;
+use idem_runtime::{idempotent, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize)]
+struct NewCharge {
+    amount: i64,
+    currency: String,
+}
+
+#[idempotent(scope = "charges")]
+fn create(_tx: Tx, Json(_req): Json<NewCharge>) -> String {
+    String::new()
+}
+
+fn main() {}

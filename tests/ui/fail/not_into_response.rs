@@ -1,0 +1,18 @@
+use axum::Json;
+use idem_runtime::{idempotent, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize)]
+struct NewCharge {
+    amount: i64,
+    currency: String,
+}
+
+struct Receipt;
+
+#[idempotent(scope = "charges")]
+async fn create(_tx: Tx, Json(_req): Json<NewCharge>) -> Receipt {
+    Receipt
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use axum::extract::Path;
+use idem_runtime::{idempotent, Tx};
+
+#[idempotent(scope = "charges", principal = Path<String>)]
+async fn create(_tx: Tx) -> String {
+    String::new()
+}
+
+fn main() {}

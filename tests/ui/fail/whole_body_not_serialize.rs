@@ -1,0 +1,15 @@
+use axum::Json;
+use idem_runtime::idempotent;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Payment {
+    amount: i64,
+}
+
+#[idempotent(scope = "payments")]
+async fn pay(Json(req): Json<Payment>) -> String {
+    req.amount.to_string()
+}
+
+fn main() {}

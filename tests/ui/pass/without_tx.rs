@@ -1,0 +1,46 @@
+//! A handler without `Tx`: the key row still commits alone. Whole-body fingerprints of
+//! `Json<T>`, `String` and `Bytes` bodies, and a handler without a body.
+use axum::body::Bytes;
+use axum::extract::FromRef;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::{idempotent, Idempotency};
+use serde_json::Value;
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    idempotency: Idempotency,
+}
+
+#[idempotent(scope = "json")]
+async fn json(Json(v): Json<Value>) -> Json<Value> {
+    Json(v)
+}
+
+#[idempotent(scope = "text")]
+async fn text(body: String) -> String {
+    body
+}
+
+#[idempotent(scope = "bytes")]
+async fn bytes(body: Bytes) -> Bytes {
+    body
+}
+
+#[idempotent(scope = "nothing")]
+async fn nothing() -> &'static str {
+    "done"
+}
+
+fn app(pool: sqlx::PgPool) -> Router {
+    Router::new()
+        .route("/json", post(json))
+        .route("/text", post(text))
+        .route("/bytes", post(bytes))
+        .route("/nothing", post(nothing))
+        .with_state(AppState { idempotency: Idempotency::new(pool) })
+}
+
+fn main() {
+    let _ = app;
+}
