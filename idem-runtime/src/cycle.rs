@@ -110,7 +110,7 @@ pub struct Claimed {
 pub(crate) async fn claim(store: Idempotency, request: Request) -> Result<Claimed, Response> {
     let settings = &store.inner;
     let retry_after = settings.retry_after;
-    let begin = settings.pool.begin_with(settings.sql.begin.clone());
+    let begin = settings.pool.begin_with(settings.sql.begin);
     let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
         Ok(Ok(tx)) => tx,
         Ok(Err(e)) => return Err(database_failure(&e, retry_after, "begin")),
@@ -123,9 +123,6 @@ pub(crate) async fn claim(store: Idempotency, request: Request) -> Result<Claime
         Ok(Claim::Stored(stored)) => return Err(replay_or_refuse(stored, &request.fingerprint)),
         Err(ClaimError::InUse) => return Err(Problem::key_in_use(retry_after).into_response()),
         Err(ClaimError::Database(e)) => return Err(database_failure(&e, retry_after, "claim")),
-    }
-    if let Err(e) = sqlx::query(settings.sql.end_claim).execute(&mut *tx).await {
-        return Err(database_failure(&e, retry_after, "claim"));
     }
     Ok(Claimed {
         store,
@@ -221,7 +218,8 @@ async fn claim_row(
         let claim = keyed(&sql.claim, &request.key)
             .bind(request.fingerprint.combined().as_slice())
             .bind(&parts)
-            .bind(request.ttl.as_secs_f64());
+            .bind(request.ttl.as_secs_f64())
+            .bind(&sql.conflict_wait);
         let found = match fetch(&mut *tx, claim).await? {
             Some(found) => found,
             // The conflicting row committed after the claim's snapshot began (the claim
@@ -239,9 +237,10 @@ async fn claim_row(
             .bind(request.fingerprint.combined().as_slice())
             .bind(&parts)
             .bind(request.ttl.as_secs_f64())
-            .execute(&mut **tx)
+            .bind(&sql.conflict_wait)
+            .fetch_optional(&mut **tx)
             .await?;
-        if reclaimed.rows_affected() == 1 {
+        if reclaimed.is_some() {
             return Ok(Claim::Fresh);
         }
     }

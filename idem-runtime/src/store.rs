@@ -63,13 +63,14 @@ pub(crate) struct Settings {
 
 /// The statements of the request cycle, built once per store.
 pub(crate) struct Sql {
-    pub(crate) begin: String,
+    pub(crate) begin: &'static str,
     pub(crate) claim: String,
     pub(crate) read: String,
     pub(crate) reclaim: String,
-    pub(crate) end_claim: &'static str,
     pub(crate) store: String,
     pub(crate) forget: String,
+    /// The claim's `lock_timeout`, bound as `$7`.
+    pub(crate) conflict_wait: String,
 }
 
 impl Sql {
@@ -78,14 +79,24 @@ impl Sql {
         let wait_ms = conflict_wait.as_millis().clamp(1, i32::MAX as u128);
         let key = "scope = $1 AND principal = $2 AND key = $3";
         let expires = "now() + $6::float8 * interval '1 second'";
+        // The claim waits on a concurrent request's uncommitted row for at most
+        // `conflict_wait` (then 55P03, answered 409); the handler's own statements must
+        // not inherit that timeout. `SET LOCAL` before and after the claim would cost two
+        // statements on every request, so the claim sets it in the row it inserts
+        // (computed before the insert can wait) and restores it in the row it returns
+        // (computed after the insert finished), with `set_config(.., true)`, the function
+        // form of `SET LOCAL`. The session's own value is kept in `idem.lock_timeout`,
+        // saved once per transaction. Every path that reaches the handler passes through
+        // a statement that returned a row, so the timeout is always restored by then.
+        let wait = "set_config('idem.lock_timeout', \
+                        coalesce(nullif(current_setting('idem.lock_timeout', true), ''), \
+                                 current_setting('lock_timeout')), true), \
+                    set_config('lock_timeout', $7, true)";
+        let restore = "set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
         Self {
             // Explicit READ COMMITTED: a database whose default is REPEATABLE READ would
-            // otherwise fail the read after a blocked claim with 40001. The lock_timeout
-            // bounds how long a claim waits on a concurrent request's uncommitted row; it
-            // is lifted again (`end_claim`) before the handler runs.
-            begin: format!(
-                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{wait_ms}ms'"
-            ),
+            // otherwise fail the read after a blocked claim with 40001.
+            begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
             // One statement: insert the claim, or return the stored row. ON CONFLICT DO
             // NOTHING takes no lock on a live row, so concurrent replays do not serialize.
             // When the conflicting row was committed after this statement's snapshot began
@@ -93,34 +104,35 @@ impl Sql {
             claim: format!(
                 "WITH claimed AS ( \
                      INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5, {expires}) \
+                     SELECT $1, $2, $3, $4, $5, {expires} FROM (SELECT {wait}) AS wait \
                      ON CONFLICT (scope, principal, key) DO NOTHING \
                      RETURNING 1 \
                  ) \
                  SELECT true AS fresh, NULL::bytea AS fingerprint, NULL::bytea AS field_hashes, \
                         NULL::smallint AS status, NULL::bytea AS headers, NULL::bytea AS body, \
-                        false AS expired \
+                        false AS expired, {restore} AS restored \
                    FROM claimed \
                  UNION ALL \
-                 SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= now() \
+                 SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= now(), {restore} \
                    FROM {table} \
                   WHERE {key} AND NOT EXISTS (SELECT 1 FROM claimed)"
             ),
             read: format!(
                 "SELECT false AS fresh, fingerprint, field_hashes, status, headers, body, \
-                        expires_at <= now() AS expired \
+                        expires_at <= now() AS expired, {restore} AS restored \
                    FROM {table} WHERE {key}"
             ),
             // An expired row is taken over in place. A committed row with no status can
             // only be left by a handler that ended the transaction itself; it is taken
-            // over too, so that key is never stuck.
+            // over too, so that key is never stuck. It waits like the claim does.
             reclaim: format!(
                 "UPDATE {table} \
                     SET fingerprint = $4, field_hashes = $5, status = NULL, headers = NULL, \
                         body = NULL, created_at = now(), expires_at = {expires} \
-                  WHERE {key} AND (expires_at <= now() OR status IS NULL)"
+                   FROM (SELECT {wait}) AS wait \
+                  WHERE {key} AND (expires_at <= now() OR status IS NULL) \
+                 RETURNING {restore}"
             ),
-            end_claim: "SET LOCAL lock_timeout TO DEFAULT",
             // `created_at = now()` holds only inside the transaction that claimed the row
             // (now() is the transaction's start time): if the handler ran a raw COMMIT or
             // ROLLBACK, this matches nothing and the escape is caught instead of stored.
@@ -129,6 +141,7 @@ impl Sql {
                   WHERE {key} AND status IS NULL AND created_at = now()"
             ),
             forget: format!("DELETE FROM {table} WHERE {key} AND status IS NULL"),
+            conflict_wait: format!("{wait_ms}ms"),
         }
     }
 }
@@ -321,25 +334,18 @@ mod tests {
     use super::*;
 
     /// Invariant 5: the request path keeps to SQL that PostgreSQL-compatible distributed
-    /// engines also run. A statement outside this set needs a measured reason.
+    /// engines also run: INSERT .. ON CONFLICT, SELECT, UPDATE, DELETE, and lock_timeout
+    /// (set through `set_config`, the function form of `SET LOCAL`). A construct outside
+    /// this set needs a measured reason.
     #[test]
     fn request_sql_stays_portable() {
         let sql = Sql::new("idempotency_keys", Duration::from_millis(5));
-        assert_eq!(
-            sql.begin,
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5ms'"
-        );
-        for statement in [
-            &sql.claim,
-            &sql.read,
-            &sql.reclaim,
-            &sql.store,
-            &sql.forget,
-            &sql.end_claim.to_owned(),
-        ] {
+        assert_eq!(sql.begin, "BEGIN ISOLATION LEVEL READ COMMITTED");
+        assert_eq!(sql.conflict_wait, "5ms");
+        for statement in [&sql.claim, &sql.read, &sql.reclaim, &sql.store, &sql.forget] {
             let first = statement.split_whitespace().next().unwrap_or_default();
             assert!(
-                ["WITH", "SELECT", "UPDATE", "DELETE", "SET"].contains(&first),
+                ["WITH", "SELECT", "UPDATE", "DELETE"].contains(&first),
                 "unexpected statement: {statement}"
             );
             let lower = statement.to_lowercase();
@@ -356,6 +362,16 @@ mod tests {
             ] {
                 assert!(!lower.contains(exotic), "{exotic:?} in: {statement}");
             }
+            let settings: Vec<&str> = lower
+                .match_indices("set_config('")
+                .map(|(i, _)| &lower[i + 12..])
+                .collect();
+            assert!(
+                settings
+                    .iter()
+                    .all(|s| s.starts_with("lock_timeout'") || s.starts_with("idem.lock_timeout'")),
+                "only lock_timeout is ever set: {statement}"
+            );
         }
         assert!(sql
             .claim
@@ -365,8 +381,6 @@ mod tests {
     #[test]
     fn a_zero_conflict_wait_never_means_wait_forever() {
         // lock_timeout = 0 disables the timeout in PostgreSQL.
-        assert!(Sql::new("t", Duration::ZERO)
-            .begin
-            .ends_with("lock_timeout = '1ms'"));
+        assert_eq!(Sql::new("t", Duration::ZERO).conflict_wait, "1ms");
     }
 }

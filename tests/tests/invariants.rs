@@ -114,6 +114,15 @@ async fn sleepy(mut tx: Tx, Json(req): Json<Effect>) -> Result<StatusCode, Probl
     Ok(StatusCode::CREATED)
 }
 
+/// Reports the lock_timeout the handler's statements run with.
+#[idempotent(scope = "timeouts")]
+async fn show_lock_timeout(mut tx: Tx) -> Result<String, Problem> {
+    sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_problem)
+}
+
 /// Echoes the key the handler sees.
 #[idempotent(scope = "echo")]
 async fn key_echo(tx: Tx) -> Json<Value> {
@@ -199,6 +208,7 @@ impl Service {
             .route("/five", post(server_error))
             .route("/large", post(too_large))
             .route("/locks", post(lock_wait))
+            .route("/timeouts", post(show_lock_timeout))
             .route("/sleepy", post(sleepy))
             .route("/echo", post(key_echo))
             .route("/plain", post(plain))
@@ -445,6 +455,34 @@ async fn the_handler_does_not_inherit_the_claims_lock_timeout() {
         "{}",
         String::from_utf8_lossy(&answer.body)
     );
+}
+
+/// The session's own lock_timeout (here set per connection) is what the handler sees,
+/// after a fresh claim and after a reclaim of an expired key alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_keeps_the_sessions_own_lock_timeout() {
+    let db = TestDb::new().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, "SET lock_timeout = '250ms'").await?;
+                Ok(())
+            })
+        })
+        .connect_with(db.options.clone())
+        .await
+        .unwrap();
+    let s = Service::serve(db, pool, |b| b).await;
+    let fresh = s.post("/timeouts", "k1", &json!(null)).await;
+    assert_eq!(fresh.body, b"250ms");
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(&s.pool)
+        .await
+        .unwrap();
+    let reclaimed = s.post("/timeouts", "k1", &json!(null)).await;
+    assert!(!reclaimed.replayed());
+    assert_eq!(reclaimed.body, b"250ms");
 }
 
 /// 503: the handler never runs without a claim, and the answer comes quickly.
