@@ -6,7 +6,7 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Member, Token};
 
-const OPTIONS: &str = "`scope`, `ttl`, `fields` or `principal`";
+const OPTIONS: &str = "`scope`, `ttl`, `fields`, `principal` or `required`";
 
 /// The parsed `#[idempotent(...)]` arguments.
 pub struct Args {
@@ -14,6 +14,8 @@ pub struct Args {
     pub ttl: Option<Ttl>,
     pub fields: Option<Fields>,
     pub principal: Option<syn::Type>,
+    /// `required = false`: a request without a key runs unrecorded instead of 400.
+    pub required: Option<syn::LitBool>,
 }
 
 /// `ttl = "24h"`: the literal as written and what it means.
@@ -23,6 +25,11 @@ pub struct Ttl {
 }
 
 impl Args {
+    /// Whether a key is required; it is unless `required = false`.
+    pub fn required(&self) -> bool {
+        self.required.as_ref().is_none_or(|flag| flag.value)
+    }
+
     /// The ttl in seconds; one day when not given.
     pub fn ttl_secs(&self) -> u64 {
         self.ttl.as_ref().map_or(24 * 60 * 60, |ttl| ttl.secs)
@@ -137,6 +144,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
     let mut ttl = None;
     let mut fields = None;
     let mut principal = None;
+    let mut required = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg.name.to_string().as_str() {
@@ -167,6 +175,18 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
                     "`principal` takes an extractor type that implements `idem_runtime::Principal`, such as `principal = Tenant`",
                 ),
             },
+            "required" => match expr(&arg.value, "required", errors) {
+                Some(Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Bool(flag),
+                    ..
+                })) => set_once(&mut required, flag.clone(), &arg.name, errors),
+                Some(other) => errors.at(
+                    other.span(),
+                    "`required` takes `true` (the default: a request without a key is refused) or `false` \
+                     (it runs without being recorded, for a gradual rollout)",
+                ),
+                None => {}
+            },
             unknown => errors.at(
                 arg.name.span(),
                 format!("unknown option `{unknown}`; valid options are {OPTIONS}"),
@@ -188,6 +208,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
         ttl,
         fields,
         principal,
+        required,
     })
 }
 
@@ -414,6 +435,7 @@ mod tests {
         ));
         let names: Vec<String> = args
             .fields
+            .as_ref()
             .unwrap()
             .paths
             .iter()
@@ -421,6 +443,9 @@ mod tests {
             .collect();
         assert_eq!(names, ["amount", "customer.id"]);
         assert!(args.principal.is_some());
+        assert!(args.required());
+        assert!(!parse_ok(quote!(scope = "s", required = false)).required());
+        assert_eq!(messages(quote!(scope = "s", required = "no")).len(), 1);
     }
 
     #[test]

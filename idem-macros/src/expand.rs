@@ -98,6 +98,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     elide_tx_lifetimes(&mut inner_sig);
     let block = &func.block;
     let scope = &args.scope;
+    let required = args.required();
     let ttl_secs = match &args.ttl {
         Some(ttl) => {
             let secs = ttl.secs;
@@ -179,7 +180,11 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
     };
     let call = quote_spanned! {name.span()=>
-        ::idem_runtime::__private::assert_send(#name(#(#call_args),*)).await
+        ::idem_runtime::__private::in_span(
+            ::idem_runtime::__private::assert_send(#name(#(#call_args),*)),
+            __idem_span,
+        )
+        .await
     };
 
     quote! {
@@ -203,6 +208,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             static __IDEM_SPEC: ::idem_runtime::__private::Spec = ::idem_runtime::__private::Spec {
                 scope: #scope,
                 ttl_secs: #ttl_secs,
+                required: #required,
             };
             #(#not_bodies)*
             #(#unwrap)*
@@ -215,6 +221,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 ::core::result::Result::Ok(claim) => claim,
                 ::core::result::Result::Err(answer) => return answer,
             };
+            let __idem_span = __idem_claim.span();
             let __idem_out = #call;
             let __idem_outcome = #outcome;
             __idem_claim.finish(__idem_outcome).await

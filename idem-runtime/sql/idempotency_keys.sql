@@ -21,4 +21,5 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, principal, key)
 );
 
+-- The sweeper deletes expired rows oldest first, in small batches.
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);

@@ -10,7 +10,7 @@ use http::request::Parts;
 use http::Method;
 use serde::Serialize;
 
-pub use crate::cycle::{Claimed, Outcome};
+pub use crate::cycle::{Answer, Claimed};
 pub use axum::response::Response;
 
 /// Asserts that the handler's own future is `Send`, so that a value held across an
@@ -21,7 +21,7 @@ pub fn assert_send<F: std::future::Future + Send>(future: F) -> F {
 
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::{IdempotencyKey, KeyError};
-use crate::problem::{self, Problem};
+use crate::observe::{Observation, Outcome};
 use crate::store::Idempotency;
 use crate::tx::KeyInScope;
 use crate::{cycle, FingerprintBody, Principal};
@@ -33,13 +33,14 @@ pub struct Spec {
     pub scope: &'static str,
     /// How long a stored response is replayed.
     pub ttl_secs: u64,
+    /// Whether a request without a key is refused (400) or runs unrecorded.
+    pub required: bool,
 }
 
 /// The extractor the macro puts first: the store, the key and the request's target.
-/// A malformed key is refused here, before the body is read.
 pub struct Guard {
     store: Idempotency,
-    key: Option<IdempotencyKey>,
+    key: Result<Option<IdempotencyKey>, KeyError>,
     principal: Option<String>,
     method: Method,
     route: Option<MatchedPath>,
@@ -55,18 +56,20 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
         let store = Idempotency::from_ref(state);
-        let key = IdempotencyKey::from_headers(&parts.headers)
-            .map_err(|e| Problem::malformed_key(e.to_string()).into_response())?;
         let params = match RawPathParams::from_request_parts(parts, state).await {
             Ok(params) => Some(params),
             // No parameters on this route.
             Err(axum::extract::rejection::RawPathParamsRejection::MissingPathParams(_)) => None,
-            Err(rejection) => return Err(problem::from_rejection(rejection.into_response()).await),
+            Err(rejection) => {
+                let problems = store.inner.problems();
+                return Err(problems.rejection(rejection.into_response()).await);
+            }
         };
         Ok(Self {
             principal: store.principal_of(parts),
+            // A bad key is answered by `claim`, where the endpoint's scope is known.
+            key: IdempotencyKey::from_headers(&parts.headers),
             store,
-            key,
             method: parts.method.clone(),
             route: parts.extensions.get::<MatchedPath>().cloned(),
             params,
@@ -94,12 +97,36 @@ impl Guard {
         principal: Option<String>,
         fields: Fields,
     ) -> Result<Claimed, Response> {
-        let Some(key) = self.key else {
-            return Err(Problem::missing_key(KeyError::Missing.to_string()).into_response());
+        let observation = Observation::start(spec.scope);
+        let problems = self.store.inner.problems();
+        let key = match self.key {
+            Ok(Some(key)) => key,
+            Ok(None) if !spec.required => return cycle::claim(self.store, None, observation).await,
+            Ok(None) => {
+                let problem = problems.missing_key(KeyError::Missing.to_string());
+                return Err(cycle::refuse(
+                    observation,
+                    Outcome::RejectedKey,
+                    problem.into_response(),
+                ));
+            }
+            Err(error) => {
+                let problem = problems.malformed_key(error.to_string());
+                return Err(cycle::refuse(
+                    observation,
+                    Outcome::RejectedKey,
+                    problem.into_response(),
+                ));
+            }
         };
         if let Some(error) = fields.error {
             tracing::error!(%error, scope = spec.scope, "idem: fingerprint failed");
-            return Err(Problem::internal(error.to_string()).into_response());
+            let problem = problems.internal(error.to_string());
+            return Err(cycle::refuse(
+                observation,
+                Outcome::Failed,
+                problem.into_response(),
+            ));
         }
         let request = cycle::Request {
             key: KeyInScope {
@@ -110,7 +137,7 @@ impl Guard {
             ttl: Duration::from_secs(spec.ttl_secs),
             fingerprint: fields.builder.finish(),
         };
-        cycle::claim(self.store, request).await
+        cycle::claim(self.store, Some(request), observation).await
     }
 }
 
@@ -139,6 +166,14 @@ pub fn principal_of<P: Principal>(principal: &P) -> Option<String> {
     Some(principal.principal_id())
 }
 
+/// Runs the handler's future inside the request's span.
+pub fn in_span<F: std::future::Future>(
+    future: F,
+    span: tracing::Span,
+) -> tracing::instrument::Instrumented<F> {
+    tracing::Instrument::instrument(future, span)
+}
+
 /// Wraps each of the handler's extractors so that its rejection is answered as
 /// `application/problem+json`, like every other error of an idempotent endpoint.
 pub struct Extract<T>(pub T);
@@ -146,6 +181,7 @@ pub struct Extract<T>(pub T);
 impl<S, T> FromRequestParts<S> for Extract<T>
 where
     T: FromRequestParts<S> + Send,
+    Idempotency: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -157,7 +193,7 @@ where
             .map_err(IntoResponse::into_response)
         {
             Ok(value) => Ok(Self(value)),
-            Err(rejection) => Err(problem::from_rejection(rejection).await),
+            Err(rejection) => Err(rejected(state, rejection).await),
         }
     }
 }
@@ -165,6 +201,7 @@ where
 impl<S, T> FromRequest<S> for Extract<T>
 where
     T: FromRequest<S> + Send,
+    Idempotency: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -176,9 +213,17 @@ where
             .map_err(IntoResponse::into_response)
         {
             Ok(value) => Ok(Self(value)),
-            Err(rejection) => Err(problem::from_rejection(rejection).await),
+            Err(rejection) => Err(rejected(state, rejection).await),
         }
     }
+}
+
+async fn rejected<S>(state: &S, rejection: Response) -> Response
+where
+    Idempotency: FromRef<S>,
+{
+    let store = Idempotency::from_ref(state);
+    store.inner.problems().rejection(rejection).await
 }
 
 /// The value `fields = [...]` reads from; spanned on the body's type by the macro, so a
@@ -256,7 +301,7 @@ pub trait NotAResponseLevel {
 
 impl<R> NotAResponseLevel for Probe<R> {}
 
-/// Turns what the handler returned into an [`Outcome`], as its tag says.
+/// Turns what the handler returned into an [`Answer`], as its tag says.
 #[diagnostic::on_unimplemented(
     message = "`{R}` is not a response an `#[idempotent]` handler can return",
     label = "the handler returns `{R}`",
@@ -264,27 +309,27 @@ impl<R> NotAResponseLevel for Probe<R> {}
 )]
 pub trait IntoOutcome<R> {
     /// The outcome.
-    fn outcome(self, out: R) -> Outcome;
+    fn outcome(self, out: R) -> Answer;
 }
 
 impl<T: IntoResponse, E: IntoResponse> IntoOutcome<Result<T, E>> for ResultTag {
-    fn outcome(self, out: Result<T, E>) -> Outcome {
+    fn outcome(self, out: Result<T, E>) -> Answer {
         match out {
-            Ok(ok) => Outcome::ok(ok),
-            Err(err) => Outcome::err(err),
+            Ok(ok) => Answer::ok(ok),
+            Err(err) => Answer::err(err),
         }
     }
 }
 
 impl<R: IntoResponse> IntoOutcome<R> for ResponseTag {
-    fn outcome(self, out: R) -> Outcome {
-        Outcome::ok(out)
+    fn outcome(self, out: R) -> Answer {
+        Answer::ok(out)
     }
 }
 
 /// The handler's outcome; `tag` comes from probing the return type. The value comes
 /// first so that a failing bound names the handler's return type.
-pub fn outcome<R, Tag: IntoOutcome<R>>(out: R, tag: Tag) -> Outcome {
+pub fn outcome<R, Tag: IntoOutcome<R>>(out: R, tag: Tag) -> Answer {
     tag.outcome(out)
 }
 

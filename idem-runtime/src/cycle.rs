@@ -18,26 +18,27 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 use crate::fingerprint::Fingerprint;
-use crate::problem::{self, Problem};
-use crate::response::{CaptureError, StoredResponse};
-use crate::store::{is_unavailable, Idempotency, PRIMARY_KEY};
+use crate::observe::{Observation, Outcome};
+use crate::problem::types;
+use crate::response::{CaptureError, StoredResponse, IDEMPOTENT_RECORDED};
+use crate::store::{is_unavailable, Idempotency};
 use crate::tx::{KeyInScope, Tx};
 
-/// What a handler produced, and whether it may commit: `Ok` below 500 commits and is
+/// What a handler answered, and whether it may commit: `Ok` below 500 commits and is
 /// replayed; `Err`, or any 5xx, rolls everything back so the client may retry.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Answer {
     pub(crate) response: Response,
     pub(crate) commit: bool,
 }
 
-impl Outcome {
+impl Answer {
     /// An `Ok` answer: final unless it is a 5xx.
     pub fn ok(response: impl IntoResponse) -> Self {
         let response = response.into_response();
@@ -83,81 +84,132 @@ enum ClaimError {
     Database(sqlx::Error),
 }
 
-impl From<sqlx::Error> for ClaimError {
-    fn from(error: sqlx::Error) -> Self {
-        match &error {
-            // 55P03: our lock_timeout expired while another request held the key's row.
-            sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => Self::InUse,
-            // A unique violation of the key's own primary key: a concurrent request won.
-            // Any other unique violation is not ours to interpret.
-            sqlx::Error::Database(e) if e.constraint() == Some(PRIMARY_KEY) => Self::InUse,
-            _ => Self::Database(error),
-        }
-    }
-}
-
-/// A claimed key: the open transaction that holds the claim, lent to the handler as
-/// [`Tx`] and then finished with the handler's [`Outcome`]. Dropping it (a client that
+/// The open transaction the handler runs in, lent to it as [`Tx`], then finished with
+/// its [`Answer`]. With a key, the transaction holds the key's claim; without one (an
+/// endpoint with `required = false`), it records nothing. Dropping it (a client that
 /// disconnects, a timeout, a panic) rolls everything back.
 pub struct Claimed {
     store: Idempotency,
     tx: Transaction<'static, Postgres>,
-    key: KeyInScope,
+    key: Option<KeyInScope>,
+    observation: Observation,
 }
 
-/// Opens the transaction and claims the key. `Err` is the answer when the handler must
-/// not run: a replay, 409, 422, 503.
-pub(crate) async fn claim(store: Idempotency, request: Request) -> Result<Claimed, Response> {
+/// Answers that end a request before its handler runs.
+pub(crate) fn refuse(observation: Observation, outcome: Outcome, response: Response) -> Response {
+    observation.finish(outcome, response.status());
+    response
+}
+
+/// Opens the transaction and, with a request key, claims it. `Err` is the answer when
+/// the handler must not run: a replay, 409, 422, 503.
+pub(crate) async fn claim(
+    store: Idempotency,
+    request: Option<Request>,
+    mut observation: Observation,
+) -> Result<Claimed, Response> {
     let settings = &store.inner;
-    let retry_after = settings.retry_after;
+    let problems = settings.problems();
     let begin = settings.pool.begin_with(settings.sql.begin);
     let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
         Ok(Ok(tx)) => tx,
-        Ok(Err(e)) => return Err(database_failure(&e, retry_after, "begin")),
-        Err(_elapsed) => return Err(Problem::unavailable(retry_after).into_response()),
+        Ok(Err(e)) => return Err(database_failure(&store, observation, &e, "begin")),
+        Err(_elapsed) => {
+            return Err(refuse(
+                observation,
+                Outcome::Unavailable,
+                problems.unavailable().into_response(),
+            ))
+        }
     };
 
-    match claim_row(&store, &mut tx, &request).await {
-        Ok(Claim::Fresh) => {}
-        // Nothing was written; dropping the transaction frees the connection.
-        Ok(Claim::Stored(stored)) => return Err(replay_or_refuse(stored, &request.fingerprint)),
-        Err(ClaimError::InUse) => return Err(Problem::key_in_use(retry_after).into_response()),
-        Err(ClaimError::Database(e)) => return Err(database_failure(&e, retry_after, "claim")),
+    if let Some(request) = &request {
+        match claim_row(&store, &mut tx, request).await {
+            Ok(Claim::Fresh) => {}
+            // Nothing was written; dropping the transaction frees the connection.
+            Ok(Claim::Stored(stored)) => {
+                return Err(replay_or_refuse(
+                    &store,
+                    observation,
+                    stored,
+                    &request.fingerprint,
+                ))
+            }
+            Err(ClaimError::InUse) => {
+                return Err(refuse(
+                    observation,
+                    Outcome::Conflict,
+                    problems.key_in_use().into_response(),
+                ))
+            }
+            Err(ClaimError::Database(e)) => {
+                return Err(database_failure(&store, observation, &e, "claim"))
+            }
+        }
     }
+    observation.claimed();
     Ok(Claimed {
         store,
         tx,
-        key: request.key,
+        key: request.map(|r| r.key),
+        observation,
     })
 }
 
 impl Claimed {
     /// The transaction, lent to the handler.
     pub fn tx(&mut self) -> Tx<'_> {
-        Tx::new(&mut self.tx, &self.key)
+        Tx::new(&mut self.tx, self.key.as_ref())
     }
 
-    /// Commits the handler's outcome with its stored response, or rolls it back.
-    pub async fn finish(self, outcome: Outcome) -> Response {
-        let Self { store, mut tx, key } = self;
-        let settings = &store.inner;
-        let retry_after = settings.retry_after;
+    /// The request's span, for the handler to run in.
+    pub fn span(&self) -> tracing::Span {
+        self.observation.span().clone()
+    }
 
-        if !outcome.commit {
+    /// Commits the handler's answer with its stored response, or rolls it back.
+    pub async fn finish(self, answer: Answer) -> Response {
+        let Self {
+            store,
+            mut tx,
+            key,
+            observation,
+        } = self;
+        let settings = &store.inner;
+        let problems = settings.problems();
+
+        if !answer.commit {
             return match tx.rollback().await {
-                Ok(()) => outcome.response,
+                Ok(()) => refuse(observation, Outcome::RolledBack, answer.response),
                 // The handler's error may be the symptom (its query failed because the
                 // connection died); the failed rollback tells us the database is gone.
-                Err(e) if is_unavailable(&e) => Problem::unavailable(retry_after).into_response(),
+                Err(e) if is_unavailable(&e) => refuse(
+                    observation,
+                    Outcome::Unavailable,
+                    problems.unavailable().into_response(),
+                ),
                 Err(e) => {
-                    tracing::warn!(error = %e, scope = key.scope, "idem: rollback failed");
-                    outcome.response
+                    tracing::warn!(parent: observation.span(), error = %e, "idem: rollback failed");
+                    refuse(observation, Outcome::RolledBack, answer.response)
                 }
             };
         }
 
+        let Some(key) = key else {
+            // `required = false` and no key: the handler's writes commit, nothing is
+            // recorded, and the response says so.
+            if let Err(e) = tx.commit().await {
+                return database_failure(&store, observation, &e, "commit");
+            }
+            let mut response = answer.response;
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_RECORDED, HeaderValue::from_static("false"));
+            return refuse(observation, Outcome::Unkeyed, response);
+        };
+
         let captured = StoredResponse::capture(
-            outcome.response,
+            answer.response,
             &settings.replay_headers,
             settings.max_response_bytes,
         )
@@ -170,37 +222,38 @@ impl Claimed {
                     limit,
                     "idem: response over the stored-response cap; rolled back"
                 );
-                return Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    problem::types::RESPONSE_TOO_LARGE,
-                    "Response too large to store",
-                )
-                .with_detail(format!(
-                    "the response body exceeds the {limit}-byte cap for stored responses; nothing was committed"
-                ))
-                .into_response();
+                let problem = problems
+                    .problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        types::RESPONSE_TOO_LARGE,
+                        "Response too large to store",
+                    )
+                    .with_detail(format!(
+                        "the response body exceeds the {limit}-byte cap for stored responses; nothing was committed"
+                    ));
+                return refuse(observation, Outcome::RolledBack, problem.into_response());
             }
             Err(CaptureError::Body(e)) => {
                 tracing::error!(error = %e, scope = key.scope, "idem: response body failed; rolled back");
-                return Problem::internal(
-                    "the response body could not be read; nothing was committed",
-                )
-                .into_response();
+                let problem =
+                    problems.internal("the response body could not be read; nothing was committed");
+                return refuse(observation, Outcome::RolledBack, problem.into_response());
             }
         };
 
         match store_response(&store, &mut tx, &key, &stored).await {
             Ok(true) => {}
-            Ok(false) => return escaped(&store, tx, &key).await,
-            Err(e) => return database_failure(&e, retry_after, "store"),
+            Ok(false) => return escaped(&store, observation, tx, &key).await,
+            Err(e) => return database_failure(&store, observation, &e, "store"),
         }
 
         // If COMMIT's answer is lost, the client cannot tell whether it happened; a 503
         // makes it retry, and the retry either replays the committed response or runs
         // afresh.
         if let Err(e) = tx.commit().await {
-            return database_failure(&e, retry_after, "commit");
+            return database_failure(&store, observation, &e, "commit");
         }
+        observation.finish(Outcome::Fresh, stored.status);
         Response::from_parts(parts, Body::from(stored.body))
     }
 }
@@ -212,6 +265,17 @@ async fn claim_row(
 ) -> Result<Claim, ClaimError> {
     let sql = &store.inner.sql;
     let parts = request.fingerprint.parts();
+    let primary_key = store.inner.table.primary_key();
+    let classify = |error: sqlx::Error| match &error {
+        // 55P03: our lock_timeout expired while another request held the key's row.
+        sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => ClaimError::InUse,
+        // A unique violation of the key's own primary key: a concurrent request won.
+        // Any other unique violation is not ours to interpret.
+        sqlx::Error::Database(e) if e.constraint() == Some(primary_key.as_str()) => {
+            ClaimError::InUse
+        }
+        _ => ClaimError::Database(error),
+    };
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     for _ in 0..4 {
@@ -220,11 +284,14 @@ async fn claim_row(
             .bind(&parts)
             .bind(request.ttl.as_secs_f64())
             .bind(&sql.conflict_wait);
-        let found = match fetch(&mut *tx, claim).await? {
+        let found = match fetch(&mut *tx, claim).await.map_err(classify)? {
             Some(found) => found,
             // The conflicting row committed after the claim's snapshot began (the claim
             // waited for it): a new statement sees it.
-            None => match fetch(&mut *tx, keyed(&sql.read, &request.key)).await? {
+            None => match fetch(&mut *tx, keyed(&sql.read, &request.key))
+                .await
+                .map_err(classify)?
+            {
                 Some(found) => found,
                 None => continue,
             },
@@ -239,7 +306,8 @@ async fn claim_row(
             .bind(request.ttl.as_secs_f64())
             .bind(&sql.conflict_wait)
             .fetch_optional(&mut **tx)
-            .await?;
+            .await
+            .map_err(classify)?;
         if reclaimed.is_some() {
             return Ok(Claim::Fresh);
         }
@@ -275,9 +343,19 @@ async fn fetch(
     })))
 }
 
-fn replay_or_refuse(stored: Stored, fingerprint: &Fingerprint) -> Response {
+fn replay_or_refuse(
+    store: &Idempotency,
+    observation: Observation,
+    stored: Stored,
+    fingerprint: &Fingerprint,
+) -> Response {
+    let problems = store.inner.problems();
     if !fingerprint.matches(&stored.fingerprint, &stored.field_hashes) {
-        return Problem::key_reused().into_response();
+        return refuse(
+            observation,
+            Outcome::Mismatch,
+            problems.key_reused().into_response(),
+        );
     }
     let status = stored
         .status
@@ -285,14 +363,16 @@ fn replay_or_refuse(stored: Stored, fingerprint: &Fingerprint) -> Response {
         .and_then(|s| StatusCode::from_u16(s).ok());
     let Some(status) = status else {
         tracing::error!("idem: stored row has an invalid status");
-        return Problem::internal("the stored response is unreadable").into_response();
+        let problem = problems.internal("the stored response is unreadable");
+        return refuse(observation, Outcome::Failed, problem.into_response());
     };
-    StoredResponse {
+    let replay = StoredResponse {
         status,
         headers: stored.headers.unwrap_or_default(),
         body: stored.body.unwrap_or_default().into(),
     }
-    .replay()
+    .replay();
+    refuse(observation, Outcome::Replayed, replay)
 }
 
 /// Writes the response into the claimed row. `Ok(false)`: the row is not this
@@ -317,6 +397,7 @@ async fn store_response(
 /// is removed so the key is not stuck, and the request fails loudly.
 async fn escaped(
     store: &Idempotency,
+    observation: Observation,
     tx: Transaction<'static, Postgres>,
     key: &KeyInScope,
 ) -> Response {
@@ -333,23 +414,37 @@ async fn escaped(
         // The claim path takes over such a row anyway.
         tracing::warn!(error = %e, "idem: could not remove the escaped claim");
     }
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        problem::types::TRANSACTION_ESCAPED,
-        "Transaction ended by the handler",
-    )
-    .with_detail(
-        "the handler committed or rolled back idem's transaction itself; nothing was stored",
-    )
-    .into_response()
+    let problem = store
+        .inner
+        .problems()
+        .problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            types::TRANSACTION_ESCAPED,
+            "Transaction ended by the handler",
+        )
+        .with_detail(
+            "the handler committed or rolled back idem's transaction itself; nothing was stored",
+        );
+    refuse(observation, Outcome::Failed, problem.into_response())
 }
 
-fn database_failure(error: &sqlx::Error, retry_after: u32, step: &'static str) -> Response {
+fn database_failure(
+    store: &Idempotency,
+    observation: Observation,
+    error: &sqlx::Error,
+    step: &'static str,
+) -> Response {
+    let problems = store.inner.problems();
     if is_unavailable(error) {
         tracing::warn!(%error, step, "idem: database unavailable");
-        Problem::unavailable(retry_after).into_response()
+        refuse(
+            observation,
+            Outcome::Unavailable,
+            problems.unavailable().into_response(),
+        )
     } else {
         tracing::error!(%error, step, "idem: database error");
-        Problem::internal("a database error occurred; nothing was committed").into_response()
+        let problem = problems.internal("a database error occurred; nothing was committed");
+        refuse(observation, Outcome::Failed, problem.into_response())
     }
 }

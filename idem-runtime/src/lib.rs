@@ -96,8 +96,11 @@
 #[doc(hidden)]
 pub mod __private;
 mod cycle;
+mod expiry;
 pub mod fingerprint;
+mod inspect;
 pub mod key;
+pub mod observe;
 pub mod problem;
 mod response;
 mod store;
@@ -113,7 +116,8 @@ pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY};
 pub use problem::Problem;
 pub use response::IDEMPOTENT_REPLAYED;
 pub use store::{
-    is_unavailable, Idempotency, IdempotencyBuilder, PrincipalResolver, PRIMARY_KEY, SCHEMA_SQL,
+    is_unavailable, Idempotency, IdempotencyBuilder, InvalidTableName, PrincipalResolver,
+    DEFAULT_TABLE, SCHEMA_SQL,
 };
 pub use tx::Tx;
 

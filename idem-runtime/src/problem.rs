@@ -10,28 +10,33 @@ use serde::Serialize;
 /// The media type of problem bodies.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// The stable `type` URIs of the problems idem itself answers.
+/// The base of the `type` URIs of idem's own problems, unless the store sets another
+/// ([`IdempotencyBuilder::problem_base`](crate::IdempotencyBuilder::problem_base)): a
+/// problem's `type` is the base followed by one of the [`types`].
+pub const DEFAULT_PROBLEM_BASE: &str = "urn:idem:problem:";
+
+/// The stable last parts of the `type` URIs of the problems idem itself answers.
 ///
-/// Clients should branch on these, not on `title` or `detail`, which are prose.
+/// Clients should branch on `type`, not on `title` or `detail`, which are prose.
 pub mod types {
     /// 400: the endpoint requires an `Idempotency-Key` header and none was sent.
-    pub const MISSING_KEY: &str = "urn:idem:problem:missing-key";
+    pub const MISSING_KEY: &str = "missing-key";
     /// 400: the `Idempotency-Key` header is malformed or repeated.
-    pub const MALFORMED_KEY: &str = "urn:idem:problem:malformed-key";
+    pub const MALFORMED_KEY: &str = "malformed-key";
     /// 409: a request with this key is still running; retry after `Retry-After`.
-    pub const KEY_IN_USE: &str = "urn:idem:problem:key-in-use";
+    pub const KEY_IN_USE: &str = "key-in-use";
     /// 422: this key was used for a request with a different payload or target.
-    pub const KEY_REUSED: &str = "urn:idem:problem:key-reused";
+    pub const KEY_REUSED: &str = "key-reused";
     /// 503: the database cannot be reached; nothing ran; retry after `Retry-After`.
-    pub const UNAVAILABLE: &str = "urn:idem:problem:unavailable";
+    pub const UNAVAILABLE: &str = "unavailable";
     /// 500: the handler's transaction was ended by the handler itself; nothing stored.
-    pub const TRANSACTION_ESCAPED: &str = "urn:idem:problem:transaction-escaped";
+    pub const TRANSACTION_ESCAPED: &str = "transaction-escaped";
     /// 500: the response exceeds the stored-response size cap; nothing committed.
-    pub const RESPONSE_TOO_LARGE: &str = "urn:idem:problem:response-too-large";
+    pub const RESPONSE_TOO_LARGE: &str = "response-too-large";
     /// 500: an unexpected failure inside idem; nothing committed.
-    pub const INTERNAL: &str = "urn:idem:problem:internal";
+    pub const INTERNAL: &str = "internal";
     /// 4xx: a request extractor (JSON body, path, query ...) refused the request.
-    pub const INVALID_REQUEST: &str = "urn:idem:problem:invalid-request";
+    pub const INVALID_REQUEST: &str = "invalid-request";
 }
 
 /// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.
@@ -105,9 +110,27 @@ impl Problem {
     pub fn detail(&self) -> Option<&str> {
         self.detail.as_deref()
     }
+}
 
-    pub(crate) fn missing_key(detail: String) -> Self {
-        Self::new(
+/// Builds idem's own problems with the store's `type` base and `Retry-After`.
+#[derive(Clone, Copy)]
+pub(crate) struct Problems<'a> {
+    pub(crate) base: &'a str,
+    pub(crate) retry_after: u32,
+}
+
+impl Problems<'_> {
+    pub(crate) fn problem(
+        self,
+        status: StatusCode,
+        slug: &str,
+        title: impl Into<Cow<'static, str>>,
+    ) -> Problem {
+        Problem::new(status, format!("{}{slug}", self.base), title)
+    }
+
+    pub(crate) fn missing_key(self, detail: String) -> Problem {
+        self.problem(
             StatusCode::BAD_REQUEST,
             types::MISSING_KEY,
             "Idempotency-Key required",
@@ -115,8 +138,8 @@ impl Problem {
         .with_detail(detail)
     }
 
-    pub(crate) fn malformed_key(detail: String) -> Self {
-        Self::new(
+    pub(crate) fn malformed_key(self, detail: String) -> Problem {
+        self.problem(
             StatusCode::BAD_REQUEST,
             types::MALFORMED_KEY,
             "Malformed Idempotency-Key",
@@ -124,40 +147,77 @@ impl Problem {
         .with_detail(detail)
     }
 
-    pub(crate) fn key_in_use(retry_after: u32) -> Self {
-        Self::new(
+    pub(crate) fn key_in_use(self) -> Problem {
+        self.problem(
             StatusCode::CONFLICT,
             types::KEY_IN_USE,
             "Request in progress",
         )
         .with_detail("a request with this Idempotency-Key is still being processed; retry later")
-        .with_retry_after(retry_after)
+        .with_retry_after(self.retry_after)
     }
 
-    pub(crate) fn key_reused() -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED, "Idempotency-Key reused")
-            .with_detail(
-                "this Idempotency-Key was already used for a request with a different payload or target",
-            )
+    pub(crate) fn key_reused(self) -> Problem {
+        self.problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED, "Idempotency-Key reused")
+            .with_detail("this Idempotency-Key was already used for a request with a different payload or target")
     }
 
-    pub(crate) fn unavailable(retry_after: u32) -> Self {
-        Self::new(
+    pub(crate) fn unavailable(self) -> Problem {
+        self.problem(
             StatusCode::SERVICE_UNAVAILABLE,
             types::UNAVAILABLE,
             "Service unavailable",
         )
         .with_detail("the database could not be reached; nothing was done; retry later")
-        .with_retry_after(retry_after)
+        .with_retry_after(self.retry_after)
     }
 
-    pub(crate) fn internal(detail: impl Into<String>) -> Self {
-        Self::new(
+    pub(crate) fn internal(self, detail: impl Into<String>) -> Problem {
+        self.problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             types::INTERNAL,
             "Internal error",
         )
         .with_detail(detail)
+    }
+
+    /// Rewrites an extractor's rejection (axum answers those in plain text) as a
+    /// problem, keeping its status and its text as the detail. Rejections that already
+    /// are problems pass through untouched.
+    ///
+    /// One status changes: on an idempotent endpoint 422 means "this key was used for
+    /// another payload" (the IETF draft), so an extractor's 422 (axum's `Json` answers a
+    /// body of the wrong shape so) becomes 400, and clients can tell the two apart by
+    /// status alone.
+    pub(crate) async fn rejection(self, rejection: Response) -> Response {
+        let is_problem = rejection
+            .headers()
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+        if is_problem {
+            return rejection;
+        }
+        let (parts, body) = rejection.into_parts();
+        let text = axum::body::to_bytes(body, 64 * 1024)
+            .await
+            .unwrap_or_default();
+        let status = match parts.status {
+            StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+            other => other,
+        };
+        let title = status.canonical_reason().unwrap_or("Invalid request");
+        let mut problem = self.problem(status, types::INVALID_REQUEST, title);
+        if !text.is_empty() {
+            problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
+        }
+        let mut response = problem.into_response();
+        // Keep what the extractor said beyond its body (`Allow`, `WWW-Authenticate` ...).
+        for (name, value) in &parts.headers {
+            if name != CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+                response.headers_mut().append(name, value.clone());
+            }
+        }
+        response
     }
 }
 
@@ -176,52 +236,18 @@ impl IntoResponse for Problem {
     }
 }
 
-/// Rewrites an extractor's rejection (axum answers those in plain text) as a problem,
-/// keeping its status and its text as the detail. Rejections that already are
-/// problems pass through untouched.
-///
-/// One status changes: on an idempotent endpoint 422 means "this key was used for
-/// another payload" (the IETF draft), so an extractor's 422 (axum's `Json` answers a
-/// body of the wrong shape so) becomes 400, and clients can tell the two apart by
-/// status alone.
-pub(crate) async fn from_rejection(rejection: Response) -> Response {
-    let is_problem = rejection
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
-    if is_problem {
-        return rejection;
-    }
-    let (parts, body) = rejection.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let status = match parts.status {
-        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
-        other => other,
-    };
-    let title = status.canonical_reason().unwrap_or("Invalid request");
-    let mut problem = Problem::new(status, types::INVALID_REQUEST, title);
-    if !text.is_empty() {
-        problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
-    }
-    let mut response = problem.into_response();
-    // Keep what the extractor said beyond its body (`Allow`, `WWW-Authenticate` ...).
-    for (name, value) in &parts.headers {
-        if name != CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
-            response.headers_mut().append(name, value.clone());
-        }
-    }
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const PROBLEMS: Problems<'static> = Problems {
+        base: DEFAULT_PROBLEM_BASE,
+        retry_after: 1,
+    };
+
     #[tokio::test]
     async fn problem_body_and_headers() {
-        let response = Problem::key_in_use(1).into_response();
+        let response = PROBLEMS.key_in_use().into_response();
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[RETRY_AFTER], "1");
@@ -229,7 +255,7 @@ mod tests {
             .await
             .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["type"], types::KEY_IN_USE);
+        assert_eq!(json["type"], "urn:idem:problem:key-in-use");
         assert_eq!(json["status"], 409);
         assert_eq!(json["title"], "Request in progress");
         assert!(json["detail"]
@@ -245,25 +271,25 @@ mod tests {
             "Expected request with `Content-Type: application/json`",
         )
             .into_response();
-        let response = from_rejection(rejection).await;
+        let response = PROBLEMS.rejection(rejection).await;
         assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
         let body = axum::body::to_bytes(response.into_body(), 1 << 16)
             .await
             .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["type"], types::INVALID_REQUEST);
+        assert_eq!(json["type"], "urn:idem:problem:invalid-request");
         assert_eq!(json["status"], 415);
         assert!(json["detail"].as_str().unwrap().contains("Content-Type"));
 
         let wrong_shape = (StatusCode::UNPROCESSABLE_ENTITY, "invalid type").into_response();
         assert_eq!(
-            from_rejection(wrong_shape).await.status(),
+            PROBLEMS.rejection(wrong_shape).await.status(),
             StatusCode::BAD_REQUEST
         );
 
-        let already = Problem::key_reused().into_response();
-        let passed = from_rejection(already).await;
+        let already = PROBLEMS.key_reused().into_response();
+        let passed = PROBLEMS.rejection(already).await;
         assert_eq!(passed.status(), StatusCode::UNPROCESSABLE_ENTITY);
     }
 }

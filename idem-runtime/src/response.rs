@@ -8,8 +8,12 @@ use http::response::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-/// The header that marks a replayed response.
+/// The header that marks a replayed response: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The header that marks a response of an endpoint with `required = false` that came
+/// without a key: `Idempotent-Recorded: false`, nothing was stored for replay.
+pub const IDEMPOTENT_RECORDED: HeaderName = HeaderName::from_static("idempotent-recorded");
 
 /// A response as stored: status, allow-listed headers and the exact body bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

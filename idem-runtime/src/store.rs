@@ -9,14 +9,15 @@ use http::header::{self, HeaderName};
 use http::request::Parts;
 use sqlx::PgPool;
 
-/// The SQL that creates idem's table and its expiry index, for services that run their
-/// own migrations. [`Idempotency::migrate`] runs exactly this.
+use crate::problem::Problems;
+
+/// The SQL that creates idem's table (under its default name) and its expiry index, for
+/// services that run their own migrations. [`Idempotency::migrate`] runs exactly this
+/// for a store with the default table; [`Idempotency::schema_sql`] gives it for any.
 pub const SCHEMA_SQL: &str = include_str!("../sql/idempotency_keys.sql");
 
-/// The name of the primary key of the idempotency table. A unique violation of *this*
-/// constraint means a concurrent request with the same key won; a violation of any other
-/// constraint belongs to the business tables.
-pub const PRIMARY_KEY: &str = "idempotency_keys_pkey";
+/// The default table name.
+pub const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// How a store finds the principal (account, tenant) a request acts for.
 pub type PrincipalResolver = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -58,8 +59,121 @@ pub(crate) struct Settings {
     pub(crate) retry_after: u32,
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) problem_base: String,
+    pub(crate) table: TableName,
     pub(crate) sql: Sql,
 }
+
+impl Settings {
+    pub(crate) fn problems(&self) -> Problems<'_> {
+        Problems {
+            base: &self.problem_base,
+            retry_after: self.retry_after,
+        }
+    }
+}
+
+/// A validated, optionally schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    fn parse(text: &str) -> Result<Self, InvalidTableName> {
+        let valid = |part: &str| {
+            !part.is_empty()
+                && part.len() <= 48
+                && part.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        let (schema, name) = match text.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, text),
+        };
+        if !valid(name) || schema.is_some_and(|s| !valid(s)) {
+            return Err(InvalidTableName(text.to_owned()));
+        }
+        Ok(Self {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+        })
+    }
+
+    /// As written in SQL: `"schema"."name"` or `"name"` (the default, unqualified, as in
+    /// [`SCHEMA_SQL`], so it lands in the connection's default schema).
+    fn qualified(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
+            None => self.name.clone(),
+        }
+    }
+
+    /// The primary key's name: a unique violation of *this* constraint means a concurrent
+    /// request with the same key won; any other belongs to the business tables.
+    pub(crate) fn primary_key(&self) -> String {
+        format!("{}_pkey", self.name)
+    }
+
+    fn render_schema(&self) -> String {
+        let table = self.qualified();
+        let pkey = self.primary_key();
+        let index = format!("{}_expires_at_idx", self.name);
+        let create_schema = match &self.schema {
+            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
+            None => String::new(),
+        };
+        format!(
+            "-- idem: the idempotency table, for users who run their own migrations.
+-- `Idempotency::migrate` runs exactly this; it is safe to run again.
+--
+-- A row is written by the claiming request's own transaction and commits together with
+-- that request's business writes and its stored response, or not at all. `status` is
+-- NULL only while that transaction is open, so a committed row is always complete.
+{create_schema}CREATE TABLE IF NOT EXISTS {table} (
+    scope        text        NOT NULL,
+    principal    text        NOT NULL,
+    key          text        NOT NULL,
+    -- SHA-256 of the request's canonical fingerprint
+    fingerprint  bytea       NOT NULL,
+    -- the target hash and one hash per named field (see idem_runtime::Fingerprint::parts)
+    field_hashes bytea       NOT NULL,
+    status       smallint,
+    -- allow-listed response headers, one \"name: value\" per line
+    headers      bytea,
+    body         bytea,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL,
+    CONSTRAINT {pkey} PRIMARY KEY (scope, principal, key)
+);
+
+-- The sweeper deletes expired rows oldest first, in small batches.
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+"
+        )
+    }
+}
+
+/// A table name `Idempotency` cannot use: it must be `name` or `schema.name`, each part
+/// 1 to 48 characters of lowercase ASCII letters, digits and `_`, not starting with a
+/// digit (names that need no quoting, and leave room for the index's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidTableName(String);
+
+impl fmt::Display for InvalidTableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid idempotency table name {:?}: use `name` or `schema.name`, lowercase letters, digits and `_`",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for InvalidTableName {}
 
 /// The statements of the request cycle, built once per store.
 pub(crate) struct Sql {
@@ -69,6 +183,8 @@ pub(crate) struct Sql {
     pub(crate) reclaim: String,
     pub(crate) store: String,
     pub(crate) forget: String,
+    pub(crate) purge: String,
+    pub(crate) inspect: String,
     /// The claim's `lock_timeout`, bound as `$7`.
     pub(crate) conflict_wait: String,
 }
@@ -141,6 +257,26 @@ impl Sql {
                   WHERE {key} AND status IS NULL AND created_at = now()"
             ),
             forget: format!("DELETE FROM {table} WHERE {key} AND status IS NULL"),
+            // Expired rows, oldest first, skipping rows a request is reclaiming. The outer
+            // `expires_at` test is not redundant: it is re-checked on a row that changed
+            // while we waited, which the subquery's is not.
+            purge: format!(
+                "DELETE FROM {table} \
+                  WHERE (scope, principal, key) IN ( \
+                        SELECT scope, principal, key FROM {table} \
+                         WHERE expires_at <= now() \
+                         ORDER BY expires_at \
+                         LIMIT $1 \
+                           FOR UPDATE SKIP LOCKED) \
+                    AND expires_at <= now()"
+            ),
+            inspect: format!(
+                "SELECT extract(epoch FROM created_at)::float8 AS created_at, \
+                        extract(epoch FROM expires_at)::float8 AS expires_at, \
+                        expires_at <= now() AS expired, status, \
+                        coalesce(octet_length(body), 0) AS body_bytes \
+                   FROM {table} WHERE {key} AND status IS NOT NULL"
+            ),
             conflict_wait: format!("{wait_ms}ms"),
         }
     }
@@ -161,6 +297,11 @@ impl Idempotency {
             conflict_wait: Duration::from_millis(1),
             retry_after: 1,
             max_response_bytes: 1 << 20,
+            problem_base: crate::problem::DEFAULT_PROBLEM_BASE.to_owned(),
+            table: TableName {
+                schema: None,
+                name: DEFAULT_TABLE.to_owned(),
+            },
             replay_headers: vec![
                 header::CONTENT_TYPE,
                 header::CONTENT_LANGUAGE,
@@ -179,9 +320,14 @@ impl Idempotency {
     }
 
     /// Creates the idempotency table and its index if they do not exist
-    /// ([`SCHEMA_SQL`]). Safe to call from several processes starting at once.
+    /// ([`Idempotency::schema_sql`]). Safe to call from several processes starting at once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        migrate(&self.inner.pool, SCHEMA_SQL).await
+        migrate(&self.inner.pool, &self.schema_sql()).await
+    }
+
+    /// The DDL of this store's table: [`SCHEMA_SQL`] with its configured name.
+    pub fn schema_sql(&self) -> String {
+        self.inner.table.render_schema()
     }
 
     /// The principal of a request by the store's resolver; `None` when no resolver is
@@ -235,9 +381,37 @@ pub struct IdempotencyBuilder {
     retry_after: u32,
     max_response_bytes: usize,
     replay_headers: Vec<HeaderName>,
+    problem_base: String,
+    table: TableName,
 }
 
 impl IdempotencyBuilder {
+    /// The table idem keeps its records in: `name` or `schema.name` (default
+    /// `idempotency_keys` in the connection's default schema). [`Idempotency::migrate`]
+    /// creates the schema too.
+    pub fn table(mut self, name: &str) -> Result<Self, InvalidTableName> {
+        self.table = TableName::parse(name)?;
+        Ok(self)
+    }
+
+    /// The base of the `type` URI of idem's own problems (default `urn:idem:problem:`):
+    /// with `https://example.com/problems/`, a 409 has the type
+    /// `https://example.com/problems/key-in-use`. See [`crate::problem::types`].
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_base = base.into();
+        self
+    }
+
+    /// Replaces the response headers stored and replayed (see
+    /// [`IdempotencyBuilder::replay_header`] for the default list).
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replay_headers = Vec::new();
+        for name in names {
+            self = self.replay_header(name);
+        }
+        self
+    }
+
     /// How to find the principal (account, tenant) of a request, for example from the
     /// authenticated account an auth middleware put in the request's extensions. Keys
     /// are then looked up per (scope, principal, key): one principal never sees
@@ -305,7 +479,9 @@ impl IdempotencyBuilder {
                 retry_after: self.retry_after,
                 max_response_bytes: self.max_response_bytes,
                 replay_headers: self.replay_headers,
-                sql: Sql::new("idempotency_keys", self.conflict_wait),
+                problem_base: self.problem_base,
+                sql: Sql::new(&self.table.qualified(), self.conflict_wait),
+                table: self.table,
             }),
         }
     }
@@ -342,6 +518,7 @@ mod tests {
         let sql = Sql::new("idempotency_keys", Duration::from_millis(5));
         assert_eq!(sql.begin, "BEGIN ISOLATION LEVEL READ COMMITTED");
         assert_eq!(sql.conflict_wait, "5ms");
+        // The request path; purge and inspect run outside it.
         for statement in [&sql.claim, &sql.read, &sql.reclaim, &sql.store, &sql.forget] {
             let first = statement.split_whitespace().next().unwrap_or_default();
             assert!(
@@ -376,6 +553,38 @@ mod tests {
         assert!(sql
             .claim
             .contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
+    }
+
+    #[test]
+    fn the_shipped_sql_is_the_default_table() {
+        assert_eq!(
+            TableName::parse(DEFAULT_TABLE).unwrap().render_schema(),
+            SCHEMA_SQL
+        );
+    }
+
+    #[test]
+    fn table_names() {
+        let t = TableName::parse("ops.idem_keys").unwrap();
+        assert_eq!(t.qualified(), "\"ops\".\"idem_keys\"");
+        assert_eq!(t.primary_key(), "idem_keys_pkey");
+        assert!(t.render_schema().starts_with("-- idem"));
+        assert!(t
+            .render_schema()
+            .contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
+        for bad in [
+            "",
+            "Keys",
+            "a.b.c",
+            "1keys",
+            "keys; DROP TABLE x",
+            "\"keys\"",
+            ".keys",
+            "keys.",
+            &"k".repeat(49),
+        ] {
+            assert!(TableName::parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::key::IdempotencyKey;
 /// is stored.
 pub struct Tx<'t> {
     conn: &'t mut PgConnection,
-    key: &'t KeyInScope,
+    key: Option<&'t KeyInScope>,
 }
 
 /// A key with what it was claimed under.
@@ -38,13 +38,14 @@ pub(crate) struct KeyInScope {
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(conn: &'t mut PgConnection, key: &'t KeyInScope) -> Self {
+    pub(crate) fn new(conn: &'t mut PgConnection, key: Option<&'t KeyInScope>) -> Self {
         Self { conn, key }
     }
 
-    /// The request's idempotency key, as the client sent it.
-    pub fn idempotency_key(&self) -> &str {
-        self.key.key.as_str()
+    /// The request's idempotency key, as the client meant it (without sf-string quotes);
+    /// `None` only on an endpoint with `required = false` that was called without one.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.key.map(|k| k.key.as_str())
     }
 
     /// A key for a downstream API that accepts one (a payment processor, say), derived
@@ -53,20 +54,21 @@ impl<'t> Tx<'t> {
     /// 64 hex characters.
     ///
     /// The database transaction cannot roll back a call to another service; forwarding a
-    /// derived key is how that call becomes idempotent too.
-    pub fn derived_key(&self, purpose: &str) -> String {
+    /// derived key is how that call becomes idempotent too. `None` without a key.
+    pub fn derived_key(&self, purpose: &str) -> Option<String> {
+        let key = self.key?;
         let mut hasher = Sha256::new();
         for part in [
             "idem.derived-key.v1",
-            self.key.scope,
-            &self.key.principal,
-            self.key.key.as_str(),
+            key.scope,
+            &key.principal,
+            key.key.as_str(),
             purpose,
         ] {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part.as_bytes());
         }
-        hex(&hasher.finalize())
+        Some(hex(&hasher.finalize()))
     }
 }
 
@@ -87,7 +89,7 @@ impl DerefMut for Tx<'_> {
 impl std::fmt::Debug for Tx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tx")
-            .field("scope", &self.key.scope)
+            .field("scope", &self.key.map(|k| k.scope))
             .finish_non_exhaustive()
     }
 }

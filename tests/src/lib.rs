@@ -198,3 +198,43 @@ pub async fn count(pool: &PgPool, from: &str) -> i64 {
         .await
         .expect("count")
 }
+
+/// Sends `POST url` with a JSON body, an optional `Idempotency-Key` and extra headers,
+/// and reads the answer whole. A connection closed without an answer (a handler that
+/// panicked) reads as status 0.
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let mut request = client.post(url).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    match request.send().await {
+        Ok(response) => Answer::read(response).await,
+        Err(_) => Answer {
+            status: 0,
+            headers: reqwest::header::HeaderMap::new(),
+            body: Vec::new(),
+        },
+    }
+}
+
+/// The p50 and p99 of some latencies, in milliseconds.
+pub fn percentiles(latencies: &mut [Duration]) -> (f64, f64) {
+    if latencies.is_empty() {
+        return (0.0, 0.0);
+    }
+    latencies.sort_unstable();
+    let at = |q: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    (at(0.50), at(0.99))
+}

@@ -236,23 +236,14 @@ impl Service {
         body: &Value,
         headers: &[(&str, &str)],
     ) -> Answer {
-        let mut request = self
-            .client
-            .post(self.server.url(path))
-            .header("Idempotency-Key", key)
-            .json(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        match request.send().await {
-            Ok(response) => Answer::read(response).await,
-            // A connection the server closed without answering (a panicking handler).
-            Err(_) => Answer {
-                status: 0,
-                headers: Default::default(),
-                body: Vec::new(),
-            },
-        }
+        idem_tests::post(
+            &self.client,
+            &self.server.url(path),
+            Some(key),
+            body,
+            headers,
+        )
+        .await
     }
 
     async fn effects(&self) -> i64 {

@@ -245,7 +245,8 @@ async fn create_charge(
 
     // Stand-in for the payment processor. A real call would forward
     // `tx.derived_key("processor")` as the processor's own idempotency key: this
-    // transaction cannot roll back another service's effects.
+    // transaction cannot roll back another service's effects, and a retry after a
+    // failure here calls the processor again.
     if !config.processor_delay.is_zero() {
         tokio::time::sleep(config.processor_delay).await;
     }

@@ -30,6 +30,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let pool = charges::connect(&database_url).await?;
     charges::migrate(&pool).await?;
+    // Expired idempotency records are ignored already; deleting them keeps the table small.
+    let _sweeper =
+        idem_runtime::Idempotency::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000);
     let app = charges::app(
         pool,
         Config {

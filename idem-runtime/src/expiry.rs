@@ -1,0 +1,84 @@
+//! Removing expired records: a purge call for cron, and a sweeper task.
+//!
+//! Expired rows are already ignored by the claim (an expired key is treated as new and
+//! its row taken over in place); deleting them only keeps the table small. Each batch is
+//! one short statement that locks only the rows it deletes, oldest first, and skips rows
+//! a request is reclaiming right now, so sweeping never waits behind a request and no
+//! request waits behind a sweep for longer than one batch's delete.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::observe::metrics;
+use crate::Idempotency;
+
+impl Idempotency {
+    /// Deletes expired records, `batch_size` rows per statement, until none is left, and
+    /// returns how many it deleted. For a cron job; [`Idempotency::spawn_sweeper`] runs
+    /// it periodically.
+    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
+        let batch_size = i64::from(batch_size.max(1));
+        let mut removed = 0;
+        loop {
+            let deleted = sqlx::query(&self.inner.sql.purge)
+                .bind(batch_size)
+                .execute(&self.inner.pool)
+                .await?
+                .rows_affected();
+            removed += deleted;
+            metrics::swept(deleted);
+            if deleted < batch_size as u64 {
+                return Ok(removed);
+            }
+            // Let requests waiting for a connection or a lock go first.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Starts a tokio task that purges expired records every `every`, in batches of
+    /// `batch_size`, until [`Sweeper::stop`] (the task outlives a dropped handle).
+    /// Failures (the database restarting, say) are logged and retried at the next tick.
+    pub fn spawn_sweeper(&self, every: Duration, batch_size: u32) -> Sweeper {
+        let removed = Arc::new(AtomicU64::new(0));
+        let store = self.clone();
+        let counter = Arc::clone(&removed);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match store.purge_expired(batch_size).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        counter.fetch_add(n, Ordering::Relaxed);
+                        tracing::info!(rows = n, "idem: swept expired records");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "idem: sweeping expired records failed; retrying at the next tick")
+                    }
+                }
+            }
+        });
+        Sweeper { task, removed }
+    }
+}
+
+/// A running sweeper; see [`Idempotency::spawn_sweeper`].
+#[derive(Debug)]
+pub struct Sweeper {
+    task: tokio::task::JoinHandle<()>,
+    removed: Arc<AtomicU64>,
+}
+
+impl Sweeper {
+    /// How many expired records this sweeper has deleted so far.
+    pub fn removed(&self) -> u64 {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Stops the sweeper after its current statement.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,157 @@
+//! What idem tells operators: one `tracing` span per idempotent request, and, with the
+//! `metrics` feature, counters and a latency histogram through the `metrics` facade.
+//!
+//! The span, `idem.request`, carries `scope`, `outcome`, `status` and the timings
+//! `claim_ms`, `handler_ms` and `total_ms`. It never carries a key, a principal or a
+//! body: logs are read by people who must not learn one tenant's keys or payloads.
+//!
+//! Metrics (feature `metrics`; install any `metrics` recorder, such as
+//! `metrics-exporter-prometheus`, and they appear under these names):
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
+//! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
+//! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use tracing::field::Empty;
+use tracing::Span;
+
+/// How an idempotent request ended, as recorded in the span's `outcome` field and in
+/// the metrics' `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its response was committed with the key.
+    Fresh,
+    /// A stored response was replayed; the handler did not run.
+    Replayed,
+    /// The key was in use by a request in flight: 409.
+    Conflict,
+    /// The key was used before with another payload or target: 422.
+    Mismatch,
+    /// The handler ran and everything was rolled back (`Err`, 5xx, a response that
+    /// could not be stored).
+    RolledBack,
+    /// The key was missing or malformed: 400.
+    RejectedKey,
+    /// The database could not be reached: 503.
+    Unavailable,
+    /// An endpoint with `required = false` ran without a key: nothing was recorded.
+    Unkeyed,
+    /// idem could not complete the request: a database error that is not about
+    /// reachability, or a handler that ended the transaction itself: 500.
+    Failed,
+}
+
+impl Outcome {
+    /// The label value: `fresh`, `replayed`, `conflict`, `mismatch`, `rolled_back`,
+    /// `rejected_key`, `unavailable`, `unkeyed` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Replayed => "replayed",
+            Self::Conflict => "conflict",
+            Self::Mismatch => "mismatch",
+            Self::RolledBack => "rolled_back",
+            Self::RejectedKey => "rejected_key",
+            Self::Unavailable => "unavailable",
+            Self::Unkeyed => "unkeyed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One request under observation.
+pub(crate) struct Observation {
+    span: Span,
+    scope: &'static str,
+    started: Instant,
+    claimed: Option<Instant>,
+}
+
+impl Observation {
+    pub(crate) fn start(scope: &'static str) -> Self {
+        let span = tracing::info_span!(
+            "idem.request",
+            scope,
+            outcome = Empty,
+            status = Empty,
+            claim_ms = Empty,
+            handler_ms = Empty,
+            total_ms = Empty,
+        );
+        Self {
+            span,
+            scope,
+            started: Instant::now(),
+            claimed: None,
+        }
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// The claim is done; the handler starts.
+    pub(crate) fn claimed(&mut self) {
+        let now = Instant::now();
+        self.span.record("claim_ms", millis(now - self.started));
+        self.claimed = Some(now);
+    }
+
+    pub(crate) fn finish(self, outcome: Outcome, status: http::StatusCode) {
+        let now = Instant::now();
+        let total = now - self.started;
+        if let Some(claimed) = self.claimed {
+            self.span.record("handler_ms", millis(now - claimed));
+        }
+        self.span.record("total_ms", millis(total));
+        self.span.record("outcome", outcome.as_str());
+        self.span.record("status", status.as_u16());
+        tracing::debug!(parent: &self.span, outcome = outcome.as_str(), status = status.as_u16(), "idem request done");
+        metrics::request(self.scope, outcome, total);
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) mod metrics {
+    use std::time::Duration;
+
+    use super::Outcome;
+
+    pub(crate) fn request(scope: &'static str, outcome: Outcome, duration: Duration) {
+        let labels = [("scope", scope), ("outcome", outcome.as_str())];
+        ::metrics::counter!("idem_requests_total", &labels).increment(1);
+        ::metrics::histogram!("idem_request_duration_seconds", &labels)
+            .record(duration.as_secs_f64());
+    }
+
+    pub(crate) fn swept(rows: u64) {
+        ::metrics::counter!("idem_swept_rows_total").increment(rows);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) mod metrics {
+    use std::time::Duration;
+
+    use super::Outcome;
+
+    pub(crate) fn request(_: &'static str, _: Outcome, _: Duration) {}
+
+    pub(crate) fn swept(_: u64) {}
+}
