@@ -6,7 +6,7 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Member, Token};
 
-const OPTIONS: &str = "`scope`, `ttl`, `fields`, `principal` or `required`";
+const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required` or `concurrency`";
 
 /// The parsed `#[idempotent(...)]` arguments.
 pub struct Args {
@@ -16,6 +16,16 @@ pub struct Args {
     pub principal: Option<syn::Type>,
     /// `required = false`: a request without a key runs unrecorded instead of 400.
     pub required: Option<syn::LitBool>,
+    /// `key = ...`: where the key comes from, instead of the `Idempotency-Key` header.
+    pub key: Option<KeySource>,
+    /// `concurrency = wait("30s")`: the wait for a request in flight, in milliseconds.
+    pub wait_ms: Option<u64>,
+}
+
+/// `key = event_id` (a body field) or `key = header("Webhook-Id")`.
+pub enum KeySource {
+    Field(FieldPath),
+    Header(LitStr),
 }
 
 /// `ttl = "24h"`: the literal as written and what it means.
@@ -145,6 +155,8 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
     let mut fields = None;
     let mut principal = None;
     let mut required = None;
+    let mut key = None;
+    let mut wait_ms = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg.name.to_string().as_str() {
@@ -187,6 +199,16 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
                 ),
                 None => {}
             },
+            "key" => {
+                if let Some(v) = expr(&arg.value, "key", errors).and_then(|e| parse_key(e, errors)) {
+                    set_once(&mut key, v, &arg.name, errors);
+                }
+            }
+            "concurrency" => {
+                if let Some(v) = expr(&arg.value, "concurrency", errors).and_then(|e| parse_concurrency(e, errors)) {
+                    set_once(&mut wait_ms, v, &arg.name, errors);
+                }
+            }
             unknown => errors.at(
                 arg.name.span(),
                 format!("unknown option `{unknown}`; valid options are {OPTIONS}"),
@@ -209,7 +231,93 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
         fields,
         principal,
         required,
+        key,
+        wait_ms: wait_ms.flatten(),
     })
+}
+
+/// `key = id`, `key = meta.event_id` or `key = header("Webhook-Id")`.
+fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
+    if let Expr::Call(call) = value {
+        if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("header")) {
+            if let [Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(name),
+                ..
+            })] = &call.args.iter().collect::<Vec<_>>()[..]
+            {
+                let text = name.value();
+                let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+                if !text.is_empty() && text.bytes().all(token) {
+                    return Some(KeySource::Header(LitStr::new(
+                        &text.to_ascii_lowercase(),
+                        name.span(),
+                    )));
+                }
+                errors.at(name.span(), "not a valid HTTP header name");
+                return None;
+            }
+        }
+    }
+    if let Some(path) = field_path(value) {
+        return Some(KeySource::Field(path));
+    }
+    errors.at(
+        value.span(),
+        "`key` takes a body field, such as `key = id` or `key = meta.event_id`, or a header, such as `key = header(\"Webhook-Id\")`",
+    );
+    None
+}
+
+/// `concurrency = reject` (the default: 409 at once) or `concurrency = wait("30s")`.
+/// `Some(None)` is an explicit `reject`.
+fn parse_concurrency(value: &Expr, errors: &mut Errors) -> Option<Option<u64>> {
+    const FORMS: &str = "`concurrency` takes `reject` (a duplicate of a request in flight gets 409 at once) or \
+                         `wait(\"30s\")` (it waits up to that long for the first to finish, then replays it)";
+    match value {
+        Expr::Path(p) if p.path.is_ident("reject") => Some(None),
+        Expr::Call(call) if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("wait")) => {
+            let Some(Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(lit),
+                ..
+            })) = call.args.first()
+            else {
+                errors.at(call.span(), FORMS);
+                return None;
+            };
+            let ms = match duration(&lit.value(), true) {
+                Some(ms) if ms > 0 && ms <= 3_600_000 => ms,
+                _ => {
+                    errors.at(
+                        lit.span(),
+                        "`wait` must look like \"500ms\", \"30s\" or \"2m\": more than zero and at most an hour",
+                    );
+                    return None;
+                }
+            };
+            Some(Some(ms))
+        }
+        _ => {
+            errors.at(value.span(), FORMS);
+            None
+        }
+    }
+}
+
+/// `"90s"` and the like, in milliseconds; `ms` only where `allow_ms`.
+fn duration(text: &str, allow_ms: bool) -> Option<u64> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit: u64 = match &text[digits.len()..] {
+        "ms" if allow_ms => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    if digits.starts_with('+') {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 fn expr<'a>(value: &'a Value, option: &str, errors: &mut Errors) -> Option<&'a Expr> {
@@ -256,27 +364,11 @@ const TTL_FORMS: &str = "`ttl` must look like \"90s\", \"30m\", \"24h\" or \"7d\
 
 fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
     let lit = string_literal(value, "ttl = \"...\"", errors)?;
-    let text = lit.value();
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &text[digits.len()..];
-    let seconds_per_unit: u64 = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 60 * 60,
-        "d" => 24 * 60 * 60,
-        _ => {
-            errors.at(lit.span(), TTL_FORMS);
-            return None;
-        }
+    let Some(ms) = duration(&lit.value(), false) else {
+        errors.at(lit.span(), TTL_FORMS);
+        return None;
     };
-    let count: u64 = match digits.parse() {
-        Ok(n) if !digits.starts_with('+') => n,
-        _ => {
-            errors.at(lit.span(), TTL_FORMS);
-            return None;
-        }
-    };
-    if count == 0 {
+    if ms == 0 {
         errors.at(
             lit.span(),
             "`ttl` must be longer than zero: a stored response must be kept for some time",
@@ -284,16 +376,14 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
         return None;
     }
     // A century is more than any key needs and keeps `now() + ttl` inside PostgreSQL's range.
-    match count.checked_mul(seconds_per_unit) {
-        Some(secs) if secs <= 100 * 365 * 24 * 60 * 60 => Some(Ttl {
-            lit: lit.clone(),
-            secs,
-        }),
-        _ => {
-            errors.at(lit.span(), "`ttl` is too long: the limit is 100 years");
-            None
-        }
+    if ms > 100 * 365 * 86_400_000 {
+        errors.at(lit.span(), "`ttl` is too long: the limit is 100 years");
+        return None;
     }
+    Some(Ttl {
+        lit: lit.clone(),
+        secs: ms / 1_000,
+    })
 }
 
 fn parse_fields(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
@@ -446,6 +536,37 @@ mod tests {
         assert!(args.required());
         assert!(!parse_ok(quote!(scope = "s", required = false)).required());
         assert_eq!(messages(quote!(scope = "s", required = "no")).len(), 1);
+    }
+
+    #[test]
+    fn keys_and_concurrency() {
+        let args = parse_ok(quote!(
+            scope = "s",
+            key = meta.event_id,
+            concurrency = wait("30s")
+        ));
+        assert!(matches!(&args.key, Some(KeySource::Field(p)) if p.name() == "meta.event_id"));
+        assert_eq!(args.wait_ms, Some(30_000));
+        let args = parse_ok(quote!(
+            scope = "s",
+            key = header("Webhook-Id"),
+            concurrency = reject
+        ));
+        assert!(matches!(&args.key, Some(KeySource::Header(h)) if h.value() == "webhook-id"));
+        assert_eq!(args.wait_ms, None);
+        assert_eq!(
+            parse_ok(quote!(scope = "s", concurrency = wait("250ms"))).wait_ms,
+            Some(250)
+        );
+        for bad in [
+            quote!(key = header("bad header")),
+            quote!(key = "id"),
+            quote!(concurrency = wait("0s")),
+            quote!(concurrency = wait("2h")),
+            quote!(concurrency = forever),
+        ] {
+            assert_eq!(messages(quote!(scope = "s", #bad)).len(), 1, "{bad}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
-use crate::attr::{self, Args, Errors, FieldPath};
+use crate::attr::{self, Args, Errors, FieldPath, KeySource};
 use crate::valid::{self, Handler};
 
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -30,6 +30,14 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             errors.at(
                 fields.keyword.span(),
                 "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
+            );
+        }
+    }
+    if let Some(Some(KeySource::Field(path))) = args.as_ref().map(|a| a.key.as_ref()) {
+        if handler.extracted().next().is_none() {
+            errors.at(
+                path.members[0].span(),
+                "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
             );
         }
     }
@@ -137,6 +145,32 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
     });
 
+    let (key_param, key) = match (&args.key, &last_for_key(&extracted)) {
+        (Some(KeySource::Header(name)), _) => (
+            quote!(__idem_headers: ::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>,),
+            quote!(::core::option::Option::Some(::idem_runtime::__private::key_from_header(&__idem_headers.0, #name))),
+        ),
+        (Some(KeySource::Field(path)), Some((arg, ty))) => {
+            let members = &path.members;
+            let span = joined_span(path);
+            let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
+            (
+                quote!(),
+                quote_spanned!(span=> ::core::option::Option::Some(
+                    ::idem_runtime::__private::key_of(&#body #(.#members)*)
+                )),
+            )
+        }
+        _ => (quote!(), quote!(::core::option::Option::None)),
+    };
+    let conflict_wait = match args.wait_ms {
+        Some(ms) => {
+            let lock_timeout = format!("{ms}ms");
+            quote!(::core::option::Option::Some(#lock_timeout))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
     let (principal_param, principal) = match &args.principal {
         Some(path) => (
             quote_spanned!(path.span()=> __idem_principal: ::idem_runtime::__private::Extract<#path>,),
@@ -192,6 +226,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
         #vis async fn #name(
             __idem_guard: ::idem_runtime::__private::Guard,
+            #key_param
             #principal_param
             #(#params),*
         ) -> ::idem_runtime::__private::Response {
@@ -209,15 +244,17 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 scope: #scope,
                 ttl_secs: #ttl_secs,
                 required: #required,
+                conflict_wait: #conflict_wait,
             };
             #(#not_bodies)*
             #(#unwrap)*
             let __idem_principal = #principal;
+            let __idem_key = #key;
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields
             #[allow(unused_mut)]
-            let mut __idem_claim = match __idem_guard.claim(&__IDEM_SPEC, __idem_principal, __idem_fields).await {
+            let mut __idem_claim = match __idem_guard.claim(&__IDEM_SPEC, __idem_principal, __idem_key, __idem_fields).await {
                 ::core::result::Result::Ok(claim) => claim,
                 ::core::result::Result::Err(answer) => return answer,
             };
@@ -229,17 +266,29 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     }
 }
 
+/// The body's binding, respanned onto its type, for `key = field`.
+fn last_for_key(extracted: &[(Ident, &Type)]) -> Option<(Ident, Type)> {
+    extracted
+        .last()
+        .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), (*ty).clone()))
+}
+
+/// The span of a field path as written: `customer.id`.
+fn joined_span(path: &FieldPath) -> Span {
+    path.members
+        .iter()
+        .map(Ident::span)
+        .reduce(|a, b| a.join(b).unwrap_or(a))
+        .unwrap_or_else(Span::call_site)
+}
+
 /// `__idem_fields.field("customer.id", &__idem_body.customer.id)`, spanned on the
 /// user's field tokens: a typo is rustc's own error there, with its suggestions, and a
 /// field that is not `Serialize` is reported there too.
 fn add_field(path: &FieldPath) -> TokenStream {
     let name = path.name();
     let members = &path.members;
-    let span = members
-        .iter()
-        .map(Ident::span)
-        .reduce(|a, b| a.join(b).unwrap_or(a))
-        .unwrap_or_else(Span::call_site);
+    let span = joined_span(path);
     quote_spanned! {span=>
         __idem_fields.field(
             #name,

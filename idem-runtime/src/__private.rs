@@ -12,6 +12,7 @@ use serde::Serialize;
 
 pub use crate::cycle::{Answer, Claimed};
 pub use axum::response::Response;
+pub use http::HeaderMap;
 
 /// Asserts that the handler's own future is `Send`, so that a value held across an
 /// `.await` that is not is reported on the handler, not as a missing `Handler` impl.
@@ -35,6 +36,9 @@ pub struct Spec {
     pub ttl_secs: u64,
     /// Whether a request without a key is refused (400) or runs unrecorded.
     pub required: bool,
+    /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight,
+    /// as a `lock_timeout` (`"30000ms"`); `None` for the store's setting.
+    pub conflict_wait: Option<&'static str>,
 }
 
 /// The extractor the macro puts first: the store, the key and the request's target.
@@ -91,15 +95,19 @@ impl Guard {
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...` when it has one; otherwise the store's resolver decides.
+    ///
+    /// `key` is the key from the endpoint's own source (`key = ...`), when it has one;
+    /// otherwise the `Idempotency-Key` header's.
     pub async fn claim(
         self,
         spec: &'static Spec,
         principal: Option<String>,
+        key: Option<Result<Option<IdempotencyKey>, KeyError>>,
         fields: Fields,
     ) -> Result<Claimed, Response> {
         let observation = Observation::start(spec.scope);
         let problems = self.store.inner.problems();
-        let key = match self.key {
+        let key = match key.unwrap_or(self.key) {
             Ok(Some(key)) => key,
             Ok(None) if !spec.required => return cycle::claim(self.store, None, observation).await,
             Ok(None) => {
@@ -136,6 +144,7 @@ impl Guard {
             },
             ttl: Duration::from_secs(spec.ttl_secs),
             fingerprint: fields.builder.finish(),
+            conflict_wait: spec.conflict_wait,
         };
         cycle::claim(self.store, Some(request), observation).await
     }
@@ -150,16 +159,91 @@ pub struct Fields {
 
 impl Fields {
     /// Adds a named field (`fields = [...]`); `tag` says whether its type is `Serialize`.
-    pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(&mut self, name: &str, value: &T, tag: Tag) {
+    pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        tag: Tag,
+    ) {
         tag.add(self, name, value);
     }
 
-    fn add<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
+    fn add<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
         if self.error.is_none() {
             self.error = self.builder.field(name, value).err();
         }
     }
 }
+
+/// The key of `key = field`: a body field's value, as an idempotency key.
+pub fn key_of<K: KeySource + ?Sized>(value: &K) -> Result<Option<IdempotencyKey>, KeyError> {
+    value
+        .key_text()
+        .map(|text| IdempotencyKey::parse(text.as_bytes()))
+        .transpose()
+}
+
+/// The key of `key = header("..")`: that header, in either spelling.
+pub fn key_from_header(
+    headers: &http::HeaderMap,
+    name: &'static str,
+) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    IdempotencyKey::parse(first.as_bytes()).map(Some)
+}
+
+/// A body field that can be an idempotency key: text, or a number.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an idempotency key",
+    label = "`key = ...` names this field",
+    note = "a key comes from a text field (`String`, `&str`), an integer, or an `Option` of one"
+)]
+pub trait KeySource {
+    /// The key's text; `None` when the field is absent.
+    fn key_text(&self) -> Option<std::borrow::Cow<'_, str>>;
+}
+
+impl KeySource for str {
+    fn key_text(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.into())
+    }
+}
+
+impl KeySource for String {
+    fn key_text(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.as_str().into())
+    }
+}
+
+impl<K: KeySource + ?Sized> KeySource for &K {
+    fn key_text(&self) -> Option<std::borrow::Cow<'_, str>> {
+        (**self).key_text()
+    }
+}
+
+impl<K: KeySource> KeySource for Option<K> {
+    fn key_text(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.as_ref().and_then(KeySource::key_text)
+    }
+}
+
+macro_rules! integer_keys {
+    ($($t:ty),*) => {$(
+        impl KeySource for $t {
+            fn key_text(&self) -> Option<std::borrow::Cow<'_, str>> {
+                Some(self.to_string().into())
+            }
+        }
+    )*};
+}
+
+integer_keys!(u32, u64, i32, i64, u128, i128);
 
 /// Takes the value out of the handler's own `principal = Type` extractor.
 pub fn principal_of<P: Principal>(principal: &P) -> Option<String> {
@@ -367,11 +451,11 @@ impl<T: ?Sized> NotSerializeLevel for &Probe<T> {}
 )]
 pub trait Fingerprintable<T: ?Sized> {
     /// Adds the field.
-    fn add(self, fields: &mut Fields, name: &str, value: &T);
+    fn add(self, fields: &mut Fields, name: &'static str, value: &T);
 }
 
 impl<T: Serialize + ?Sized> Fingerprintable<T> for SerializeTag {
-    fn add(self, fields: &mut Fields, name: &str, value: &T) {
+    fn add(self, fields: &mut Fields, name: &'static str, value: &T) {
         fields.add(name, value);
     }
 }

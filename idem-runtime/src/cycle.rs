@@ -60,6 +60,9 @@ pub(crate) struct Request {
     pub(crate) key: KeyInScope,
     pub(crate) ttl: Duration,
     pub(crate) fingerprint: Fingerprint,
+    /// The endpoint's own wait for a request in flight (a `lock_timeout` such as
+    /// `"30000ms"`), instead of the store's.
+    pub(crate) conflict_wait: Option<&'static str>,
 }
 
 /// A row found by the claim.
@@ -265,6 +268,7 @@ async fn claim_row(
 ) -> Result<Claim, ClaimError> {
     let sql = &store.inner.sql;
     let parts = request.fingerprint.parts();
+    let conflict_wait = request.conflict_wait.unwrap_or(&sql.conflict_wait);
     let primary_key = store.inner.table.primary_key();
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
@@ -283,7 +287,7 @@ async fn claim_row(
             .bind(request.fingerprint.combined().as_slice())
             .bind(&parts)
             .bind(request.ttl.as_secs_f64())
-            .bind(&sql.conflict_wait);
+            .bind(conflict_wait);
         let found = match fetch(&mut *tx, claim).await.map_err(classify)? {
             Some(found) => found,
             // The conflicting row committed after the claim's snapshot began (the claim
@@ -304,7 +308,7 @@ async fn claim_row(
             .bind(request.fingerprint.combined().as_slice())
             .bind(&parts)
             .bind(request.ttl.as_secs_f64())
-            .bind(&sql.conflict_wait)
+            .bind(conflict_wait)
             .fetch_optional(&mut **tx)
             .await
             .map_err(classify)?;

@@ -17,6 +17,7 @@
 //! instead of being refused by the new list ([`Fingerprint::matches`]).
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::ser::{self, Serialize};
 use sha2::{Digest, Sha256};
@@ -35,7 +36,7 @@ pub const WHOLE_BODY: &str = "";
 pub struct Fingerprint {
     combined: Digest32,
     target: Digest32,
-    fields: Vec<(String, Digest32)>,
+    fields: Vec<(&'static str, Digest32)>,
 }
 
 impl Fingerprint {
@@ -153,22 +154,25 @@ impl<'a> StoredParts<'a> {
 /// Collects the named fields of one request; see [`Fingerprint::builder`].
 pub struct FingerprintBuilder {
     target: Digest32,
-    fields: Vec<(String, Digest32)>,
+    fields: Vec<(&'static str, Digest32)>,
 }
 
 impl FingerprintBuilder {
     /// Adds one named field. Fails only when the value's own `Serialize`
     /// implementation reports an error.
+    ///
+    /// A field's hash has no version of its own: field hashes are only ever compared
+    /// between fingerprints whose targets (which carry the version) are equal.
     pub fn field<T: Serialize + ?Sized>(
         &mut self,
-        name: &str,
+        name: &'static str,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        let mut hasher = domain(b'f');
+        let mut hasher = Sha256::new();
+        hasher.put(b"f");
         put_str(&mut hasher, name.as_bytes());
         value.serialize(Encoder { out: &mut hasher })?;
-        self.fields
-            .push((name.to_owned(), hasher.finalize().into()));
+        self.fields.push((name, hasher.finalize().into()));
         Ok(())
     }
 
@@ -177,16 +181,15 @@ impl FingerprintBuilder {
         self.field(WHOLE_BODY, body)
     }
 
-    /// Combines the target and the fields, in the order they were added.
+    /// Combines the target and the fields, in the order they were added. Each field's
+    /// digest covers its name; digests are fixed-size, so the count makes it unambiguous.
     pub fn finish(self) -> Fingerprint {
         let mut hasher = domain(b'c');
         hasher.put(&self.target);
-        for (name, hash) in &self.fields {
-            hasher.put(&[tag::SEQ]);
-            put_str(&mut hasher, name.as_bytes());
+        put_len(&mut hasher, self.fields.len());
+        for (_, hash) in &self.fields {
             hasher.put(hash);
         }
-        hasher.put(&[tag::END]);
         Fingerprint {
             combined: hasher.finalize().into(),
             target: self.target,
@@ -267,15 +270,27 @@ impl Sink for Vec<u8> {
     }
 }
 
-fn put_str(out: &mut impl Sink, bytes: &[u8]) {
-    out.put(&[tag::STR]);
-    out.put(&(bytes.len() as u64).to_be_bytes());
+/// Lengths are big-endian `u32`: no request body comes near 4 GiB.
+fn put_len(out: &mut impl Sink, len: usize) {
+    out.put(&(len as u32).to_be_bytes());
+}
+
+/// A tag and a length in one write: the hasher's per-call cost matters at this size.
+fn put_tagged(out: &mut impl Sink, tag: u8, bytes: &[u8]) {
+    let mut head = [tag, 0, 0, 0, 0];
+    head[1..].copy_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.put(&head);
     out.put(bytes);
 }
 
+fn put_str(out: &mut impl Sink, bytes: &[u8]) {
+    put_tagged(out, tag::STR, bytes);
+}
+
 fn put_int(out: &mut impl Sink, value: i128) {
-    out.put(&[tag::INT]);
-    out.put(&value.to_be_bytes());
+    let mut encoded = [tag::INT; 17];
+    encoded[1..].copy_from_slice(&value.to_be_bytes());
+    out.put(&encoded);
 }
 
 /// Encodes one value into `out`.
@@ -283,6 +298,7 @@ struct Encoder<'a, W> {
     out: &'a mut W,
 }
 
+#[cfg(test)]
 fn encode_to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
     let mut buf = Vec::new();
     value.serialize(Encoder { out: &mut buf })?;
@@ -360,8 +376,9 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
     fn serialize_f64(self, v: f64) -> Result<(), FingerprintError> {
         // -0.0 == 0.0: equal values encode alike.
         let v = if v == 0.0 { 0.0 } else { v };
-        self.out.put(&[tag::FLOAT]);
-        self.out.put(&v.to_bits().to_be_bytes());
+        let mut encoded = [tag::FLOAT; 9];
+        encoded[1..].copy_from_slice(&v.to_bits().to_be_bytes());
+        self.out.put(&encoded);
         Ok(())
     }
 
@@ -375,9 +392,7 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
     }
 
     fn serialize_bytes(self, v: &[u8]) -> Result<(), FingerprintError> {
-        self.out.put(&[tag::BYTES]);
-        self.out.put(&(v.len() as u64).to_be_bytes());
-        self.out.put(v);
+        put_tagged(self.out, tag::BYTES, v);
         Ok(())
     }
 
@@ -459,9 +474,11 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
     }
 
     fn serialize_map(self, len: Option<usize>) -> Result<Map<'a, W>, FingerprintError> {
+        let len = len.unwrap_or(0);
         Ok(Map {
             out: self.out,
-            entries: Vec::with_capacity(len.unwrap_or(0)),
+            buf: Vec::with_capacity(len * 24),
+            entries: Vec::with_capacity(len),
             key: None,
         })
     }
@@ -488,9 +505,7 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
 
 /// Variants are identified by name, so reordering an enum keeps its fingerprints.
 fn put_variant(out: &mut impl Sink, variant: &str) {
-    out.put(&[tag::VARIANT]);
-    out.put(&(variant.len() as u64).to_be_bytes());
-    out.put(variant.as_bytes());
+    put_tagged(out, tag::VARIANT, variant.as_bytes());
 }
 
 struct Seq<'a, W> {
@@ -576,23 +591,36 @@ impl<W: Sink> ser::SerializeTupleVariant for Seq<'_, W> {
 
 /// Maps and structs alike: entries are encoded aside, sorted by their encoded key, then
 /// written. A struct therefore encodes like a map with its field names as string keys,
-/// so the body type may move between the two without changing fingerprints.
+/// so the body type may move between the two without changing fingerprints. All of a
+/// map's entries share one buffer; `entries` holds their ranges in it.
 struct Map<'a, W> {
     out: &'a mut W,
-    entries: Vec<(Vec<u8>, Vec<u8>)>,
-    key: Option<Vec<u8>>,
+    buf: Vec<u8>,
+    entries: Vec<(Range<usize>, Range<usize>)>,
+    key: Option<Range<usize>>,
 }
 
 impl<W: Sink> Map<'_, W> {
     fn close(mut self) -> Result<(), FingerprintError> {
-        self.entries.sort_unstable();
+        let buf = &self.buf;
+        self.entries
+            .sort_unstable_by(|a, b| buf[a.0.clone()].cmp(&buf[b.0.clone()]));
         self.out.put(&[tag::MAP]);
-        self.out.put(&(self.entries.len() as u64).to_be_bytes());
+        put_len(self.out, self.entries.len());
         for (key, value) in &self.entries {
-            self.out.put(key);
-            self.out.put(value);
+            self.out.put(&buf[key.clone()]);
+            self.out.put(&buf[value.clone()]);
         }
         Ok(())
+    }
+
+    fn encode<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<Range<usize>, FingerprintError> {
+        let start = self.buf.len();
+        value.serialize(Encoder { out: &mut self.buf })?;
+        Ok(start..self.buf.len())
     }
 
     fn struct_field<T: Serialize + ?Sized>(
@@ -600,9 +628,11 @@ impl<W: Sink> Map<'_, W> {
         name: &str,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        let mut key = Vec::with_capacity(name.len() + 9);
-        put_str(&mut key, name.as_bytes());
-        self.entries.push((key, encode_to_vec(value)?));
+        let start = self.buf.len();
+        put_str(&mut self.buf, name.as_bytes());
+        let key = start..self.buf.len();
+        let value = self.encode(value)?;
+        self.entries.push((key, value));
         Ok(())
     }
 }
@@ -612,7 +642,7 @@ impl<W: Sink> ser::SerializeMap for Map<'_, W> {
     type Error = FingerprintError;
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), FingerprintError> {
-        self.key = Some(encode_to_vec(key)?);
+        self.key = Some(self.encode(key)?);
         Ok(())
     }
 
@@ -624,7 +654,8 @@ impl<W: Sink> ser::SerializeMap for Map<'_, W> {
             .key
             .take()
             .ok_or_else(|| FingerprintError("map value serialized before its key".into()))?;
-        self.entries.push((key, encode_to_vec(value)?));
+        let value = self.encode(value)?;
+        self.entries.push((key, value));
         Ok(())
     }
 
@@ -681,7 +712,7 @@ mod tests {
         encode_to_vec(value).unwrap()
     }
 
-    fn fingerprint(fields: &[(&str, &Value)]) -> Fingerprint {
+    fn fingerprint(fields: &[(&'static str, &Value)]) -> Fingerprint {
         let mut builder = Fingerprint::builder("charges", "POST", "/charges", []);
         for (name, value) in fields {
             builder.field(name, value).unwrap();

@@ -101,10 +101,12 @@ pub mod fingerprint;
 mod inspect;
 pub mod key;
 pub mod observe;
+mod once;
 pub mod problem;
 mod response;
 mod store;
 mod tx;
+pub mod webhook;
 
 use axum::body::Bytes;
 use axum::Json;
