@@ -17,3 +17,22 @@ CREATE TABLE IF NOT EXISTS refunds (
 );
 
 CREATE INDEX IF NOT EXISTS refunds_charge_id_idx ON refunds (charge_id);
+
+-- One row per processed webhook event; the event id is also the idempotency key.
+CREATE TABLE IF NOT EXISTS webhook_events (
+    id           text        PRIMARY KEY,
+    type         text        NOT NULL,
+    payload      jsonb       NOT NULL,
+    processed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Set by `charge.refunded` events from the payment provider.
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS refunded_by_provider boolean NOT NULL DEFAULT false;
+
+-- The ledger the queue consumer (src/consumer.rs) credits, once per message.
+CREATE TABLE IF NOT EXISTS ledger_entries (
+    message_id text        PRIMARY KEY,
+    account    text        NOT NULL,
+    amount     bigint      NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);

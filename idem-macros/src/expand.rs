@@ -154,11 +154,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let members = &path.members;
             let span = joined_span(path);
             let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
+            let key = quote_spanned!(span=> ::idem_runtime::__private::key_of(&__idem_key_body #(.#members)*));
             (
                 quote!(),
-                quote_spanned!(span=> ::core::option::Option::Some(
-                    ::idem_runtime::__private::key_of(&#body #(.#members)*)
-                )),
+                quote!({
+                    let __idem_key_body = #body;
+                    ::core::option::Option::Some(#key)
+                }),
             )
         }
         _ => (quote!(), quote!(::core::option::Option::None)),

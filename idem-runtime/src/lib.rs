@@ -111,12 +111,16 @@ pub mod webhook;
 use axum::body::Bytes;
 use axum::Json;
 
+pub use expiry::Sweeper;
 pub use fingerprint::Fingerprint;
 #[doc(inline)]
 pub use idem_macros::idempotent;
+pub use inspect::KeyRecord;
 pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY};
+pub use observe::Outcome;
+pub use once::{OnceError, Work};
 pub use problem::Problem;
-pub use response::IDEMPOTENT_REPLAYED;
+pub use response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};
 pub use store::{
     is_unavailable, Idempotency, IdempotencyBuilder, InvalidTableName, PrincipalResolver,
     DEFAULT_TABLE, SCHEMA_SQL,

@@ -215,6 +215,7 @@ async fn a_changed_unnamed_field_replays() {
 async fn fifty_concurrent_duplicates_make_one_charge() {
     let s = Service::with(Config {
         processor_delay: Duration::from_millis(50),
+        ..Config::default()
     })
     .await;
     let body = new_charge(700);
@@ -400,6 +401,7 @@ async fn a_request_without_an_account_is_unauthorized() {
 async fn a_client_that_disconnects_mid_request_leaves_nothing() {
     let s = Service::with(Config {
         processor_delay: Duration::from_millis(1500),
+        ..Config::default()
     })
     .await;
     let body = new_charge(500).to_string();

@@ -4,9 +4,13 @@
 //!   fingerprinted on amount, currency and customer.
 //! * `GET /charges/{id}` reads a charge of the caller's account.
 //! * `POST /charges/{id}/refunds` refunds part of a charge, never more than remains.
+//! * `POST /webhooks/payments` takes signed events from the payment provider, once each.
 //!
 //! Authentication is a stand-in: `Authorization: Bearer <account>` names the account,
-//! which is also the principal idem keys are looked up under.
+//! which is also the principal idem keys are looked up under. Webhooks carry no bearer
+//! token: their signature is their authentication.
+
+pub mod consumer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use idem_runtime::webhook::{Signed, WebhookVerifier};
 use idem_runtime::{idempotent, Idempotency, Problem, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -30,11 +35,27 @@ pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
 pub const PROBLEM_BASE: &str = "https://example.com/problems/";
 
 /// Settings read from the environment by the binary.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// How long the charge handler waits inside its transaction after writing the
     /// charge, standing in for a call to a payment processor (`PROCESSOR_DELAY_MS`).
     pub processor_delay: Duration,
+    /// The webhook signing secrets, current first (`WEBHOOK_SECRET`, then
+    /// `WEBHOOK_SECRET_PREVIOUS` while rotating); their raw bytes are the HMAC keys.
+    pub webhook_secrets: Vec<Vec<u8>>,
+    /// How long the webhook handler works on an event (tests use it to overlap
+    /// deliveries).
+    pub webhook_delay: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            processor_delay: Duration::ZERO,
+            webhook_secrets: vec![b"whsec_test".to_vec()],
+            webhook_delay: Duration::ZERO,
+        }
+    }
 }
 
 /// The authenticated account, put in the request's extensions by [`authenticate`].
@@ -46,6 +67,7 @@ struct AppState {
     idempotency: Idempotency,
     pool: PgPool,
     config: Arc<Config>,
+    webhooks: WebhookVerifier,
 }
 
 /// A pool sized for the service, with a short acquire timeout so that an unreachable
@@ -76,17 +98,25 @@ pub fn app(pool: PgPool, config: Config) -> Router {
     let idempotency = Idempotency::builder(pool.clone())
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .build();
+    let mut secrets = config.webhook_secrets.iter();
+    let mut webhooks = WebhookVerifier::new(secrets.next().cloned().unwrap_or_default());
+    for previous in secrets {
+        webhooks = webhooks.with_secret(previous.clone());
+    }
     let state = AppState {
         idempotency,
         pool,
         config: Arc::new(config),
+        webhooks,
     };
-    Router::new()
+    let api = Router::new()
         .route("/charges", post(create_charge))
         .route("/charges/{id}", get(get_charge))
         .route("/charges/{id}/refunds", post(create_refund))
-        .layer(middleware::from_fn(authenticate))
-        .with_state(state)
+        .layer(middleware::from_fn(authenticate));
+    // The signature authenticates a webhook; the bearer middleware does not apply.
+    let webhooks = Router::new().route("/webhooks/payments", post(payment_event));
+    api.merge(webhooks).with_state(state)
 }
 
 /// `Authorization: Bearer <account>`, or 401. Runs before idem, so idem's principal
@@ -351,4 +381,46 @@ async fn lock_remaining(
     .fetch_one(&mut *conn)
     .await?;
     Ok(Some(amount - refunded))
+}
+
+/// An event from the payment provider.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct PaymentEvent {
+    /// The provider's event id: the idempotency key.
+    pub id: String,
+    /// What happened, such as `charge.refunded`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The event's details.
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
+
+/// Takes a signed event once. Providers redeliver (at least once): a redelivery, even
+/// one racing the first, waits for it and gets its 200, so the provider stops; the same
+/// event id with a different payload is a 422 and a warning in the log.
+#[idempotent(scope = "payment_events", ttl = "7d", key = id, concurrency = wait("30s"))]
+async fn payment_event(
+    State(config): State<Arc<Config>>,
+    mut tx: Tx,
+    Signed(event): Signed<PaymentEvent>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    sqlx::query("INSERT INTO webhook_events (id, type, payload) VALUES ($1, $2, $3)")
+        .bind(&event.id)
+        .bind(&event.kind)
+        .bind(sqlx::types::Json(&event.data))
+        .execute(&mut *tx)
+        .await?;
+    if event.kind == "charge.refunded" {
+        if let Some(charge_id) = event.data.get("charge_id").and_then(|v| v.as_str()) {
+            sqlx::query("UPDATE charges SET refunded_by_provider = true WHERE id = $1")
+                .bind(charge_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    if !config.webhook_delay.is_zero() {
+        tokio::time::sleep(config.webhook_delay).await;
+    }
+    Ok(Json(serde_json::json!({ "received": event.id })))
 }

@@ -1,0 +1,54 @@
+//! A queue consumer: the same exactly-once guarantee without HTTP. Queues redeliver
+//! (at least once); each message credits the ledger once, whatever the redeliveries.
+
+use std::time::Duration;
+
+use idem_runtime::{Idempotency, OnceError};
+use serde::{Deserialize, Serialize};
+
+/// A message on the ledger queue.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Credit {
+    /// The message id, stable across redeliveries: the idempotency key.
+    pub message_id: String,
+    /// The account to credit.
+    pub account: String,
+    /// How much.
+    pub amount: i64,
+}
+
+/// What handling a message produced, stored and returned again on redelivery.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Credited {
+    /// The account's balance right after this credit.
+    pub balance: i64,
+}
+
+/// Handles one delivery of `message`: credits once, then answers every redelivery with
+/// the stored result. A redelivery that races the first waits for it (up to the store's
+/// `conflict_wait`), or fails with [`OnceError::InUse`] and should be redelivered later.
+pub async fn handle(
+    store: &Idempotency,
+    message: &Credit,
+) -> Result<Credited, OnceError<sqlx::Error>> {
+    let week = Duration::from_secs(7 * 24 * 3600);
+    store
+        .run_once("ledger_credits", &message.message_id, week, message, |mut tx| {
+            let message = message.clone();
+            Box::pin(async move {
+                sqlx::query("INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)")
+                    .bind(&message.message_id)
+                    .bind(&message.account)
+                    .bind(message.amount)
+                    .execute(&mut *tx)
+                    .await?;
+                let balance: i64 =
+                    sqlx::query_scalar("SELECT sum(amount)::bigint FROM ledger_entries WHERE account = $1")
+                        .bind(&message.account)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                Ok(Credited { balance })
+            })
+        })
+        .await
+}

@@ -1,0 +1,15 @@
+use axum::Json;
+use idem_runtime::idempotent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize)]
+struct Reading {
+    value: f64,
+}
+
+#[idempotent(scope = "readings", key = value)]
+async fn receive(Json(reading): Json<Reading>) -> String {
+    reading.value.to_string()
+}
+
+fn main() {}

@@ -1,0 +1,50 @@
+//! A signed webhook keyed by the event's own (nested) id, waiting for duplicates in
+//! flight; a header key; both registered in a real `Router`.
+use axum::extract::FromRef;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_runtime::webhook::{Signed, WebhookVerifier};
+use idem_runtime::{idempotent, Idempotency, Tx};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    idempotency: Idempotency,
+    webhooks: WebhookVerifier,
+}
+
+#[derive(Deserialize, Serialize)]
+struct Meta {
+    event_id: String,
+    attempt: u32,
+}
+
+#[derive(Deserialize, Serialize)]
+struct Event {
+    meta: Meta,
+    kind: String,
+}
+
+#[idempotent(scope = "events", ttl = "7d", key = meta.event_id, fields = [kind], concurrency = wait("30s"))]
+async fn receive(_tx: Tx, Signed(event): Signed<Event>) -> Json<u32> {
+    Json(event.meta.attempt)
+}
+
+#[idempotent(scope = "deliveries", key = header("Delivery-Id"), concurrency = reject)]
+async fn by_header(Json(v): Json<serde_json::Value>) -> Json<serde_json::Value> {
+    Json(v)
+}
+
+fn app(pool: sqlx::PgPool) -> Router {
+    Router::new()
+        .route("/events", post(receive))
+        .route("/deliveries", post(by_header))
+        .with_state(AppState {
+            idempotency: Idempotency::new(pool),
+            webhooks: WebhookVerifier::new("whsec"),
+        })
+}
+
+fn main() {
+    let _ = app;
+}
