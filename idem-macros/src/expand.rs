@@ -166,10 +166,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         _ => (quote!(), quote!(::core::option::Option::None)),
     };
     let conflict_wait = match args.wait_ms {
-        Some(ms) => {
-            let lock_timeout = format!("{ms}ms");
-            quote!(::core::option::Option::Some(#lock_timeout))
-        }
+        Some(ms) => quote!(::core::option::Option::Some(#ms)),
         None => quote!(::core::option::Option::None),
     };
 
@@ -246,7 +243,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 scope: #scope,
                 ttl_secs: #ttl_secs,
                 required: #required,
-                conflict_wait: #conflict_wait,
+                conflict_wait_ms: #conflict_wait,
             };
             #(#not_bodies)*
             #(#unwrap)*

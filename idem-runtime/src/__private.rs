@@ -37,8 +37,8 @@ pub struct Spec {
     /// Whether a request without a key is refused (400) or runs unrecorded.
     pub required: bool,
     /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight,
-    /// as a `lock_timeout` (`"30000ms"`); `None` for the store's setting.
-    pub conflict_wait: Option<&'static str>,
+    /// in milliseconds; `None` for the store's setting.
+    pub conflict_wait_ms: Option<u64>,
 }
 
 /// The extractor the macro puts first: the store, the key and the request's target.
@@ -144,7 +144,7 @@ impl Guard {
             },
             ttl: Duration::from_secs(spec.ttl_secs),
             fingerprint: fields.builder.finish(),
-            conflict_wait: spec.conflict_wait,
+            conflict_wait: spec.conflict_wait_ms,
         };
         cycle::claim(self.store, Some(request), observation).await
     }

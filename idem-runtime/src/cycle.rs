@@ -60,9 +60,9 @@ pub(crate) struct Request {
     pub(crate) key: KeyInScope,
     pub(crate) ttl: Duration,
     pub(crate) fingerprint: Fingerprint,
-    /// The endpoint's own wait for a request in flight (a `lock_timeout` such as
-    /// `"30000ms"`), instead of the store's.
-    pub(crate) conflict_wait: Option<&'static str>,
+    /// The endpoint's own wait for a request in flight, in milliseconds, instead of
+    /// the store's.
+    pub(crate) conflict_wait: Option<u64>,
 }
 
 /// A row found by the claim.
@@ -113,22 +113,29 @@ pub(crate) async fn claim(
 ) -> Result<Claimed, Response> {
     let settings = &store.inner;
     let problems = settings.problems();
-    let begin = settings.pool.begin_with(settings.sql.begin);
-    let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
-        Ok(Ok(tx)) => tx,
-        Ok(Err(e)) => return Err(database_failure(&store, observation, &e, "begin")),
-        Err(_elapsed) => {
-            return Err(refuse(
-                observation,
-                Outcome::Unavailable,
-                problems.unavailable().into_response(),
-            ))
-        }
-    };
-
-    if let Some(request) = &request {
+    let short_wait = request
+        .as_ref()
+        .and_then(|r| r.conflict_wait)
+        .map_or(settings.conflict_wait, Duration::from_millis)
+        < Duration::from_secs(1);
+    let mut attempt = 0;
+    let tx = loop {
+        attempt += 1;
+        let begin = settings.pool.begin_with(settings.sql.begin);
+        let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
+            Ok(Ok(tx)) => tx,
+            Ok(Err(e)) => return Err(database_failure(&store, observation, &e, "begin")),
+            Err(_elapsed) => {
+                return Err(refuse(
+                    observation,
+                    Outcome::Unavailable,
+                    problems.unavailable().into_response(),
+                ))
+            }
+        };
+        let Some(request) = &request else { break tx };
         match claim_row(&store, &mut tx, request).await {
-            Ok(Claim::Fresh) => {}
+            Ok(Claim::Fresh) => break tx,
             // Nothing was written; dropping the transaction frees the connection.
             Ok(Claim::Stored(stored)) => {
                 return Err(replay_or_refuse(
@@ -137,6 +144,16 @@ pub(crate) async fn claim(
                     stored,
                     &request.fingerprint,
                 ))
+            }
+            // A short lock_timeout also expires on locks that have nothing to do with
+            // this key, such as the relation-extension lock of concurrent inserts. A
+            // duplicate in flight holds its key for its whole handler and times out
+            // again; a passing lock does not. So a short wait is tried three times, 5 ms
+            // and then 25 ms apart.
+            Err(ClaimError::InUse) if short_wait && attempt < 3 => {
+                drop(tx);
+                tokio::time::sleep(Duration::from_millis(if attempt == 1 { 5 } else { 25 })).await;
+                continue;
             }
             Err(ClaimError::InUse) => {
                 return Err(refuse(
@@ -149,7 +166,7 @@ pub(crate) async fn claim(
                 return Err(database_failure(&store, observation, &e, "claim"))
             }
         }
-    }
+    };
     observation.claimed();
     Ok(Claimed {
         store,
@@ -268,7 +285,8 @@ async fn claim_row(
 ) -> Result<Claim, ClaimError> {
     let sql = &store.inner.sql;
     let parts = request.fingerprint.parts();
-    let conflict_wait = request.conflict_wait.unwrap_or(&sql.conflict_wait);
+    let own_wait = request.conflict_wait.map(|ms| format!("{ms}ms"));
+    let conflict_wait = own_wait.as_deref().unwrap_or(&sql.conflict_wait);
     let primary_key = store.inner.table.primary_key();
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.

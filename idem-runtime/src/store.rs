@@ -61,6 +61,7 @@ pub(crate) struct Settings {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) problem_base: String,
     pub(crate) table: TableName,
+    pub(crate) conflict_wait: Duration,
     pub(crate) sql: Sql,
 }
 
@@ -480,6 +481,7 @@ impl IdempotencyBuilder {
                 max_response_bytes: self.max_response_bytes,
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
+                conflict_wait: self.conflict_wait,
                 sql: Sql::new(&self.table.qualified(), self.conflict_wait),
                 table: self.table,
             }),

@@ -55,6 +55,25 @@ impl TestDb {
         Self { name, options }
     }
 
+    /// A `postgres://` URL of this database, for processes of their own.
+    pub fn url(&self) -> String {
+        let admin = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let (base, query) = admin
+            .split_once('?')
+            .map_or((admin.as_str(), None), |(b, q)| (b, Some(q)));
+        let authority_end = base.find("://").map_or(0, |i| i + 3);
+        let path_start = base[authority_end..]
+            .find('/')
+            .map_or(base.len(), |i| authority_end + i);
+        let mut url = format!("{}/{}", &base[..path_start], self.name);
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
     /// A pool on this database, with the given size and a short acquire timeout.
     pub async fn pool(&self, max_connections: u32) -> PgPool {
         PgPoolOptions::new()

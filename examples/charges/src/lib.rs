@@ -73,11 +73,75 @@ struct AppState {
 /// A pool sized for the service, with a short acquire timeout so that an unreachable
 /// database answers 503 quickly instead of holding requests.
 pub async fn connect(database_url: &str) -> Result<PgPool, sqlx::Error> {
+    connect_with_size(database_url, 20).await
+}
+
+async fn connect_with_size(database_url: &str, size: u32) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
-        .max_connections(20)
+        .max_connections(size)
         .acquire_timeout(Duration::from_secs(2))
         .connect(database_url)
         .await
+}
+
+/// The service as the binary runs it: settings from the environment (see `main.rs`),
+/// tables created, expired records swept, serving until Ctrl-C.
+pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
+    const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+    let bind = std::env::var("BIND_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let database_url =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    let number = |name: &str, default: u64| -> Result<u64, String> {
+        match std::env::var(name) {
+            Ok(v) => v
+                .parse()
+                .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
+            Err(_) => Ok(default),
+        }
+    };
+    let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
+    let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
+
+    let mut webhook_secrets = Vec::new();
+    match std::env::var_os("WEBHOOK_SECRET") {
+        Some(secret) => webhook_secrets.push(secret.into_encoded_bytes()),
+        None => {
+            tracing::warn!("WEBHOOK_SECRET is not set: no webhook delivery will verify");
+            webhook_secrets.push(unguessable_secret()?);
+        }
+    }
+    if let Some(previous) = std::env::var_os("WEBHOOK_SECRET_PREVIOUS") {
+        webhook_secrets.push(previous.into_encoded_bytes());
+    }
+
+    let pool = connect_with_size(&database_url, pool_size).await?;
+    migrate(&pool).await?;
+    // Expired idempotency records are ignored already; deleting them keeps the table small.
+    let _sweeper = Idempotency::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000);
+    let app = app(
+        pool,
+        Config {
+            processor_delay: Duration::from_millis(delay_ms),
+            webhook_secrets,
+            webhook_delay: Duration::ZERO,
+        },
+    );
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    tracing::info!(addr = %listener.local_addr()?, "charges service listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// 32 random bytes, so that an unconfigured service accepts no webhook at all.
+fn unguessable_secret() -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut secret = vec![0; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut secret)?;
+    Ok(secret)
 }
 
 /// Creates idem's table and the example's tables. Safe to run again, and from several
