@@ -296,3 +296,87 @@ fn add_field(path: &FieldPath) -> TokenStream {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Fragments that make up attribute arguments and handlers, good and bad.
+    fn fragment() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "scope",
+            "ttl",
+            "fields",
+            "key",
+            "principal",
+            "required",
+            "concurrency",
+            "=",
+            ",",
+            "\"charges\"",
+            "\"24h\"",
+            "\"0s\"",
+            "\"\"",
+            "[",
+            "]",
+            "(",
+            ")",
+            "amount",
+            ".",
+            "id",
+            "header",
+            "wait",
+            "\"30s\"",
+            "reject",
+            "true",
+            "false",
+            "Tenant",
+            "<",
+            ">",
+            "::",
+            "1",
+            "-",
+            "async",
+            "fn",
+            "f",
+            "tx",
+            ":",
+            "Tx",
+            "Json",
+            "{",
+            "}",
+            "self",
+            "&",
+            "'_",
+            "#",
+            "!",
+            "?",
+            ";",
+            "mut",
+            "impl",
+            "where",
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000),
+        ))]
+
+        /// Whatever a user writes, the macro answers with tokens (code or a compile
+        /// error), never a panic, which rustc would show as an internal macro failure.
+        #[test]
+        fn never_panics(args in prop::collection::vec(fragment(), 0..14), body in prop::collection::vec(fragment(), 0..20)) {
+            let Ok(args) = TokenStream::from_str(&args.join(" ")) else { return Ok(()) };
+            let Ok(item) = TokenStream::from_str(&body.join(" ")) else { return Ok(()) };
+            let _ = idempotent(args.clone(), item);
+            let handler = TokenStream::from_str("async fn f(tx: Tx, Json(b): Json<B>) -> String { String::new() }").unwrap();
+            let expanded = idempotent(args, handler);
+            prop_assert!(!expanded.is_empty());
+        }
+    }
+}
