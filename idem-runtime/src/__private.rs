@@ -188,14 +188,7 @@ pub fn key_from_header(
     headers: &http::HeaderMap,
     name: &'static str,
 ) -> Result<Option<IdempotencyKey>, KeyError> {
-    let mut values = headers.get_all(name).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(KeyError::Repeated);
-    }
-    IdempotencyKey::parse(first.as_bytes()).map(Some)
+    IdempotencyKey::from_header(headers, name)
 }
 
 /// A body field that can be an idempotency key: text, or a number.

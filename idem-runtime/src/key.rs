@@ -41,11 +41,19 @@ impl IdempotencyKey {
         Ok(Self(key.into_boxed_str()))
     }
 
-    /// Reads the key from request headers: `Ok(None)` when the header is absent, an
+    /// Reads the key from the `Idempotency-Key` header: `Ok(None)` when it is absent, an
     /// error when it is malformed or given more than once (two keys for one request
     /// would make its identity ambiguous).
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, KeyError> {
-        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        Self::from_header(headers, IDEMPOTENCY_KEY)
+    }
+
+    /// Reads the key from another header, by the same rules.
+    pub fn from_header(
+        headers: &HeaderMap,
+        name: impl http::header::AsHeaderName,
+    ) -> Result<Option<Self>, KeyError> {
+        let mut values = headers.get_all(name).iter();
         let Some(first) = values.next() else {
             return Ok(None);
         };

@@ -443,18 +443,32 @@ async fn a_passing_unrelated_lock_does_not_make_a_fresh_key_409() {
         .await
         .unwrap();
     let body = note("x");
-    let request = s.post("/effect", "fresh-key", &body);
-    let release = async {
-        tokio::time::sleep(Duration::from_millis(15)).await;
-        holder.rollback().await.unwrap();
-    };
-    let (answer, ()) = tokio::join!(request, release);
+    let answer = released_after(
+        holder,
+        Duration::from_millis(15),
+        s.post("/effect", "fresh-key", &body),
+    )
+    .await;
     assert_eq!(
         answer.status,
         201,
         "{}",
         String::from_utf8_lossy(&answer.body)
     );
+}
+
+/// Runs `request` while `holder` keeps its locks for `hold`, then rolls it back.
+async fn released_after(
+    holder: sqlx::Transaction<'static, sqlx::Postgres>,
+    hold: Duration,
+    request: impl std::future::Future<Output = Answer>,
+) -> Answer {
+    let release = async {
+        tokio::time::sleep(hold).await;
+        holder.rollback().await.unwrap();
+    };
+    let (answer, ()) = tokio::join!(request, release);
+    answer
 }
 
 /// The claim's short lock_timeout is lifted before the handler runs: the handler's own
@@ -472,12 +486,12 @@ async fn the_handler_does_not_inherit_the_claims_lock_timeout() {
         .await
         .unwrap();
     let body = note("locked");
-    let request = s.post("/locks", "k1", &body);
-    let release = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        holder.rollback().await.unwrap();
-    };
-    let (answer, ()) = tokio::join!(request, release);
+    let answer = released_after(
+        holder,
+        Duration::from_millis(300),
+        s.post("/locks", "k1", &body),
+    )
+    .await;
     assert_eq!(
         answer.status,
         200,
