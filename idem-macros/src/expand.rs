@@ -107,15 +107,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let block = &func.block;
     let scope = &args.scope;
     let required = args.required();
-    let ttl_secs = match &args.ttl {
-        Some(ttl) => {
-            let secs = ttl.secs;
-            quote_spanned!(ttl.lit.span()=> #secs)
-        }
-        None => {
-            let secs = args.ttl_secs();
-            quote!(#secs)
-        }
+    let ttl_secs = {
+        let secs = args.ttl_secs();
+        let span = args
+            .ttl
+            .as_ref()
+            .map_or_else(Span::call_site, |ttl| ttl.lit.span());
+        quote_spanned!(span=> #secs)
     };
 
     let extracted: Vec<(Ident, &Type)> = handler

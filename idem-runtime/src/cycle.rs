@@ -287,13 +287,12 @@ async fn claim_row(
     let parts = request.fingerprint.parts();
     let own_wait = request.conflict_wait.map(|ms| format!("{ms}ms"));
     let conflict_wait = own_wait.as_deref().unwrap_or(&sql.conflict_wait);
-    let primary_key = store.inner.table.primary_key();
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
         sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => ClaimError::InUse,
         // A unique violation of the key's own primary key: a concurrent request won.
         // Any other unique violation is not ours to interpret.
-        sqlx::Error::Database(e) if e.constraint() == Some(primary_key.as_str()) => {
+        sqlx::Error::Database(e) if e.constraint() == Some(sql.primary_key.as_str()) => {
             ClaimError::InUse
         }
         _ => ClaimError::Database(error),

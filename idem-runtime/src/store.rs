@@ -186,12 +186,14 @@ pub(crate) struct Sql {
     pub(crate) forget: String,
     pub(crate) purge: String,
     pub(crate) inspect: String,
+    /// The name of the table's primary key, for telling its violations from others.
+    pub(crate) primary_key: String,
     /// The claim's `lock_timeout`, bound as `$7`.
     pub(crate) conflict_wait: String,
 }
 
 impl Sql {
-    fn new(table: &str, conflict_wait: Duration) -> Self {
+    fn new(table: &str, primary_key: String, conflict_wait: Duration) -> Self {
         // lock_timeout = 0 would mean "wait forever": the shortest wait is 1 ms.
         let wait_ms = conflict_wait.as_millis().clamp(1, i32::MAX as u128);
         let key = "scope = $1 AND principal = $2 AND key = $3";
@@ -279,6 +281,7 @@ impl Sql {
                    FROM {table} WHERE {key} AND status IS NOT NULL"
             ),
             conflict_wait: format!("{wait_ms}ms"),
+            primary_key,
         }
     }
 }
@@ -482,7 +485,11 @@ impl IdempotencyBuilder {
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
                 conflict_wait: self.conflict_wait,
-                sql: Sql::new(&self.table.qualified(), self.conflict_wait),
+                sql: Sql::new(
+                    &self.table.qualified(),
+                    self.table.primary_key(),
+                    self.conflict_wait,
+                ),
                 table: self.table,
             }),
         }
@@ -517,7 +524,11 @@ mod tests {
     /// this set needs a measured reason.
     #[test]
     fn request_sql_stays_portable() {
-        let sql = Sql::new("idempotency_keys", Duration::from_millis(5));
+        let sql = Sql::new(
+            "idempotency_keys",
+            "idempotency_keys_pkey".into(),
+            Duration::from_millis(5),
+        );
         assert_eq!(sql.begin, "BEGIN ISOLATION LEVEL READ COMMITTED");
         assert_eq!(sql.conflict_wait, "5ms");
         // The request path; purge and inspect run outside it.
@@ -592,6 +603,9 @@ mod tests {
     #[test]
     fn a_zero_conflict_wait_never_means_wait_forever() {
         // lock_timeout = 0 disables the timeout in PostgreSQL.
-        assert_eq!(Sql::new("t", Duration::ZERO).conflict_wait, "1ms");
+        assert_eq!(
+            Sql::new("t", "t_pkey".into(), Duration::ZERO).conflict_wait,
+            "1ms"
+        );
     }
 }
