@@ -1,5 +1,5 @@
 -- idem: the idempotency table, for users who run their own migrations.
--- `Idempotency::migrate` runs exactly this; it is safe to run again.
+-- `Store::migrate` runs exactly this; it is safe to run again.
 --
 -- A row is written by the claiming request's own transaction and commits together with
 -- that request's business writes and its stored response, or not at all. `status` is
@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     key          text        NOT NULL,
     -- SHA-256 of the request's canonical fingerprint
     fingerprint  bytea       NOT NULL,
-    -- the target hash and one hash per named field (see idem_runtime::Fingerprint::parts)
+    -- the target hash and one hash per named field
     field_hashes bytea       NOT NULL,
     status       smallint,
     -- allow-listed response headers, one "name: value" per line

@@ -11,21 +11,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::observe::metrics;
-use crate::Idempotency;
+use crate::Store;
 
-impl Idempotency {
+impl Store {
     /// Deletes expired records, `batch_size` rows per statement, until none is left, and
-    /// returns how many it deleted. For a cron job; [`Idempotency::spawn_sweeper`] runs
+    /// returns how many it deleted. For a cron job; [`Store::spawn_sweeper`] runs
     /// it periodically.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
         let batch_size = i64::from(batch_size.max(1));
         let mut removed = 0;
         loop {
-            let deleted = sqlx::query(&self.inner.sql.purge)
-                .bind(batch_size)
-                .execute(&self.inner.pool)
-                .await?
-                .rows_affected();
+            let deleted = self
+                .inner
+                .table
+                .purge(&self.inner.pool, batch_size)
+                .await?;
             removed += deleted;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {
@@ -64,7 +64,7 @@ impl Idempotency {
     }
 }
 
-/// A running sweeper; see [`Idempotency::spawn_sweeper`].
+/// A running sweeper; see [`Store::spawn_sweeper`].
 #[derive(Debug)]
 pub struct Sweeper {
     task: tokio::task::JoinHandle<()>,

@@ -12,7 +12,7 @@
 //! use axum::http::StatusCode;
 //! use axum::routing::post;
 //! use axum::{Json, Router};
-//! use idem_runtime::{idempotent, Idempotency, Problem, Tx};
+//! use idem::{idempotent, Problem, Store, Tx};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Deserialize)]
@@ -54,16 +54,16 @@
 //!
 //! #[derive(Clone, FromRef)]
 //! struct AppState {
-//!     idempotency: Idempotency,
+//!     store: Store,
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
-//! let idempotency = Idempotency::new(pool);
-//! idempotency.migrate().await?;
+//! let store = Store::new(pool);
+//! store.migrate().await?;
 //! let app = Router::new()
 //!     .route("/charges", post(create_charge))
-//!     .with_state(AppState { idempotency });
+//!     .with_state(AppState { store });
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(()) }
@@ -91,107 +91,68 @@
 //! idempotency key of their own, and keep other side effects out of the handler
 //! (write them to an outbox table through `Tx` instead).
 
+//!
+//! # Queue consumers and jobs
+//!
+//! The same guarantee without HTTP: [`Store::run_once`] runs a message's work once per
+//! message id, in a transaction that also stores its result.
+//!
+//! # Observability
+//!
+//! One `tracing` span per idempotent request, `idem.request`, at INFO, with `scope`,
+//! `outcome` (an [`Outcome`]), `status` (HTTP requests) and the timings `claim_ms`,
+//! `handler_ms` and `total_ms`. It never carries a key, a principal or a body: logs are
+//! read by people who must not learn one tenant's keys or payloads.
+//!
+//! With the `metrics` feature, install any `metrics` recorder (such as
+//! `metrics-exporter-prometheus`) and these appear:
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
+//! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
+//! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//!
+//! # Features
+//!
+//! - `webhook` (default): [`webhook::Signed`] deliveries, verified with HMAC-SHA256.
+//! - `metrics`: the counters and histogram above.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+// Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
+// knows no HTTP; it runs on `table`, which owns the DDL and every statement with its
+// binds. Above the engine: the HTTP adapter `web` (with `webhook`, and `probe` for the
+// generated code) and `once` (`Store::run_once`). Nothing imports upward.
 
 #[doc(hidden)]
 pub mod __private;
-mod cycle;
+mod engine;
 mod expiry;
-pub mod fingerprint;
+mod fingerprint;
 mod inspect;
-pub mod key;
-pub mod observe;
+mod key;
+mod observe;
 mod once;
-pub mod problem;
-mod response;
+mod probe;
 mod store;
+mod table;
 mod tx;
+mod web;
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
 
-use axum::body::Bytes;
-use axum::Json;
-
 pub use expiry::Sweeper;
-pub use fingerprint::Fingerprint;
+pub use fingerprint::FingerprintError;
 #[doc(inline)]
 pub use idem_macros::idempotent;
 pub use inspect::KeyRecord;
-pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY};
+pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY, MAX_KEY_LEN};
 pub use observe::Outcome;
-pub use once::{OnceError, Work};
-pub use problem::Problem;
-pub use response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};
-pub use store::{
-    is_unavailable, Idempotency, IdempotencyBuilder, InvalidTableName, PrincipalResolver,
-    DEFAULT_TABLE, SCHEMA_SQL,
-};
+pub use once::{OnceError, RunOnce};
+pub use store::{is_unavailable, BuildError, Store, StoreBuilder};
+pub use table::{DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
-
-/// A request body idem can fingerprint: the last parameter of an `#[idempotent]`
-/// handler whose payload identifies the request.
-///
-/// With `fields = [...]` the named fields are read from [`fingerprint_value`] (and only
-/// they need to be `Serialize`); without, the whole value is fingerprinted and must be
-/// `Serialize`. Implemented for [`Json<T>`], [`String`] and [`Bytes`]; implement it for
-/// your own body extractors.
-///
-/// [`fingerprint_value`]: FingerprintBody::fingerprint_value
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a request body idem can fingerprint",
-    label = "`fields = [...]` reads its fields from this parameter",
-    note = "make the last parameter a JSON body, such as `Json<T>`, or implement `idem_runtime::FingerprintBody` for it"
-)]
-pub trait FingerprintBody {
-    /// The value whose fields are fingerprinted.
-    type Value: ?Sized;
-
-    /// The deserialized body.
-    fn fingerprint_value(&self) -> &Self::Value;
-}
-
-impl<T> FingerprintBody for Json<T> {
-    type Value = T;
-
-    fn fingerprint_value(&self) -> &T {
-        &self.0
-    }
-}
-
-impl FingerprintBody for String {
-    type Value = str;
-
-    fn fingerprint_value(&self) -> &str {
-        self
-    }
-}
-
-impl FingerprintBody for Bytes {
-    type Value = [u8];
-
-    fn fingerprint_value(&self) -> &[u8] {
-        self
-    }
-}
-
-/// An extractor that names the principal (account, tenant) a request acts for, for a
-/// handler's `principal = Type` option, which overrides the store's resolver.
-///
-/// ```
-/// use idem_runtime::Principal;
-///
-/// struct Tenant(u64);
-///
-/// impl Principal for Tenant {
-///     fn principal_id(&self) -> String {
-///         self.0.to_string()
-///     }
-/// }
-/// ```
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot name the principal of an idempotent request",
-    note = "`principal = Type` needs an extractor that implements `idem_runtime::Principal`"
-)]
-pub trait Principal {
-    /// The principal's identifier: keys are looked up per (scope, principal, key).
-    fn principal_id(&self) -> String;
-}
+pub use web::extract::{FingerprintBody, Principal};
+pub use web::problem::{problem_type, Problem, DEFAULT_PROBLEM_BASE, PROBLEM_JSON};
+pub use web::response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};

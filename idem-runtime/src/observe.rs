@@ -14,6 +14,7 @@
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -74,16 +75,16 @@ impl fmt::Display for Outcome {
 /// One request under observation.
 pub(crate) struct Observation {
     span: Span,
-    scope: &'static str,
+    scope: Cow<'static, str>,
     started: Instant,
     claimed: Option<Instant>,
 }
 
 impl Observation {
-    pub(crate) fn start(scope: &'static str) -> Self {
+    pub(crate) fn start(scope: Cow<'static, str>) -> Self {
         let span = tracing::info_span!(
             "idem.request",
-            scope,
+            scope = &*scope,
             outcome = Empty,
             status = Empty,
             claim_ms = Empty,
@@ -109,7 +110,8 @@ impl Observation {
         self.claimed = Some(now);
     }
 
-    pub(crate) fn finish(self, outcome: Outcome, status: http::StatusCode) {
+    /// Records how the request ended; `status` is the HTTP status of an HTTP request.
+    pub(crate) fn finish(self, outcome: Outcome, status: Option<u16>) {
         let now = Instant::now();
         let total = now - self.started;
         if let Some(claimed) = self.claimed {
@@ -117,8 +119,10 @@ impl Observation {
         }
         self.span.record("total_ms", millis(total));
         self.span.record("outcome", outcome.as_str());
-        self.span.record("status", status.as_u16());
-        tracing::debug!(parent: &self.span, outcome = outcome.as_str(), status = status.as_u16(), "idem request done");
+        if let Some(status) = status {
+            self.span.record("status", status);
+        }
+        tracing::debug!(parent: &self.span, outcome = outcome.as_str(), status, "idem request done");
         metrics::request(self.scope, outcome, total);
     }
 }
@@ -129,12 +133,16 @@ fn millis(d: Duration) -> f64 {
 
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics {
+    use std::borrow::Cow;
     use std::time::Duration;
 
     use super::Outcome;
 
-    pub(crate) fn request(scope: &'static str, outcome: Outcome, duration: Duration) {
-        let labels = [("scope", scope), ("outcome", outcome.as_str())];
+    pub(crate) fn request(scope: Cow<'static, str>, outcome: Outcome, duration: Duration) {
+        let labels = [
+            ::metrics::Label::new("scope", scope),
+            ::metrics::Label::new("outcome", outcome.as_str()),
+        ];
         ::metrics::counter!("idem_requests_total", &labels).increment(1);
         ::metrics::histogram!("idem_request_duration_seconds", &labels)
             .record(duration.as_secs_f64());
@@ -147,11 +155,12 @@ pub(crate) mod metrics {
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) mod metrics {
+    use std::borrow::Cow;
     use std::time::Duration;
 
     use super::Outcome;
 
-    pub(crate) fn request(_: &'static str, _: Outcome, _: Duration) {}
+    pub(crate) fn request(_: Cow<'static, str>, _: Outcome, _: Duration) {}
 
     pub(crate) fn swept(_: u64) {}
 }

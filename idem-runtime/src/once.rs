@@ -1,166 +1,239 @@
-//! Exactly once without HTTP: queue consumers and jobs run their work through the same
-//! claim / run / store cycle, keyed by the message's own id.
+//! Exactly once without HTTP: queue consumers and jobs run their work on the engine,
+//! keyed by the message's own id.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::borrow::Cow;
+use std::fmt;
 use std::time::Duration;
 
-use axum::response::Response;
-use http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cycle::{self, Answer};
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
+use crate::engine::{self, Begun, Claim, CommitError, Refusal};
+use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::key::{IdempotencyKey, KeyError};
 use crate::observe::{Observation, Outcome};
+use crate::store::Store;
+use crate::table::Record;
 use crate::tx::{KeyInScope, Tx};
-use crate::Idempotency;
 
-/// The work of [`Idempotency::run_once`]: given the transaction, a future of its result.
-pub type Work<'t, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 't>>;
+/// One piece of work to run once per key; see [`Store::run_once`].
+#[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]
+pub struct RunOnce<'s> {
+    store: &'s Store,
+    scope: Cow<'static, str>,
+    key: Result<IdempotencyKey, KeyError>,
+    ttl: Duration,
+    payload: Result<Fingerprint, FingerprintError>,
+}
 
-/// Why [`Idempotency::run_once`] did not return a result.
+impl Store {
+    /// Work to run once per (`scope`, `key`): a redelivery of the same key gets the
+    /// stored result back without running it. Keys are global to the scope (there is no
+    /// principal). Set the [ttl](RunOnce::ttl) and the [payload](RunOnce::payload), then
+    /// [run](RunOnce::run) it.
+    ///
+    /// The work runs inside a transaction that also stores its result: an `Err` rolls
+    /// everything back and can be retried; an `Ok` commits its writes with its result.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// let message_id = "msg-42";
+    /// let amount = 500_i64;
+    /// let credited: i64 = store
+    ///     .run_once("ledger-credits", message_id)
+    ///     .ttl(Duration::from_secs(7 * 86_400))
+    ///     .payload(&amount)
+    ///     .run(async |mut tx| {
+    ///         sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = 1")
+    ///             .bind(amount)
+    ///             .execute(&mut *tx)
+    ///             .await?;
+    ///         Ok::<_, sqlx::Error>(amount)
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn run_once(&self, scope: &str, key: &str) -> RunOnce<'_> {
+        let scope: Cow<'static, str> = Cow::Owned(scope.to_owned());
+        RunOnce {
+            store: self,
+            payload: Ok(Fingerprint::builder(&scope, "", "", []).finish()),
+            scope,
+            key: IdempotencyKey::parse(key.as_bytes()),
+            ttl: Duration::from_secs(24 * 60 * 60),
+        }
+    }
+}
+
+impl RunOnce<'_> {
+    /// How long the result is kept for redeliveries (default one day).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The message's payload: the same key with another payload is
+    /// [`OnceError::Mismatch`]. Without one, only the key identifies the work.
+    pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
+        let mut fingerprint = Fingerprint::builder(&self.scope, "", "", []);
+        self.payload = fingerprint
+            .whole_body(payload)
+            .map(|()| fingerprint.finish());
+        self
+    }
+
+    /// Runs `work` in the transaction, unless this key's result is stored already; then
+    /// that result is returned and `work` does not run.
+    pub async fn run<F, R, E>(self, work: F) -> Result<R, OnceError<E>>
+    where
+        F: AsyncFnOnce(Tx<'_>) -> Result<R, E>,
+        R: Serialize + DeserializeOwned,
+    {
+        let observation = Observation::start(self.scope.clone());
+        let key = match self.key {
+            Ok(key) => key,
+            Err(error) => return Err(observation.refuse(Outcome::RejectedKey, OnceError::Key(error))),
+        };
+        let fingerprint = match self.payload {
+            Ok(fingerprint) => fingerprint,
+            Err(error) => return Err(observation.refuse(Outcome::Failed, OnceError::Payload(error))),
+        };
+        let claim = Claim {
+            key: KeyInScope {
+                scope: self.scope,
+                principal: String::new(),
+                key,
+            },
+            ttl: self.ttl,
+            fingerprint,
+            conflict_wait: None,
+        };
+        let mut attempt = match engine::begin(self.store, Some(claim)).await {
+            Ok(Begun::Run(attempt)) => attempt,
+            Ok(Begun::Replay(record)) => {
+                return match serde_json::from_slice(&record.body) {
+                    Ok(result) => {
+                        observation.finish(Outcome::Replayed, None);
+                        Ok(result)
+                    }
+                    Err(error) => Err(observation.refuse(Outcome::Failed, OnceError::Result(error))),
+                }
+            }
+            Err(refusal) => {
+                let (outcome, error) = match refusal {
+                    Refusal::InUse => (Outcome::Conflict, OnceError::InUse),
+                    Refusal::Mismatch => (Outcome::Mismatch, OnceError::Mismatch),
+                    Refusal::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
+                    Refusal::Database(e) => (Outcome::Failed, OnceError::Database(e)),
+                    Refusal::Unreadable => (Outcome::Failed, OnceError::Unreadable),
+                };
+                return Err(observation.refuse(outcome, error));
+            }
+        };
+        let mut observation = observation;
+        observation.claimed();
+        let value = match work(attempt.tx()).await {
+            Ok(value) => value,
+            Err(error) => {
+                // A failed rollback leaves nothing either: the connection is gone, and
+                // the transaction with it.
+                if let Err(e) = attempt.rollback().await {
+                    tracing::warn!(parent: observation.span(), error = %e, "idem: rollback failed");
+                }
+                return Err(observation.refuse(Outcome::RolledBack, OnceError::Work(error)));
+            }
+        };
+        let body = match serde_json::to_vec(&value) {
+            Ok(body) => body,
+            Err(error) => return Err(observation.refuse(Outcome::RolledBack, OnceError::Result(error))),
+        };
+        let record = Record {
+            status: 200,
+            headers: Vec::new(),
+            body: body.into(),
+        };
+        match attempt.commit(&record).await {
+            Ok(()) => {
+                observation.finish(Outcome::Fresh, None);
+                Ok(value)
+            }
+            Err(error) => {
+                let (outcome, error) = match error {
+                    CommitError::Escaped => (Outcome::Failed, OnceError::Escaped),
+                    CommitError::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
+                    CommitError::Database(e) => (Outcome::Failed, OnceError::Database(e)),
+                };
+                Err(observation.refuse(outcome, error))
+            }
+        }
+    }
+}
+
+impl Observation {
+    fn refuse<E>(self, outcome: Outcome, error: OnceError<E>) -> OnceError<E> {
+        self.finish(outcome, None);
+        error
+    }
+}
+
+/// Why [`RunOnce::run`] did not return a result.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OnceError<E> {
     /// The work failed; everything it wrote was rolled back; redeliver to retry.
     Work(E),
     /// The key is malformed (see [`IdempotencyKey`]).
-    Key(crate::KeyError),
+    Key(KeyError),
+    /// The payload cannot be fingerprinted: its `Serialize` implementation failed.
+    Payload(FingerprintError),
     /// Another delivery of this key is running right now; redeliver later.
     InUse,
     /// This key was used before with another payload: the messages differ.
     Mismatch,
-    /// The database could not be reached; nothing ran; redeliver later.
-    Unavailable,
-    /// idem could not complete (a database error, an unreadable stored result).
-    Failed(String),
+    /// The database could not be reached; nothing was committed; redeliver later.
+    Unavailable(sqlx::Error),
+    /// A database error; nothing was committed.
+    Database(sqlx::Error),
+    /// The result cannot be stored (it does not serialize to JSON) or a stored result
+    /// cannot be read back as `R`; nothing was committed.
+    Result(serde_json::Error),
+    /// The stored record is unreadable.
+    Unreadable,
+    /// The work ran `COMMIT` or `ROLLBACK` itself: its writes escaped, nothing was
+    /// stored.
+    Escaped,
 }
 
-impl<E: std::fmt::Display> std::fmt::Display for OnceError<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl<E: fmt::Display> fmt::Display for OnceError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Work(e) => write!(f, "the work failed and was rolled back: {e}"),
             Self::Key(e) => write!(f, "bad key: {e}"),
+            Self::Payload(e) => write!(f, "bad payload: {e}"),
             Self::InUse => f.write_str("another delivery of this key is running"),
             Self::Mismatch => f.write_str("this key was used before with another payload"),
-            Self::Unavailable => f.write_str("the database is unavailable"),
-            Self::Failed(why) => write!(f, "idem failed: {why}"),
-        }
-    }
-}
-
-impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for OnceError<E> {}
-
-impl Idempotency {
-    /// Runs `work` once per (`scope`, `key`) within `ttl`, inside a transaction that also
-    /// stores its result; a redelivery of the same key gets the stored result back
-    /// without running `work`. `payload` is fingerprinted: the same key with another
-    /// payload is [`OnceError::Mismatch`]. An `Err` from `work` rolls everything back
-    /// and can be retried. Keys are global to the scope (there is no principal).
-    ///
-    /// ```no_run
-    /// # async fn f(store: idem_runtime::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
-    /// use std::time::Duration;
-    ///
-    /// let message_id = "msg-42";
-    /// let amount = 500_i64;
-    /// let credited: i64 = store
-    ///     .run_once("ledger-credits", message_id, Duration::from_secs(7 * 86_400), &amount, |mut tx| {
-    ///         Box::pin(async move {
-    ///             sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = 1")
-    ///                 .bind(amount)
-    ///                 .execute(&mut *tx)
-    ///                 .await?;
-    ///             Ok::<_, sqlx::Error>(amount)
-    ///         })
-    ///     })
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn run_once<R, E, P, F>(
-        &self,
-        scope: &'static str,
-        key: &str,
-        ttl: Duration,
-        payload: &P,
-        work: F,
-    ) -> Result<R, OnceError<E>>
-    where
-        R: Serialize + DeserializeOwned,
-        P: Serialize + ?Sized,
-        F: for<'t> FnOnce(Tx<'t>) -> Work<'t, R, E>,
-    {
-        let observation = Observation::start(scope);
-        let key = match IdempotencyKey::parse(key.as_bytes()) {
-            Ok(key) => key,
-            Err(e) => {
-                observation.finish(Outcome::RejectedKey, StatusCode::BAD_REQUEST);
-                return Err(OnceError::Key(e));
-            }
-        };
-        let mut fingerprint = Fingerprint::builder(scope, "", "", []);
-        if let Err(e) = fingerprint.whole_body(payload) {
-            observation.finish(Outcome::Failed, StatusCode::INTERNAL_SERVER_ERROR);
-            return Err(OnceError::Failed(e.to_string()));
-        }
-        let request = cycle::Request {
-            key: KeyInScope {
-                scope,
-                principal: String::new(),
-                key,
-            },
-            ttl,
-            fingerprint: fingerprint.finish(),
-            conflict_wait: None,
-        };
-        let mut claimed = match cycle::claim(self.clone(), Some(request), observation).await {
-            Ok(claimed) => claimed,
-            Err(answer) => return stored_result(answer).await,
-        };
-        let result = work(claimed.tx()).await;
-        let (answer, result) = match result {
-            Ok(value) => match serde_json::to_vec(&value) {
-                Ok(json) => (Answer::ok((StatusCode::OK, json)), Ok(value)),
-                Err(e) => {
-                    return Err(OnceError::Failed(format!(
-                        "the result cannot be stored: {e}"
-                    )))
-                }
-            },
-            // The status only says "roll back"; nobody sees this response.
-            Err(e) => (
-                Answer::err(StatusCode::INTERNAL_SERVER_ERROR),
-                Err(OnceError::Work(e)),
+            Self::Unavailable(e) => write!(f, "the database is unavailable: {e}"),
+            Self::Database(e) => write!(f, "database error: {e}"),
+            Self::Result(e) => write!(f, "the result cannot be stored or read back: {e}"),
+            Self::Unreadable => f.write_str("the stored result is unreadable"),
+            Self::Escaped => f.write_str(
+                "the work ended idem's transaction itself; its writes escaped, nothing was stored",
             ),
-        };
-        let finished = claimed.finish(answer).await;
-        match (finished.status(), result) {
-            (StatusCode::OK, result)
-            | (StatusCode::INTERNAL_SERVER_ERROR, result @ Err(OnceError::Work(_))) => result,
-            (_, _) => Err(error_of(finished)),
         }
     }
 }
 
-/// The answer of a claim that did not run the work: the stored result, or why not.
-async fn stored_result<R: DeserializeOwned, E>(answer: Response) -> Result<R, OnceError<E>> {
-    if answer.status() != StatusCode::OK {
-        return Err(error_of(answer));
-    }
-    let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
-        .await
-        .map_err(|e| OnceError::Failed(e.to_string()))?;
-    serde_json::from_slice(&body)
-        .map_err(|e| OnceError::Failed(format!("the stored result cannot be read: {e}")))
-}
-
-fn error_of<E>(answer: Response) -> OnceError<E> {
-    match answer.status() {
-        StatusCode::CONFLICT => OnceError::InUse,
-        StatusCode::UNPROCESSABLE_ENTITY => OnceError::Mismatch,
-        StatusCode::SERVICE_UNAVAILABLE => OnceError::Unavailable,
-        other => OnceError::Failed(format!("answered {other}")),
+impl<E: std::error::Error + 'static> std::error::Error for OnceError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Work(e) => Some(e),
+            Self::Key(e) => Some(e),
+            Self::Payload(e) => Some(e),
+            Self::Unavailable(e) | Self::Database(e) => Some(e),
+            Self::Result(e) => Some(e),
+            Self::InUse | Self::Mismatch | Self::Unreadable | Self::Escaped => None,
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! [`Tx`]: the handler's view of the request's transaction.
 
+use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
 use sha2::{Digest, Sha256};
@@ -13,7 +14,7 @@ use crate::key::IdempotencyKey;
 /// It derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx executor:
 ///
 /// ```
-/// # async fn f(mut tx: idem_runtime::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
+/// # async fn f(mut tx: idem::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
 /// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
 /// # Ok(()) }
 /// ```
@@ -32,7 +33,7 @@ pub struct Tx<'t> {
 /// A key with what it was claimed under.
 #[derive(Debug, Clone)]
 pub(crate) struct KeyInScope {
-    pub(crate) scope: &'static str,
+    pub(crate) scope: Cow<'static, str>,
     pub(crate) principal: String,
     pub(crate) key: IdempotencyKey,
 }
@@ -60,7 +61,7 @@ impl<'t> Tx<'t> {
         let mut hasher = Sha256::new();
         for part in [
             "idem.derived-key.v1",
-            key.scope,
+            &key.scope,
             &key.principal,
             key.key.as_str(),
             purpose,
@@ -89,7 +90,7 @@ impl DerefMut for Tx<'_> {
 impl std::fmt::Debug for Tx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tx")
-            .field("scope", &self.key.map(|k| k.scope))
+            .field("scope", &self.key.map(|k| &*k.scope))
             .finish_non_exhaustive()
     }
 }

@@ -28,12 +28,12 @@ use axum::extract::{FromRef, FromRequest, Request};
 use axum::response::{IntoResponse, Response};
 use hmac::{Hmac, Mac};
 use http::header::HeaderName;
-use http::StatusCode;
 use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
 use crate::fingerprint::hex;
-use crate::{FingerprintBody, Idempotency};
+use crate::web::problem::Problems;
+use crate::{FingerprintBody, Store};
 
 /// The default signature header.
 pub const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
@@ -225,15 +225,15 @@ impl<S, T> FromRequest<S> for Signed<T>
 where
     T: DeserializeOwned,
     WebhookVerifier: FromRef<S>,
-    Idempotency: FromRef<S>,
+    Store: FromRef<S>,
     S: Send + Sync,
 {
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         let verifier = WebhookVerifier::from_ref(state);
-        let problems = Idempotency::from_ref(state);
-        let problems = problems.inner.problems();
+        let store = Store::from_ref(state);
+        let problems = Problems::of(&store);
         let signature = req.headers().get(verifier.header_name()).cloned();
         let body = Bytes::from_request(req, state)
             .await
@@ -244,39 +244,13 @@ where
         };
         if let Err(error) = verdict {
             tracing::warn!(%error, "idem: webhook delivery refused");
-            let (status, slug, title) = match error {
-                SignatureError::Mismatch => (
-                    StatusCode::UNAUTHORIZED,
-                    "invalid-signature",
-                    "Invalid signature",
-                ),
-                SignatureError::Stale { .. } => (
-                    StatusCode::BAD_REQUEST,
-                    "stale-signature",
-                    "Stale signature",
-                ),
-                _ => (
-                    StatusCode::BAD_REQUEST,
-                    "malformed-signature",
-                    "Malformed signature",
-                ),
-            };
-            return Err(problems
-                .problem(status, slug, title)
-                .with_detail(error.to_string())
-                .into_response());
+            return Err(problems.signature(&error).into_response());
         }
-        match serde_json::from_slice(&body) {
-            Ok(value) => Ok(Self(value)),
-            Err(error) => Err(problems
-                .problem(
-                    StatusCode::BAD_REQUEST,
-                    crate::problem::types::INVALID_REQUEST,
-                    "Invalid request",
-                )
-                .with_detail(format!("the delivery's JSON body is invalid: {error}"))
-                .into_response()),
-        }
+        serde_json::from_slice(&body).map(Self).map_err(|error| {
+            problems
+                .invalid_request(format!("the delivery's JSON body is invalid: {error}"))
+                .into_response()
+        })
     }
 }
 

@@ -1,12 +1,14 @@
-//! The stored response: what is committed with the key and replayed on retries.
+//! A response as the engine stores it ([`Record`]): captured from the handler's answer,
+//! and replayed on retries.
 
 use axum::body::Body;
-use axum::body::Bytes;
 use axum::response::Response;
 use http::header::HeaderName;
 use http::response::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::table::Record;
 
 /// The header that marks a replayed response: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -15,14 +17,6 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// without a key: `Idempotent-Recorded: false`, nothing was stored for replay.
 pub const IDEMPOTENT_RECORDED: HeaderName = HeaderName::from_static("idempotent-recorded");
 
-/// A response as stored: status, allow-listed headers and the exact body bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoredResponse {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: Vec<u8>,
-    pub(crate) body: Bytes,
-}
-
 /// Why a response could not be stored.
 #[derive(Debug)]
 pub(crate) enum CaptureError {
@@ -30,15 +24,25 @@ pub(crate) enum CaptureError {
     Body(axum::BoxError),
 }
 
-impl StoredResponse {
-    /// Reads the whole body (up to `limit` bytes) and keeps the allow-listed headers.
-    /// Returns the stored form and the parts of the original response, which the first
-    /// caller receives in full.
-    pub(crate) async fn capture(
-        response: Response,
-        allow: &[HeaderName],
-        limit: usize,
-    ) -> Result<(Self, Parts), CaptureError> {
+impl std::fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooLarge { limit } => {
+                write!(f, "the response body is over the {limit}-byte stored-response cap")
+            }
+            Self::Body(e) => write!(f, "the response body failed: {e}"),
+        }
+    }
+}
+
+/// Reads the whole body (up to `limit` bytes) and keeps the allow-listed headers.
+/// Returns the stored form and the parts of the original response, which the first
+/// caller receives in full.
+pub(crate) async fn capture(
+    response: Response,
+    allow: &[HeaderName],
+    limit: usize,
+) -> Result<(Record, Parts), CaptureError> {
         let (parts, body) = response.into_parts();
         let body = Limited::new(body, limit)
             .collect()
@@ -53,25 +57,26 @@ impl StoredResponse {
             .to_bytes();
         let headers = encode_headers(&parts.headers, allow);
         Ok((
-            Self {
-                status: parts.status,
+            Record {
+                status: parts.status.as_u16(),
                 headers,
                 body,
             },
             parts,
         ))
-    }
+}
 
-    /// The replay: stored status, headers and body, plus `Idempotent-Replayed: true`.
-    pub(crate) fn replay(self) -> Response {
-        let mut response = Response::new(Body::from(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = decode_headers(&self.headers);
-        response
-            .headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        response
-    }
+/// The replay: stored status, headers and body, plus `Idempotent-Replayed: true`.
+pub(crate) fn replay(record: Record) -> Response {
+    let mut response = Response::new(Body::from(record.body));
+    // The engine hands over only statuses in 100..=999, which `from_u16` accepts.
+    *response.status_mut() =
+        StatusCode::from_u16(record.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *response.headers_mut() = decode_headers(&record.headers);
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
 }
 
 /// Headers as `name: value` lines. Header values cannot hold CR or LF and names cannot
@@ -123,14 +128,13 @@ mod tests {
         )
             .into_response();
         let allow = [CONTENT_TYPE, LOCATION];
-        let (stored, parts) = StoredResponse::capture(response, &allow, 1024)
-            .await
-            .unwrap();
+        let (stored, parts) = capture(response, &allow, 1024).await.unwrap();
         assert_eq!(
             parts.headers[SET_COOKIE], "s=1",
             "the first caller gets every header"
         );
-        let replay = stored.clone().replay();
+        assert_eq!(stored.status, 201);
+        let replay = replay(stored.clone());
         assert_eq!(replay.status(), StatusCode::CREATED);
         assert_eq!(replay.headers()[LOCATION], "/charges/ch_1");
         assert_eq!(replay.headers()[CONTENT_TYPE], "application/json");
@@ -145,9 +149,7 @@ mod tests {
     #[tokio::test]
     async fn over_the_cap_is_refused() {
         let response = "x".repeat(2000).into_response();
-        let err = StoredResponse::capture(response, &[], 1000)
-            .await
-            .unwrap_err();
+        let err = capture(response, &[], 1000).await.unwrap_err();
         assert!(matches!(err, CaptureError::TooLarge { limit: 1000 }));
     }
 

@@ -1,24 +1,30 @@
 //! RFC 9457 problem details: every error idem answers is `application/problem+json`.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, StatusCode};
 use serde::Serialize;
 
+use crate::engine::{CommitError, Refusal};
+use crate::key::KeyError;
+use crate::store::Store;
+use crate::web::response::CaptureError;
+
 /// The media type of problem bodies.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The base of the `type` URIs of idem's own problems, unless the store sets another
-/// ([`IdempotencyBuilder::problem_base`](crate::IdempotencyBuilder::problem_base)): a
-/// problem's `type` is the base followed by one of the [`types`].
+/// ([`StoreBuilder::problem_base`](crate::StoreBuilder::problem_base)): a problem's
+/// `type` is the base followed by one of the [`problem_type`]s.
 pub const DEFAULT_PROBLEM_BASE: &str = "urn:idem:problem:";
 
 /// The stable last parts of the `type` URIs of the problems idem itself answers.
 ///
 /// Clients should branch on `type`, not on `title` or `detail`, which are prose.
-pub mod types {
+pub mod problem_type {
     /// 400: the endpoint requires an `Idempotency-Key` header and none was sent.
     pub const MISSING_KEY: &str = "missing-key";
     /// 400: the `Idempotency-Key` header is malformed or repeated.
@@ -42,7 +48,7 @@ pub mod types {
 /// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.
 ///
 /// ```
-/// use idem_runtime::Problem;
+/// use idem::Problem;
 /// use http::StatusCode;
 ///
 /// let problem = Problem::new(StatusCode::BAD_REQUEST, "https://example.com/problems/bad-amount", "Invalid amount")
@@ -59,7 +65,7 @@ pub struct Problem {
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
     #[serde(skip)]
-    retry_after: Option<u32>,
+    retry_after: Option<Duration>,
 }
 
 fn serialize_status<S: serde::Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
@@ -89,10 +95,10 @@ impl Problem {
         self
     }
 
-    /// Adds a `Retry-After` header, in seconds.
+    /// Adds a `Retry-After` header: `after` in whole seconds, rounded up.
     #[must_use]
-    pub fn with_retry_after(mut self, seconds: u32) -> Self {
-        self.retry_after = Some(seconds);
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
         self
     }
 
@@ -112,14 +118,117 @@ impl Problem {
     }
 }
 
-/// Builds idem's own problems with the store's `type` base and `Retry-After`.
+/// Builds idem's own problems with the store's `type` base and `Retry-After`: how every
+/// refusal of an idempotent endpoint looks to its client is decided here.
 #[derive(Clone, Copy)]
 pub(crate) struct Problems<'a> {
     pub(crate) base: &'a str,
-    pub(crate) retry_after: u32,
+    pub(crate) retry_after: Duration,
 }
 
-impl Problems<'_> {
+impl<'a> Problems<'a> {
+    /// The problems of a store's endpoints.
+    pub(crate) fn of(store: &'a Store) -> Self {
+        Self {
+            base: &store.inner.problem_base,
+            retry_after: store.inner.retry_after,
+        }
+    }
+
+    /// An engine's refusal, as its client sees it.
+    pub(crate) fn refusal(self, refusal: &Refusal) -> Problem {
+        match refusal {
+            Refusal::InUse => self.key_in_use(),
+            Refusal::Mismatch => self.key_reused(),
+            Refusal::Unavailable(_) => self.unavailable(),
+            Refusal::Database(_) => {
+                self.internal("a database error occurred; nothing was committed")
+            }
+            Refusal::Unreadable => self.internal("the stored response is unreadable"),
+        }
+    }
+
+    /// A commit that failed, as the client sees it.
+    pub(crate) fn commit_error(self, error: &CommitError) -> Problem {
+        match error {
+            CommitError::Escaped => self
+                .problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    problem_type::TRANSACTION_ESCAPED,
+                    "Transaction ended by the handler",
+                )
+                .with_detail(
+                    "the handler committed or rolled back idem's transaction itself; nothing was stored",
+                ),
+            CommitError::Unavailable(_) => self.unavailable(),
+            CommitError::Database(_) => {
+                self.internal("a database error occurred; nothing was committed")
+            }
+        }
+    }
+
+    /// A response that cannot be stored for replay.
+    pub(crate) fn capture_error(self, error: &CaptureError) -> Problem {
+        match error {
+            CaptureError::TooLarge { limit } => self
+                .problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    problem_type::RESPONSE_TOO_LARGE,
+                    "Response too large to store",
+                )
+                .with_detail(format!(
+                    "the response body exceeds the {limit}-byte cap for stored responses; nothing was committed"
+                )),
+            CaptureError::Body(_) => {
+                self.internal("the response body could not be read; nothing was committed")
+            }
+        }
+    }
+
+    /// A key that is missing where required, or malformed.
+    pub(crate) fn key_error(self, error: &KeyError) -> Problem {
+        match error {
+            KeyError::Missing => self.missing_key(error.to_string()),
+            _ => self.malformed_key(error.to_string()),
+        }
+    }
+
+    /// A webhook delivery whose signature was refused: 401 when no secret matches, 400
+    /// when the header is missing, malformed or stale.
+    #[cfg(feature = "webhook")]
+    pub(crate) fn signature(self, error: &crate::webhook::SignatureError) -> Problem {
+        use crate::webhook::SignatureError;
+        let (status, slug, title) = match error {
+            SignatureError::Mismatch => (
+                StatusCode::UNAUTHORIZED,
+                "invalid-signature",
+                "Invalid signature",
+            ),
+            SignatureError::Stale { .. } => (
+                StatusCode::BAD_REQUEST,
+                "stale-signature",
+                "Stale signature",
+            ),
+            _ => (
+                StatusCode::BAD_REQUEST,
+                "malformed-signature",
+                "Malformed signature",
+            ),
+        };
+        self.problem(status, slug, title)
+            .with_detail(error.to_string())
+    }
+
+    /// A request body that its extractor could not read.
+    pub(crate) fn invalid_request(self, detail: String) -> Problem {
+        self.problem(
+            StatusCode::BAD_REQUEST,
+            problem_type::INVALID_REQUEST,
+            "Invalid request",
+        )
+        .with_detail(detail)
+    }
+
     pub(crate) fn problem(
         self,
         status: StatusCode,
@@ -132,7 +241,7 @@ impl Problems<'_> {
     pub(crate) fn missing_key(self, detail: String) -> Problem {
         self.problem(
             StatusCode::BAD_REQUEST,
-            types::MISSING_KEY,
+            problem_type::MISSING_KEY,
             "Idempotency-Key required",
         )
         .with_detail(detail)
@@ -141,7 +250,7 @@ impl Problems<'_> {
     pub(crate) fn malformed_key(self, detail: String) -> Problem {
         self.problem(
             StatusCode::BAD_REQUEST,
-            types::MALFORMED_KEY,
+            problem_type::MALFORMED_KEY,
             "Malformed Idempotency-Key",
         )
         .with_detail(detail)
@@ -150,7 +259,7 @@ impl Problems<'_> {
     pub(crate) fn key_in_use(self) -> Problem {
         self.problem(
             StatusCode::CONFLICT,
-            types::KEY_IN_USE,
+            problem_type::KEY_IN_USE,
             "Request in progress",
         )
         .with_detail("a request with this Idempotency-Key is still being processed; retry later")
@@ -158,14 +267,14 @@ impl Problems<'_> {
     }
 
     pub(crate) fn key_reused(self) -> Problem {
-        self.problem(StatusCode::UNPROCESSABLE_ENTITY, types::KEY_REUSED, "Idempotency-Key reused")
+        self.problem(StatusCode::UNPROCESSABLE_ENTITY, problem_type::KEY_REUSED, "Idempotency-Key reused")
             .with_detail("this Idempotency-Key was already used for a request with a different payload or target")
     }
 
     pub(crate) fn unavailable(self) -> Problem {
         self.problem(
             StatusCode::SERVICE_UNAVAILABLE,
-            types::UNAVAILABLE,
+            problem_type::UNAVAILABLE,
             "Service unavailable",
         )
         .with_detail("the database could not be reached; nothing was done; retry later")
@@ -175,7 +284,7 @@ impl Problems<'_> {
     pub(crate) fn internal(self, detail: impl Into<String>) -> Problem {
         self.problem(
             StatusCode::INTERNAL_SERVER_ERROR,
-            types::INTERNAL,
+            problem_type::INTERNAL,
             "Internal error",
         )
         .with_detail(detail)
@@ -206,7 +315,7 @@ impl Problems<'_> {
             other => other,
         };
         let title = status.canonical_reason().unwrap_or("Invalid request");
-        let mut problem = self.problem(status, types::INVALID_REQUEST, title);
+        let mut problem = self.problem(status, problem_type::INVALID_REQUEST, title);
         if !text.is_empty() {
             problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
         }
@@ -229,7 +338,8 @@ impl IntoResponse for Problem {
         let mut response = (self.status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(seconds) = self.retry_after {
+        if let Some(after) = self.retry_after {
+            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
@@ -242,7 +352,7 @@ mod tests {
 
     const PROBLEMS: Problems<'static> = Problems {
         base: DEFAULT_PROBLEM_BASE,
-        retry_after: 1,
+        retry_after: Duration::from_secs(1),
     };
 
     #[tokio::test]

@@ -1,0 +1,294 @@
+//! The engine: one idempotent attempt in PostgreSQL terms, from the claim of a key to
+//! the commit of its record. It knows nothing of HTTP; the HTTP adapter
+//! ([`crate::web`]) and [`Store::run_once`](crate::Store::run_once) sit above it and
+//! decide what its refusals look like to their callers.
+//!
+//! [`begin`] opens the transaction and claims the key: either the caller runs its work
+//! in the returned [`Attempt`], or a stored [`Record`] is replayed, or a [`Refusal`]
+//! says why neither. The invariants this relies on (DESIGN.md):
+//!
+//! 1. **One transaction.** The claim, the work's writes and the stored record commit
+//!    together ([`Attempt::commit`]). There is no "mark complete" step that could be lost.
+//! 2. **No stuck keys.** An unfinished claim is an uncommitted row: a crash, a dropped
+//!    connection or a dropped [`Attempt`] rolls it back. No lease, no reaper.
+//! 3. **The primary key is the final arbiter.** Concurrent claims of one key serialize
+//!    on the row; the loser waits (up to its lock timeout) and then replays, or is
+//!    refused as [`Refusal::InUse`].
+//! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
+//!    sees the row the winner committed.
+//! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
+//!    dropped.
+
+use std::time::Duration;
+
+use sqlx::{Postgres, Transaction};
+
+use crate::fingerprint::Fingerprint;
+use crate::store::{is_unavailable, Store};
+use crate::table::{self, Found, Record, StoredRow};
+use crate::tx::{KeyInScope, Tx};
+
+/// What to claim: where the key lives, how long its record lasts, and what a retry must
+/// match.
+pub(crate) struct Claim {
+    pub(crate) key: KeyInScope,
+    pub(crate) ttl: Duration,
+    pub(crate) fingerprint: Fingerprint,
+    /// How long to wait for a request in flight with this key; `None` for the store's.
+    pub(crate) conflict_wait: Option<Duration>,
+}
+
+/// How a claim began.
+pub(crate) enum Begun {
+    /// The key is claimed (or there is none): run the work in this attempt.
+    Run(Attempt),
+    /// The key's record, stored by an earlier attempt with the same fingerprint.
+    Replay(Record),
+}
+
+/// Why the work must not run, when there is nothing to replay either.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Another attempt with this key is running right now.
+    InUse,
+    /// The key was used before with another fingerprint.
+    Mismatch,
+    /// The database cannot be reached (no connection within the acquire timeout, or a
+    /// connection-class error).
+    Unavailable(sqlx::Error),
+    /// Any other database error.
+    Database(sqlx::Error),
+    /// The stored record cannot be read back (its status is not a status).
+    Unreadable,
+}
+
+impl Refusal {
+    fn from_database(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+/// Why an attempt could not commit. Nothing it wrote is committed, except with
+/// [`CommitError::Escaped`], where the work itself ended the transaction.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// The work ran `COMMIT` or `ROLLBACK` itself: its writes escaped the guarantee, and
+    /// nothing was stored (invariant 6).
+    Escaped,
+    /// The database could not be reached; whether COMMIT happened is unknown only when
+    /// the failure was COMMIT's own, and a retry finds out.
+    Unavailable(sqlx::Error),
+    /// Any other database error.
+    Database(sqlx::Error),
+}
+
+impl CommitError {
+    fn from_database(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+/// Failures of one claim round.
+enum ClaimError {
+    /// Another request holds the key (lock timeout) or won the race (primary key).
+    InUse,
+    Database(sqlx::Error),
+}
+
+/// An open transaction that holds a key's claim (or, for an unkeyed request, records
+/// nothing). Dropping it rolls everything back.
+pub(crate) struct Attempt {
+    store: Store,
+    tx: Transaction<'static, Postgres>,
+    key: Option<KeyInScope>,
+}
+
+/// Opens the transaction and, with a claim, claims its key.
+pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, Refusal> {
+    let settings = &store.inner;
+    let wait = claim
+        .as_ref()
+        .and_then(|c| c.conflict_wait)
+        .unwrap_or(settings.conflict_wait);
+    // A short lock_timeout also expires on locks that have nothing to do with this key,
+    // such as the relation-extension lock of concurrent inserts. A duplicate in flight
+    // holds its key for its whole handler and times out again; a passing lock does not.
+    // So a short wait is tried three times, 5 ms and then 25 ms apart.
+    let attempts = if wait < Duration::from_secs(1) { 3 } else { 1 };
+    let mut round = 0;
+    loop {
+        round += 1;
+        let begin = settings.pool.begin_with(table::BEGIN);
+        let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
+            Ok(Ok(tx)) => tx,
+            Ok(Err(e)) => return Err(Refusal::from_database(e)),
+            Err(_elapsed) => return Err(Refusal::Unavailable(sqlx::Error::PoolTimedOut)),
+        };
+        let Some(request) = &claim else {
+            return Ok(Begun::Run(Attempt {
+                store: store.clone(),
+                tx,
+                key: None,
+            }));
+        };
+        match claim_row(store, &mut tx, request, wait).await {
+            Ok(Found::Claimed) => {
+                return Ok(Begun::Run(Attempt {
+                    store: store.clone(),
+                    tx,
+                    key: claim.map(|c| c.key),
+                }))
+            }
+            // Nothing was written; dropping the transaction frees the connection.
+            Ok(Found::Stored(row)) => return replay(row, &request.fingerprint),
+            Err(ClaimError::InUse) if round < attempts => {
+                drop(tx);
+                let pause = if round == 1 { 5 } else { 25 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            Err(ClaimError::InUse) => return Err(Refusal::InUse),
+            Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
+        }
+    }
+}
+
+/// Claims the key in `tx`: the fresh claim, or the row that holds the key.
+async fn claim_row(
+    store: &Store,
+    tx: &mut Transaction<'static, Postgres>,
+    claim: &Claim,
+    wait: Duration,
+) -> Result<Found, ClaimError> {
+    let table = &store.inner.table;
+    let classify = |error: sqlx::Error| match &error {
+        // 55P03: our lock_timeout expired while another request held the key's row.
+        sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => ClaimError::InUse,
+        // A unique violation of the key's own primary key: a concurrent request won.
+        // Any other unique violation is not ours to interpret.
+        _ if table.is_key_conflict(&error) => ClaimError::InUse,
+        _ => ClaimError::Database(error),
+    };
+    let Claim {
+        key,
+        ttl,
+        fingerprint,
+        ..
+    } = claim;
+    // Claims go round at most a few times, and only under races with expiry: a row seen
+    // expired is reclaimed by another request first, or deleted by a sweeper.
+    for _ in 0..4 {
+        let found = match table
+            .claim(tx, key, fingerprint, *ttl, wait)
+            .await
+            .map_err(classify)?
+        {
+            Some(found) => found,
+            // The conflicting row committed after the claim's snapshot began (the claim
+            // waited for it): a new statement sees it.
+            None => match table.read(tx, key).await.map_err(classify)? {
+                Some(found) => found,
+                None => continue,
+            },
+        };
+        match found {
+            Found::Stored(row) if row.expired || row.status.is_none() => {}
+            found => return Ok(found),
+        }
+        if table
+            .reclaim(tx, key, fingerprint, *ttl, wait)
+            .await
+            .map_err(classify)?
+        {
+            return Ok(Found::Claimed);
+        }
+    }
+    Err(ClaimError::InUse)
+}
+
+/// A stored row: its record when the fingerprint matches.
+fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
+    if !fingerprint.matches(&row.fingerprint, &row.field_hashes) {
+        return Err(Refusal::Mismatch);
+    }
+    let status = row
+        .status
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (100..=999).contains(s))
+        .ok_or(Refusal::Unreadable)?;
+    Ok(Begun::Replay(Record {
+        status,
+        headers: row.headers.unwrap_or_default(),
+        body: row.body.unwrap_or_default().into(),
+    }))
+}
+
+impl Attempt {
+    /// The transaction, lent to the work.
+    pub(crate) fn tx(&mut self) -> Tx<'_> {
+        Tx::new(&mut self.tx, self.key.as_ref())
+    }
+
+    /// The claimed key; `None` for an attempt that records nothing.
+    pub(crate) fn key(&self) -> Option<&KeyInScope> {
+        self.key.as_ref()
+    }
+
+    /// Stores `record` with the key and commits it with everything the work wrote.
+    /// Without a key, only commits.
+    pub(crate) async fn commit(self, record: &Record) -> Result<(), CommitError> {
+        let Self {
+            store,
+            mut tx,
+            key,
+        } = self;
+        if let Some(key) = &key {
+            let table = &store.inner.table;
+            match table.store(&mut tx, key, record).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    escaped(&store, tx, key).await;
+                    return Err(CommitError::Escaped);
+                }
+                Err(e) => return Err(CommitError::from_database(e)),
+            }
+        }
+        // If COMMIT's answer is lost, the caller cannot tell whether it happened; it
+        // answers "unavailable", and the retry either replays the committed record or
+        // runs afresh.
+        tx.commit().await.map_err(CommitError::from_database)
+    }
+
+    /// Commits what the work wrote, storing nothing: only for an attempt without a key.
+    pub(crate) async fn commit_unrecorded(self) -> Result<(), CommitError> {
+        debug_assert!(self.key.is_none(), "a claimed key must commit its record");
+        self.tx.commit().await.map_err(CommitError::from_database)
+    }
+
+    /// Rolls back everything the work wrote, and the claim with it.
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+/// The work ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
+/// committed without the key's record. The committed claim, if any, is removed so the
+/// key is not stuck (the claim path would take such a row over anyway).
+async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInScope) {
+    tracing::error!(
+        scope = &*key.scope,
+        "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
+         its writes escaped the idempotency guarantee; nothing was stored"
+    );
+    drop(tx);
+    if let Err(e) = store.inner.table.forget(&store.inner.pool, key).await {
+        tracing::warn!(error = %e, "idem: could not remove the escaped claim");
+    }
+}

@@ -1,0 +1,268 @@
+//! Compile-time probes on an `#[idempotent]` handler's types, for the code the macro
+//! generates: whether the handler returns a `Result` (so `Ok` commits and `Err` rolls
+//! back), whether a field or a body is `Serialize`, which parameter is the body.
+//!
+//! A [`Probe<T>`] holds no value. Method resolution on `&&Probe<T>` picks the first
+//! level whose bounds hold (autoref specialization), and the tag it returns decides
+//! which impl of the next trait applies; a tag with no impl is a compile error, whose
+//! `#[diagnostic::on_unimplemented]` message names the user's mistake. Whether the
+//! handler returned `Ok` or `Err` is thus decided by type, not by spotting `Result` in
+//! the syntax, so aliases such as `type ApiResult<T> = Result<T, ApiError>` work.
+
+use std::marker::PhantomData;
+
+use axum::response::IntoResponse;
+use serde::Serialize;
+
+use crate::web::extract::FingerprintBody;
+use crate::web::{Answer, Fields};
+
+/// Asserts that the handler's own future is `Send`, so that a value held across an
+/// `.await` that is not is reported on the handler, not as a missing `Handler` impl.
+pub fn assert_send<F: std::future::Future + Send>(future: F) -> F {
+    future
+}
+
+/// Runs the handler's future inside the request's span.
+pub fn in_span<F: std::future::Future>(
+    future: F,
+    span: tracing::Span,
+) -> tracing::instrument::Instrumented<F> {
+    tracing::Instrument::instrument(future, span)
+}
+
+impl Fields {
+    /// Adds a named field (`fields = [...]`); `tag` says whether its type is `Serialize`.
+    pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        tag: Tag,
+    ) {
+        tag.add(self, name, value);
+    }
+}
+
+/// A type-level stand-in for a value of type `T`; `Send` and `Sync` whatever `T` is, so
+/// a probe never changes what the handler's future is.
+pub struct Probe<T: ?Sized>(PhantomData<fn(&T)>);
+
+impl<T: ?Sized> Probe<T> {
+    /// The probe.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T: ?Sized> Default for Probe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The probe of a value's type, for types the macro cannot name (`impl IntoResponse`).
+pub fn probe<T: ?Sized>(_: &T) -> Probe<T> {
+    Probe::new()
+}
+
+/// A `Result` of two responses: `Ok` commits (below 500), `Err` rolls back.
+pub struct ResultTag;
+
+/// A plain response: commits unless it is a 5xx.
+pub struct ResponseTag;
+
+/// Neither: the handler's return type is not a response.
+pub struct NotAResponse;
+
+/// First choice: a `Result` of two responses.
+pub trait ResultLevel {
+    /// The tag.
+    fn __idem_output(&self) -> ResultTag {
+        ResultTag
+    }
+}
+
+impl<T: IntoResponse, E: IntoResponse> ResultLevel for &Probe<Result<T, E>> {}
+
+/// Second choice: any response.
+pub trait ResponseLevel {
+    /// The tag.
+    fn __idem_output(&self) -> ResponseTag {
+        ResponseTag
+    }
+}
+
+impl<R: IntoResponse> ResponseLevel for &&Probe<R> {}
+
+/// Last choice: not a response.
+pub trait NotAResponseLevel {
+    /// The tag.
+    fn __idem_output(&self) -> NotAResponse {
+        NotAResponse
+    }
+}
+
+impl<R> NotAResponseLevel for Probe<R> {}
+
+/// Turns what the handler returned into an [`Answer`], as its tag says.
+#[diagnostic::on_unimplemented(
+    message = "`{R}` is not a response an `#[idempotent]` handler can return",
+    label = "the handler returns `{R}`",
+    note = "return a type that implements axum's `IntoResponse`, such as `(StatusCode, Json<T>)`, or a `Result` whose `Ok` and `Err` both do: `Ok` commits, `Err` rolls back"
+)]
+pub trait IntoOutcome<R> {
+    /// The outcome.
+    fn outcome(self, out: R) -> Answer;
+}
+
+impl<T: IntoResponse, E: IntoResponse> IntoOutcome<Result<T, E>> for ResultTag {
+    fn outcome(self, out: Result<T, E>) -> Answer {
+        match out {
+            Ok(ok) => Answer::ok(ok),
+            Err(err) => Answer::err(err),
+        }
+    }
+}
+
+impl<R: IntoResponse> IntoOutcome<R> for ResponseTag {
+    fn outcome(self, out: R) -> Answer {
+        Answer::ok(out)
+    }
+}
+
+/// The handler's outcome; `tag` comes from probing the return type. The value comes
+/// first so that a failing bound names the handler's return type.
+pub fn outcome<R, Tag: IntoOutcome<R>>(out: R, tag: Tag) -> Answer {
+    tag.outcome(out)
+}
+
+/// A value that can be fingerprinted.
+pub struct SerializeTag;
+
+/// A value that cannot: its type is not `Serialize`.
+pub struct NotSerializeTag;
+
+/// First choice: the value is `Serialize`.
+pub trait SerializeLevel {
+    /// The tag.
+    fn __idem_serialize(&self) -> SerializeTag {
+        SerializeTag
+    }
+}
+
+impl<T: Serialize + ?Sized> SerializeLevel for Probe<T> {}
+
+/// Otherwise.
+pub trait NotSerializeLevel {
+    /// The tag.
+    fn __idem_serialize(&self) -> NotSerializeTag {
+        NotSerializeTag
+    }
+}
+
+impl<T: ?Sized> NotSerializeLevel for &Probe<T> {}
+
+/// Adds a named field whose type was probed.
+#[diagnostic::on_unimplemented(
+    message = "`{T}` cannot be fingerprinted: it does not implement `serde::Serialize`",
+    label = "this field's type must implement `Serialize`",
+    note = "derive `serde::Serialize` for it, or leave this field out of `fields = [...]`"
+)]
+pub trait Fingerprintable<T: ?Sized> {
+    /// Adds the field.
+    fn add(self, fields: &mut Fields, name: &'static str, value: &T);
+}
+
+impl<T: Serialize + ?Sized> Fingerprintable<T> for SerializeTag {
+    fn add(self, fields: &mut Fields, name: &'static str, value: &T) {
+        fields.add(name, value);
+    }
+}
+
+/// A body extractor whose value is `Serialize`.
+pub struct BodyParam;
+
+/// A body extractor whose value is not `Serialize`.
+pub struct UnserializableBodyParam;
+
+/// Any other parameter.
+pub struct OtherParam;
+
+/// First choice: a body that can be fingerprinted whole.
+pub trait BodyLevel {
+    /// The tag.
+    fn __idem_param(&self) -> BodyParam {
+        BodyParam
+    }
+}
+
+impl<T> BodyLevel for &Probe<T>
+where
+    T: FingerprintBody,
+    T::Value: Serialize,
+{
+}
+
+/// Second choice: a body that cannot.
+pub trait UnserializableBodyLevel {
+    /// The tag.
+    fn __idem_param(&self) -> UnserializableBodyParam {
+        UnserializableBodyParam
+    }
+}
+
+impl<T: FingerprintBody> UnserializableBodyLevel for &&Probe<T> {}
+
+/// Last choice: not a body.
+pub trait OtherLevel {
+    /// The tag.
+    fn __idem_param(&self) -> OtherParam {
+        OtherParam
+    }
+}
+
+impl<T> OtherLevel for Probe<T> {}
+
+/// Parameters before the last one must not read the body.
+#[diagnostic::on_unimplemented(
+    message = "the request body must be the handler's last parameter",
+    label = "this parameter reads the request body",
+    note = "axum reads the body once, after every other extractor: move this parameter to the end"
+)]
+pub trait BeforeTheBody {}
+
+impl BeforeTheBody for OtherParam {}
+
+/// Asserts that a parameter other than the last does not read the body.
+pub fn before_the_body<Tag: BeforeTheBody>(_: Tag) {}
+
+/// Fingerprints the whole body, when an endpoint names no fields and its last
+/// parameter is a body; other last parameters add nothing.
+#[diagnostic::on_unimplemented(
+    message = "the body `{B}` cannot be fingerprinted whole: its value does not implement `serde::Serialize`",
+    label = "without `fields = [...]`, the whole body identifies the request",
+    note = "derive `serde::Serialize` for the body's type, or name the fields that identify the request with `fields = [...]`"
+)]
+pub trait WholeBody<B> {
+    /// Adds the body, or nothing.
+    fn add(self, fields: &mut Fields, body: &B);
+}
+
+impl<B> WholeBody<B> for BodyParam
+where
+    B: FingerprintBody,
+    B::Value: Serialize,
+{
+    fn add(self, fields: &mut Fields, body: &B) {
+        fields.add(crate::fingerprint::WHOLE_BODY, body.fingerprint_value());
+    }
+}
+
+impl<B> WholeBody<B> for OtherParam {
+    fn add(self, _: &mut Fields, _: &B) {}
+}
+
+/// Adds the last parameter as the whole body, as its tag says.
+pub fn whole_body<B, Tag: WholeBody<B>>(fields: &mut Fields, body: &B, tag: Tag) {
+    tag.add(fields, body);
+}

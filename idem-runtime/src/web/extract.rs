@@ -1,0 +1,209 @@
+//! What an idempotent handler's parameters give idem: the body to fingerprint, the
+//! principal, a key from the body or a header; and every extractor's rejection as
+//! problem+json.
+
+use std::borrow::Cow;
+
+use axum::body::Bytes;
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::request::Parts;
+use http::HeaderMap;
+
+use crate::key::IdempotencyKey;
+use crate::store::Store;
+use crate::web::policy::KeyRead;
+use crate::web::problem::Problems;
+
+/// A request body idem can fingerprint: the last parameter of an `#[idempotent]`
+/// handler whose payload identifies the request.
+///
+/// With `fields = [...]` the named fields are read from [`fingerprint_value`] (and only
+/// they need to be `Serialize`); without, the whole value is fingerprinted and must be
+/// `Serialize`. Implemented for [`Json<T>`], [`String`] and [`Bytes`]; implement it for
+/// your own body extractors.
+///
+/// [`fingerprint_value`]: FingerprintBody::fingerprint_value
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a request body idem can fingerprint",
+    label = "`fields = [...]` reads its fields from this parameter",
+    note = "make the last parameter a JSON body, such as `Json<T>`, or implement `idem::FingerprintBody` for it"
+)]
+pub trait FingerprintBody {
+    /// The value whose fields are fingerprinted.
+    type Value: ?Sized;
+
+    /// The deserialized body.
+    fn fingerprint_value(&self) -> &Self::Value;
+}
+
+impl<T> FingerprintBody for Json<T> {
+    type Value = T;
+
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl FingerprintBody for String {
+    type Value = str;
+
+    fn fingerprint_value(&self) -> &str {
+        self
+    }
+}
+
+impl FingerprintBody for Bytes {
+    type Value = [u8];
+
+    fn fingerprint_value(&self) -> &[u8] {
+        self
+    }
+}
+
+/// An extractor that names the principal (account, tenant) a request acts for, for a
+/// handler's `principal = Type` option, which overrides the store's resolver.
+///
+/// ```
+/// use idem::Principal;
+///
+/// struct Tenant(u64);
+///
+/// impl Principal for Tenant {
+///     fn principal_id(&self) -> String {
+///         self.0.to_string()
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot name the principal of an idempotent request",
+    note = "`principal = Type` needs an extractor that implements `idem::Principal`"
+)]
+pub trait Principal {
+    /// The principal's identifier: keys are looked up per (scope, principal, key).
+    fn principal_id(&self) -> String;
+}
+
+/// A body field that can be an idempotency key (`key = field`): text, or an integer.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an idempotency key",
+    label = "`key = ...` names this field",
+    note = "a key comes from a text field (`String`, `&str`), an integer, or an `Option` of one"
+)]
+pub trait KeySource {
+    /// The key's text; `None` when the field is absent.
+    fn key_text(&self) -> Option<Cow<'_, str>>;
+}
+
+impl KeySource for str {
+    fn key_text(&self) -> Option<Cow<'_, str>> {
+        Some(self.into())
+    }
+}
+
+impl KeySource for String {
+    fn key_text(&self) -> Option<Cow<'_, str>> {
+        Some(self.as_str().into())
+    }
+}
+
+impl<K: KeySource + ?Sized> KeySource for &K {
+    fn key_text(&self) -> Option<Cow<'_, str>> {
+        (**self).key_text()
+    }
+}
+
+impl<K: KeySource> KeySource for Option<K> {
+    fn key_text(&self) -> Option<Cow<'_, str>> {
+        self.as_ref().and_then(KeySource::key_text)
+    }
+}
+
+macro_rules! integer_keys {
+    ($($t:ty),*) => {$(
+        impl KeySource for $t {
+            fn key_text(&self) -> Option<Cow<'_, str>> {
+                Some(self.to_string().into())
+            }
+        }
+    )*};
+}
+
+integer_keys!(u32, u64, i32, i64, u128, i128);
+
+/// The key of `key = field`: a body field's value, as an idempotency key.
+pub fn key_of<K: KeySource + ?Sized>(value: &K) -> KeyRead {
+    value
+        .key_text()
+        .map(|text| IdempotencyKey::parse(text.as_bytes()))
+        .transpose()
+}
+
+/// The key of `key = header("..")`: that header, in either spelling.
+pub fn key_from_header(headers: &HeaderMap, name: &'static str) -> KeyRead {
+    IdempotencyKey::from_header(headers, name)
+}
+
+/// Takes the value out of the handler's own `principal = Type` extractor.
+pub fn principal_of<P: Principal>(principal: &P) -> Option<String> {
+    Some(principal.principal_id())
+}
+
+/// The value `fields = [...]` reads from; spanned on the body's type by the macro, so a
+/// parameter that is not a body is reported there.
+pub fn body_of<B: FingerprintBody>(body: &B) -> &B::Value {
+    body.fingerprint_value()
+}
+
+/// Wraps each of the handler's extractors so that its rejection is answered as
+/// `application/problem+json`, like every other error of an idempotent endpoint.
+pub struct Extract<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Extract<T>
+where
+    T: FromRequestParts<S> + Send,
+    Store: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        // The rejection becomes a `Response` first: rejection types need not be `Send`.
+        match T::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)
+        {
+            Ok(value) => Ok(Self(value)),
+            Err(rejection) => Err(rejected(state, rejection).await),
+        }
+    }
+}
+
+impl<S, T> FromRequest<S> for Extract<T>
+where
+    T: FromRequest<S> + Send,
+    Store: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        // The rejection becomes a `Response` first: rejection types need not be `Send`.
+        match T::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)
+        {
+            Ok(value) => Ok(Self(value)),
+            Err(rejection) => Err(rejected(state, rejection).await),
+        }
+    }
+}
+
+async fn rejected<S>(state: &S, rejection: Response) -> Response
+where
+    Store: FromRef<S>,
+{
+    let store = Store::from_ref(state);
+    Problems::of(&store).rejection(rejection).await
+}

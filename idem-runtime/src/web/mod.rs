@@ -1,0 +1,334 @@
+//! The HTTP adapter: an idempotent axum request on the [engine](crate::engine).
+//!
+//! The code `#[idempotent]` generates extracts a [`Guard`] (the store, the key, the
+//! request's target), adds the fingerprinted fields to [`Fields`], claims with
+//! [`Guard::claim`], runs the handler with the [`Claimed`] transaction and hands its
+//! [`Answer`] to [`Claimed::finish`]. This module alone decides what the engine's
+//! outcomes look like to a client (with [`problem`]) and records them ([`Observation`]).
+
+pub(crate) mod extract;
+pub(crate) mod policy;
+pub(crate) mod problem;
+pub(crate) mod response;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{FromRef, FromRequestParts, MatchedPath, RawPathParams};
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use http::{HeaderValue, Method};
+use serde::Serialize;
+
+use crate::engine::{self, Attempt, Begun, Claim, CommitError, Refusal};
+use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
+use crate::key::IdempotencyKey;
+use crate::observe::{Observation, Outcome};
+use crate::store::Store;
+use crate::tx::{KeyInScope, Tx};
+use policy::KeyRead;
+use problem::Problems;
+use response::IDEMPOTENT_RECORDED;
+
+/// An endpoint's settings, checked by the macro at compile time.
+#[derive(Debug)]
+pub struct Spec {
+    /// The scope keys live in.
+    pub scope: &'static str,
+    /// How long a stored response is replayed.
+    pub ttl: Duration,
+    /// Whether a request without a key is refused (400) or runs unrecorded.
+    pub required: bool,
+    /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight;
+    /// `None` for the store's setting.
+    pub conflict_wait: Option<Duration>,
+}
+
+/// What a handler answered, and whether it may commit: `Ok` below 500 commits and is
+/// replayed; `Err`, or any 5xx, rolls everything back so the client may retry.
+#[derive(Debug)]
+pub struct Answer {
+    response: Response,
+    commit: bool,
+}
+
+impl Answer {
+    /// An `Ok` answer: final unless it is a 5xx.
+    pub fn ok(response: impl IntoResponse) -> Self {
+        let response = response.into_response();
+        let commit = !response.status().is_server_error();
+        Self { response, commit }
+    }
+
+    /// An `Err` answer: rolled back, retryable.
+    pub fn err(response: impl IntoResponse) -> Self {
+        Self {
+            response: response.into_response(),
+            commit: false,
+        }
+    }
+}
+
+/// The extractor the macro puts first: the store, the header's key and the request's
+/// target.
+pub struct Guard {
+    store: Store,
+    key: KeyRead,
+    principal: Option<String>,
+    method: Method,
+    route: Option<MatchedPath>,
+    params: Option<RawPathParams>,
+}
+
+impl<S> FromRequestParts<S> for Guard
+where
+    Store: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let store = Store::from_ref(state);
+        let params = match RawPathParams::from_request_parts(parts, state).await {
+            Ok(params) => Some(params),
+            // No parameters on this route.
+            Err(RawPathParamsRejection::MissingPathParams(_)) => None,
+            Err(rejection) => {
+                return Err(Problems::of(&store)
+                    .rejection(rejection.into_response())
+                    .await)
+            }
+        };
+        Ok(Self {
+            principal: store.resolve_principal(parts),
+            // A bad key is answered by `claim`, where the endpoint's key source is known.
+            key: IdempotencyKey::from_headers(&parts.headers),
+            store,
+            method: parts.method.clone(),
+            route: parts.extensions.get::<MatchedPath>().cloned(),
+            params,
+        })
+    }
+}
+
+impl Guard {
+    /// Starts the fingerprint with the request's target.
+    pub fn fingerprint(&self, spec: &Spec) -> Fields {
+        let route = self.route.as_ref().map_or("", MatchedPath::as_str);
+        let params = self.params.iter().flat_map(RawPathParams::iter);
+        Fields {
+            builder: Fingerprint::builder(spec.scope, self.method.as_str(), route, params),
+            error: None,
+        }
+    }
+
+    /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
+    /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
+    /// `principal = ...`, and `key` the endpoint's own key source (`key = ...`), when it
+    /// has them ([`policy`] says which wins).
+    pub async fn claim(
+        self,
+        spec: &'static Spec,
+        principal: Option<String>,
+        key: Option<KeyRead>,
+        fields: Fields,
+    ) -> Result<Claimed, Response> {
+        let observation = Observation::start(spec.scope.into());
+        let problems = Problems::of(&self.store);
+        let key = match policy::key(key, self.key, spec.required) {
+            Ok(key) => key,
+            Err(error) => {
+                let problem = problems.key_error(&error).into_response();
+                return Err(observation.answer(Outcome::RejectedKey, problem));
+            }
+        };
+        let claim = match (key, fields.error) {
+            (None, _) => None,
+            (Some(_), Some(error)) => {
+                tracing::error!(%error, scope = spec.scope, "idem: fingerprint failed");
+                let problem = problems.internal(error.to_string()).into_response();
+                return Err(observation.answer(Outcome::Failed, problem));
+            }
+            (Some(key), None) => Some(Claim {
+                key: KeyInScope {
+                    scope: spec.scope.into(),
+                    principal: policy::principal(principal, self.principal),
+                    key,
+                },
+                ttl: spec.ttl,
+                fingerprint: fields.builder.finish(),
+                conflict_wait: spec.conflict_wait,
+            }),
+        };
+        claimed(self.store, claim, observation).await
+    }
+}
+
+/// Begins the attempt: the claimed transaction, or the answer that ends the request.
+async fn claimed(
+    store: Store,
+    claim: Option<Claim>,
+    mut observation: Observation,
+) -> Result<Claimed, Response> {
+    match engine::begin(&store, claim).await {
+        Ok(Begun::Run(attempt)) => {
+            observation.claimed();
+            Ok(Claimed {
+                store,
+                attempt,
+                observation,
+            })
+        }
+        Ok(Begun::Replay(record)) => {
+            Err(observation.answer(Outcome::Replayed, response::replay(record)))
+        }
+        Err(refusal) => Err(refused(&store, observation, &refusal)),
+    }
+}
+
+/// The answer to a refusal of the engine, logged and observed.
+fn refused(store: &Store, observation: Observation, refusal: &Refusal) -> Response {
+    let outcome = match refusal {
+        Refusal::InUse => Outcome::Conflict,
+        Refusal::Mismatch => Outcome::Mismatch,
+        Refusal::Unavailable(error) => {
+            tracing::warn!(parent: observation.span(), %error, "idem: database unavailable");
+            Outcome::Unavailable
+        }
+        Refusal::Database(error) => {
+            tracing::error!(parent: observation.span(), %error, "idem: database error");
+            Outcome::Failed
+        }
+        Refusal::Unreadable => {
+            tracing::error!(parent: observation.span(), "idem: stored row has an invalid status");
+            Outcome::Failed
+        }
+    };
+    let problem = Problems::of(store).refusal(refusal).into_response();
+    observation.answer(outcome, problem)
+}
+
+/// The fingerprint under construction; the first serialization error is kept and
+/// answered as a 500 before anything runs.
+pub struct Fields {
+    builder: FingerprintBuilder,
+    error: Option<FingerprintError>,
+}
+
+impl Fields {
+    /// Adds a named field, or the whole body under [`crate::fingerprint::WHOLE_BODY`].
+    pub(crate) fn add<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
+        if self.error.is_none() {
+            self.error = self.builder.field(name, value).err();
+        }
+    }
+}
+
+/// The open transaction the handler runs in, lent to it as [`Tx`], then finished with
+/// its [`Answer`]. Dropping it (a client that disconnects, a timeout, a panic) rolls
+/// everything back.
+pub struct Claimed {
+    store: Store,
+    attempt: Attempt,
+    observation: Observation,
+}
+
+impl Claimed {
+    /// The transaction, lent to the handler.
+    pub fn tx(&mut self) -> Tx<'_> {
+        self.attempt.tx()
+    }
+
+    /// The request's span, for the handler to run in.
+    pub fn span(&self) -> tracing::Span {
+        self.observation.span().clone()
+    }
+
+    /// Commits the handler's answer with its stored response, or rolls it back.
+    pub async fn finish(self, answer: Answer) -> Response {
+        let Self {
+            store,
+            attempt,
+            observation,
+        } = self;
+        let settings = &store.inner;
+        let problems = Problems::of(&store);
+
+        if !answer.commit {
+            return match attempt.rollback().await {
+                Ok(()) => observation.answer(Outcome::RolledBack, answer.response),
+                // The handler's error may be the symptom (its query failed because the
+                // connection died); the failed rollback tells us the database is gone.
+                Err(e) if crate::is_unavailable(&e) => observation.answer(
+                    Outcome::Unavailable,
+                    problems.unavailable().into_response(),
+                ),
+                Err(e) => {
+                    tracing::warn!(parent: observation.span(), error = %e, "idem: rollback failed");
+                    observation.answer(Outcome::RolledBack, answer.response)
+                }
+            };
+        }
+
+        if attempt.key().is_none() {
+            // `required = false` and no key: the handler's writes commit, nothing is
+            // recorded, and the response says so.
+            if let Err(error) = attempt.commit_unrecorded().await {
+                return commit_failed(&store, observation, &error);
+            }
+            let mut response = answer.response;
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_RECORDED, HeaderValue::from_static("false"));
+            return observation.answer(Outcome::Unkeyed, response);
+        }
+
+        let captured = response::capture(
+            answer.response,
+            &settings.replay_headers,
+            settings.max_response_bytes,
+        )
+        .await;
+        let (record, parts) = match captured {
+            Ok(captured) => captured,
+            Err(error) => {
+                tracing::error!(parent: observation.span(), %error, "idem: the response cannot be stored; rolled back");
+                let problem = problems.capture_error(&error).into_response();
+                return observation.answer(Outcome::RolledBack, problem);
+            }
+        };
+        if let Err(error) = attempt.commit(&record).await {
+            return commit_failed(&store, observation, &error);
+        }
+        let status = parts.status;
+        observation.finish(Outcome::Fresh, Some(status.as_u16()));
+        Response::from_parts(parts, Body::from(record.body))
+    }
+}
+
+/// The answer to a commit that failed, logged and observed.
+fn commit_failed(store: &Store, observation: Observation, error: &CommitError) -> Response {
+    let outcome = match error {
+        // The engine logged it where it happened.
+        CommitError::Escaped => Outcome::Failed,
+        CommitError::Unavailable(error) => {
+            tracing::warn!(parent: observation.span(), %error, "idem: database unavailable");
+            Outcome::Unavailable
+        }
+        CommitError::Database(error) => {
+            tracing::error!(parent: observation.span(), %error, "idem: database error");
+            Outcome::Failed
+        }
+    };
+    let problem = Problems::of(store).commit_error(error).into_response();
+    observation.answer(outcome, problem)
+}
+
+impl Observation {
+    /// Records how a request ended with `response`, and returns it.
+    fn answer(self, outcome: Outcome, response: Response) -> Response {
+        self.finish(outcome, Some(response.status().as_u16()));
+        response
+    }
+}
