@@ -6,6 +6,8 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Member, Token};
 
+use crate::errors::Errors;
+
 const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required` or `concurrency`";
 
 /// The parsed `#[idempotent(...)]` arguments.
@@ -108,31 +110,9 @@ impl Parse for Arg {
     }
 }
 
-/// Collects every error of one attribute, so a user with three mistakes sees three
-/// messages in one build.
-#[derive(Default)]
-pub struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(errors) => errors.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub fn at(&mut self, span: Span, message: impl std::fmt::Display) {
-        self.push(syn::Error::new(span, message));
-    }
-
-    pub fn finish(self) -> Result<(), syn::Error> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
 /// Stores an option's value unless it was already given: the one place that says
 /// "specified more than once".
-fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &mut Errors) {
+fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &Errors) {
     if slot.is_some() {
         errors.at(name.span(), format!("`{name}` is specified more than once"));
     } else {
@@ -141,7 +121,7 @@ fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &mut Errors
 }
 
 /// Parses the arguments; `None` when they cannot make a wrapper (the errors say why).
-pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args> {
+pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let parsed =
         match syn::parse::Parser::parse2(Punctuated::<Arg, Token![,]>::parse_terminated, args) {
             Ok(parsed) => parsed,
@@ -237,7 +217,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
 }
 
 /// `key = id`, `key = meta.event_id` or `key = header("Webhook-Id")`.
-fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
+fn parse_key(value: &Expr, errors: &Errors) -> Option<KeySource> {
     if let Expr::Call(call) = value {
         if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("header")) {
             if let [Expr::Lit(syn::ExprLit {
@@ -270,7 +250,7 @@ fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
 
 /// `concurrency = reject` (the default: 409 at once) or `concurrency = wait("30s")`.
 /// `Some(None)` is an explicit `reject`.
-fn parse_concurrency(value: &Expr, errors: &mut Errors) -> Option<Option<u64>> {
+fn parse_concurrency(value: &Expr, errors: &Errors) -> Option<Option<u64>> {
     const FORMS: &str = "`concurrency` takes `reject` (a duplicate of a request in flight gets 409 at once) or \
                          `wait(\"30s\")` (it waits up to that long for the first to finish, then replays it)";
     match value {
@@ -320,7 +300,7 @@ fn duration(text: &str, allow_ms: bool) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
-fn expr<'a>(value: &'a Value, option: &str, errors: &mut Errors) -> Option<&'a Expr> {
+fn expr<'a>(value: &'a Value, option: &str, errors: &Errors) -> Option<&'a Expr> {
     match value {
         Value::Expr(e) => Some(e),
         Value::Type(t) => {
@@ -330,7 +310,7 @@ fn expr<'a>(value: &'a Value, option: &str, errors: &mut Errors) -> Option<&'a E
     }
 }
 
-fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Option<&'a LitStr> {
+fn string_literal<'a>(value: &'a Expr, option: &str, errors: &Errors) -> Option<&'a LitStr> {
     if let Expr::Lit(syn::ExprLit {
         lit: syn::Lit::Str(s),
         ..
@@ -342,7 +322,7 @@ fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Opt
     None
 }
 
-fn parse_scope(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+fn parse_scope(value: &Expr, errors: &Errors) -> Option<LitStr> {
     let lit = string_literal(value, "scope = \"...\"", errors)?;
     let scope = lit.value();
     let valid = !scope.is_empty()
@@ -362,7 +342,7 @@ fn parse_scope(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
 
 const TTL_FORMS: &str = "`ttl` must look like \"90s\", \"30m\", \"24h\" or \"7d\": a positive whole number and one unit of s, m, h or d";
 
-fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
+fn parse_ttl(value: &Expr, errors: &Errors) -> Option<Ttl> {
     let lit = string_literal(value, "ttl = \"...\"", errors)?;
     let Some(ms) = duration(&lit.value(), false) else {
         errors.at(lit.span(), TTL_FORMS);
@@ -386,7 +366,7 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
     })
 }
 
-fn parse_fields(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
+fn parse_fields(value: &Expr, errors: &Errors) -> Option<Vec<FieldPath>> {
     let Expr::Array(array) = value else {
         errors.at(
             value.span(),
@@ -457,19 +437,19 @@ mod tests {
     use super::*;
 
     fn parse_ok(args: proc_macro2::TokenStream) -> Args {
-        let mut errors = Errors::default();
-        let parsed = parse(args, &mut errors);
-        if let Err(e) = errors.finish() {
+        let errors = Errors::new();
+        let parsed = parse(args, &errors);
+        if let Err(e) = errors.check() {
             panic!("unexpected error: {e}");
         }
         parsed.expect("arguments")
     }
 
     fn messages(args: proc_macro2::TokenStream) -> Vec<String> {
-        let mut errors = Errors::default();
-        let _ = parse(args, &mut errors);
+        let errors = Errors::new();
+        let _ = parse(args, &errors);
         errors
-            .finish()
+            .check()
             .err()
             .map_or_else(Vec::new, |e| e.into_iter().map(|e| e.to_string()).collect())
     }

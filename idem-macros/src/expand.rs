@@ -8,7 +8,8 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
-use crate::attr::{self, Args, Errors, FieldPath, KeySource};
+use crate::attr::{self, Args, FieldPath, KeySource};
+use crate::errors::Errors;
 use crate::valid::{self, Handler};
 
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -22,9 +23,9 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return fallback(item, e);
         }
     };
-    let mut errors = Errors::default();
-    let args = attr::parse(args, &mut errors);
-    let handler = valid::handler(&func, &mut errors);
+    let errors = Errors::new();
+    let args = attr::parse(args, &errors);
+    let handler = valid::handler(&func, &errors);
     if let Some(fields) = args.as_ref().and_then(|a| a.fields.as_ref()) {
         if handler.extracted().next().is_none() {
             errors.at(
@@ -41,7 +42,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             );
         }
     }
-    let tokens = match (errors.finish(), args) {
+    let tokens = match (errors.check(), args) {
         (Ok(()), Some(args)) => wrapper(&func, &args, &handler),
         (Err(e), _) => fallback_fn(func.clone(), e),
         (Ok(()), None) => fallback_fn(

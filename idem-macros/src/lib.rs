@@ -2,6 +2,7 @@
 //! `use idem_runtime::idempotent;`.
 
 mod attr;
+mod errors;
 mod expand;
 mod valid;
 

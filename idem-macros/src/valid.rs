@@ -5,7 +5,7 @@ use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat, PatType, Type};
 
-use crate::attr::Errors;
+use crate::errors::Errors;
 
 /// The handler's parameters, with the position of its `Tx`, if any.
 pub struct Handler<'a> {
@@ -36,7 +36,7 @@ pub fn is_tx(ty: &Type) -> bool {
     }
 }
 
-pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
+pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         errors.at(
@@ -114,7 +114,7 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
 /// hand, and moving `Tx` into a spawned task.
 struct TxMisuse<'a> {
     tx: &'a Ident,
-    errors: &'a mut Errors,
+    errors: &'a Errors,
     spawned: bool,
 }
 
