@@ -26,15 +26,15 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let errors = Errors::new();
     let args = attr::parse(args, &errors);
     let handler = valid::handler(&func, &errors);
-    if let Some(fields) = args.as_ref().and_then(|a| a.fields.as_ref()) {
+    if let Some((keyword, _)) = args.as_ref().and_then(|a| a.fields.as_ref()) {
         if handler.extracted().next().is_none() {
             errors.at(
-                fields.keyword.span(),
+                keyword.span,
                 "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
             );
         }
     }
-    if let Some(Some(KeySource::Field(path))) = args.as_ref().map(|a| a.key.as_ref()) {
+    if let Some(Some((_, KeySource::Field(path)))) = args.as_ref().map(|a| a.key.as_ref()) {
         if handler.extracted().next().is_none() {
             errors.at(
                 path.members[0].span(),
@@ -106,14 +106,14 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let mut inner_sig = func.sig.clone();
     elide_tx_lifetimes(&mut inner_sig);
     let block = &func.block;
-    let scope = &args.scope;
+    let (_, scope) = &args.scope;
     let required = args.required();
     let ttl_secs = {
         let secs = args.ttl_secs();
         let span = args
             .ttl
             .as_ref()
-            .map_or_else(Span::call_site, |ttl| ttl.lit.span());
+            .map_or_else(Span::call_site, |(_, ttl)| ttl.lit.span());
         quote_spanned!(span=> #secs)
     };
 
@@ -144,7 +144,8 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
     });
 
-    let (key_param, key) = match (&args.key, &last_for_key(&extracted)) {
+    let key_source = args.key.as_ref().map(|(_, source)| source);
+    let (key_param, key) = match (key_source, &last_for_key(&extracted)) {
         (Some(KeySource::Header(name)), _) => (
             quote!(__idem_headers: ::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>,),
             quote!(::core::option::Option::Some(::idem_runtime::__private::key_from_header(&__idem_headers.0, #name))),
@@ -164,13 +165,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         _ => (quote!(), quote!(::core::option::Option::None)),
     };
-    let conflict_wait = match args.wait_ms {
-        Some(ms) => quote!(::core::option::Option::Some(#ms)),
+    let conflict_wait = match args.wait() {
+        Some(wait) => {
+            let ms = wait.millis;
+            quote!(::core::option::Option::Some(#ms))
+        }
         None => quote!(::core::option::Option::None),
     };
 
     let (principal_param, principal) = match &args.principal {
-        Some(path) => (
+        Some((_, path)) => (
             quote_spanned!(path.span()=> __idem_principal: ::idem_runtime::__private::Extract<#path>,),
             quote_spanned!(path.span()=> ::idem_runtime::__private::principal_of(&__idem_principal.0)),
         ),
@@ -183,9 +187,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .last()
         .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), *ty));
     let add_fields = match (&args.fields, &last) {
-        (Some(fields), Some((arg, ty))) => {
+        (Some((_, fields)), Some((arg, ty))) => {
             let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
-            let adds = fields.paths.iter().map(add_field);
+            let adds = fields.iter().map(add_field);
             quote!({
                 let __idem_body = #body;
                 #(#adds)*
