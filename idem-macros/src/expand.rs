@@ -26,21 +26,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let errors = Errors::new();
     let args = attr::parse(args, &errors);
     let handler = valid::handler(&func, &errors);
-    if let Some((keyword, _)) = args.as_ref().and_then(|a| a.fields.as_ref()) {
-        if handler.extracted().next().is_none() {
-            errors.at(
-                keyword.span,
-                "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
-            );
-        }
-    }
-    if let Some(Some((_, KeySource::Field(path)))) = args.as_ref().map(|a| a.key.as_ref()) {
-        if handler.extracted().next().is_none() {
-            errors.at(
-                path.members[0].span(),
-                "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
-            );
-        }
+    if let Some(args) = &args {
+        valid::args(args, &handler, &errors);
     }
     let tokens = match (errors.check(), args) {
         (Ok(()), Some(args)) => wrapper(&func, &args, &handler),

@@ -1,10 +1,11 @@
-//! Checks on the handler: what the wrapper can and cannot be built around, and what the
-//! body must not do with the request's transaction.
+//! Checks on the handler: what the wrapper can and cannot be built around, what the
+//! body must not do with the request's transaction, and which options it can serve.
 
 use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat, PatType, Type};
 
+use crate::attr::{Args, KeySource};
 use crate::errors::Errors;
 
 /// The handler's parameters, with the position of its `Tx`, if any.
@@ -108,6 +109,27 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
         }
     }
     handler
+}
+
+/// Checks the options against the handler: those that read the body need a parameter
+/// to read it from. Whether that parameter is a body is the type system's to say
+/// (`__private::body_of`), on the parameter's type.
+pub fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
+    if handler.extracted().next().is_some() {
+        return;
+    }
+    if let Some((keyword, _)) = &args.fields {
+        errors.at(
+            keyword.span,
+            "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
+    if let Some((_, KeySource::Field(path))) = &args.key {
+        errors.at(
+            path.members[0].span(),
+            "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
 }
 
 /// Finds what the type system reports only obscurely: ending idem's transaction by
