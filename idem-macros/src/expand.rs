@@ -3,7 +3,7 @@
 //! under the handler's own name (so `return` and `?` behave, and errors name the
 //! handler), with a `Tx` borrowed from the claim.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Literal, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
@@ -95,13 +95,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let block = &func.block;
     let (_, scope) = &args.scope;
     let required = args.required();
-    let ttl_secs = {
-        let secs = args.ttl_secs();
+    let ttl = {
         let span = args
             .ttl
             .as_ref()
             .map_or_else(Span::call_site, |(_, ttl)| ttl.lit.span());
-        quote_spanned!(span=> #secs)
+        let secs = u64_at(args.ttl_secs(), span);
+        quote!(::core::time::Duration::from_secs(#secs))
     };
 
     let extracted: Vec<(Ident, &Type)> = handler
@@ -154,8 +154,8 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     };
     let conflict_wait = match args.wait() {
         Some(wait) => {
-            let ms = wait.millis;
-            quote!(::core::option::Option::Some(#ms))
+            let millis = u64_at(wait.millis, wait.lit.span());
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
         }
         None => quote!(::core::option::Option::None),
     };
@@ -231,9 +231,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             };
             static __IDEM_SPEC: ::idem_runtime::__private::Spec = ::idem_runtime::__private::Spec {
                 scope: #scope,
-                ttl_secs: #ttl_secs,
+                ttl: #ttl,
                 required: #required,
-                conflict_wait_ms: #conflict_wait,
+                conflict_wait: #conflict_wait,
             };
             #(#not_bodies)*
             #(#unwrap)*
@@ -253,6 +253,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             __idem_claim.finish(__idem_outcome).await
         }
     }
+}
+
+/// `value` as a literal on the user's token (`ttl = "24h"`), which it was read from.
+fn u64_at(value: u64, span: Span) -> Literal {
+    let mut literal = Literal::u64_suffixed(value);
+    literal.set_span(span);
+    literal
 }
 
 /// The body's binding, respanned onto its type, for `key = field`.
@@ -292,6 +299,7 @@ mod tests {
     use std::str::FromStr;
 
     use proptest::prelude::*;
+    use quote::quote;
 
     use super::*;
 
@@ -350,6 +358,38 @@ mod tests {
             "impl",
             "where",
         ])
+    }
+
+    /// The endpoint's durations reach the runtime as `Duration`s.
+    #[test]
+    fn spec_carries_durations() {
+        let handler = quote!(
+            async fn f(Json(b): Json<B>) -> String {
+                String::new()
+            }
+        );
+        let spec = |args| {
+            let expanded = idempotent(args, handler.clone()).to_string();
+            let start = expanded.find("Spec {").expect("a Spec");
+            expanded[start..start + expanded[start..].find('}').unwrap()].to_string()
+        };
+        let custom = spec(quote!(scope = "s", ttl = "7d", concurrency = wait("250ms")));
+        assert!(
+            custom.contains("ttl : :: core :: time :: Duration :: from_secs (604800u64)"),
+            "{custom}"
+        );
+        assert!(
+            custom.contains(
+                "conflict_wait : :: core :: option :: Option :: Some (:: core :: time :: Duration :: from_millis (250u64))"
+            ),
+            "{custom}"
+        );
+        let default = spec(quote!(scope = "s"));
+        assert!(default.contains("from_secs (86400u64)"), "{default}");
+        assert!(
+            default.contains("conflict_wait : :: core :: option :: Option :: None"),
+            "{default}"
+        );
     }
 
     proptest! {

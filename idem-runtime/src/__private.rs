@@ -33,12 +33,12 @@ pub struct Spec {
     /// The scope keys live in.
     pub scope: &'static str,
     /// How long a stored response is replayed.
-    pub ttl_secs: u64,
+    pub ttl: Duration,
     /// Whether a request without a key is refused (400) or runs unrecorded.
     pub required: bool,
-    /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight,
-    /// in milliseconds; `None` for the store's setting.
-    pub conflict_wait_ms: Option<u64>,
+    /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight;
+    /// `None` for the store's setting.
+    pub conflict_wait: Option<Duration>,
 }
 
 /// The extractor the macro puts first: the store, the key and the request's target.
@@ -142,9 +142,9 @@ impl Guard {
                 principal: principal.or(self.principal).unwrap_or_default(),
                 key,
             },
-            ttl: Duration::from_secs(spec.ttl_secs),
+            ttl: spec.ttl,
             fingerprint: fields.builder.finish(),
-            conflict_wait: spec.conflict_wait_ms,
+            conflict_wait: spec.conflict_wait.map(|wait| wait.as_millis() as u64),
         };
         cycle::claim(self.store, Some(request), observation).await
     }
