@@ -220,8 +220,6 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             #(#params),*
         ) -> ::idem_runtime::__private::Response {
             #(#inner_attrs)*
-            // `async` is required by the attribute, awaited or not.
-            #[allow(clippy::unused_async)]
             #inner_sig #block
 
             #[allow(unused_imports)]
@@ -299,7 +297,6 @@ mod tests {
     use std::str::FromStr;
 
     use proptest::prelude::*;
-    use quote::quote;
 
     use super::*;
 
