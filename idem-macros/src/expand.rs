@@ -108,9 +108,6 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .extracted()
         .map(|(i, param)| (format_ident!("__idem_arg{}", i), &*param.ty))
         .collect();
-    let params = extracted
-        .iter()
-        .map(|(arg, ty)| quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
     let unwrap = extracted
         .iter()
         .map(|(arg, _)| quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
@@ -134,7 +131,10 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let key_source = args.key.as_ref().map(|(_, source)| source);
     let (key_param, key) = match (key_source, &last_for_key(&extracted)) {
         (Some(KeySource::Header(name)), _) => (
-            quote!(__idem_headers: ::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>,),
+            Some((
+                quote!(__idem_headers),
+                quote!(::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>),
+            )),
             quote!(::core::option::Option::Some(::idem_runtime::__private::key_from_header(&__idem_headers.0, #name))),
         ),
         (Some(KeySource::Field(path)), Some((arg, ty))) => {
@@ -143,14 +143,14 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
             let key = quote_spanned!(span=> ::idem_runtime::__private::key_of(&__idem_key_body #(.#members)*));
             (
-                quote!(),
+                None,
                 quote!({
                     let __idem_key_body = #body;
                     ::core::option::Option::Some(#key)
                 }),
             )
         }
-        _ => (quote!(), quote!(::core::option::Option::None)),
+        _ => (None, quote!(::core::option::Option::None)),
     };
     let conflict_wait = match args.wait() {
         Some(wait) => {
@@ -162,11 +162,41 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
     let (principal_param, principal) = match &args.principal {
         Some((_, path)) => (
-            quote_spanned!(path.span()=> __idem_principal: ::idem_runtime::__private::Extract<#path>,),
+            Some((
+                quote_spanned!(path.span()=> __idem_principal),
+                quote_spanned!(path.span()=> ::idem_runtime::__private::Extract<#path>),
+            )),
             quote_spanned!(path.span()=> ::idem_runtime::__private::principal_of(&__idem_principal.0)),
         ),
-        None => (quote!(), quote!(::core::option::Option::None)),
+        None => (None, quote!(::core::option::Option::None)),
     };
+
+    // The wrapper takes two parameters: a tuple of idem's extractors and the handler's
+    // own but the last (axum extracts a tuple's elements in order), then the last. So it
+    // never has too many arguments, and needs no `#[allow(clippy::too_many_arguments)]`,
+    // which the user's function inside it would inherit.
+    let (last_param, before_last) = match extracted.split_last() {
+        Some(((arg, ty), before)) => (
+            Some(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>)),
+            before,
+        ),
+        None => (None, &[][..]),
+    };
+    let guard = (
+        quote!(__idem_guard),
+        quote!(::idem_runtime::__private::Guard),
+    );
+    let own = before_last.iter().map(|(arg, ty)| {
+        (
+            quote!(#arg),
+            quote_spanned!(ty.span()=> ::idem_runtime::__private::Extract<#ty>),
+        )
+    });
+    let (parts, part_types): (Vec<_>, Vec<_>) = [Some(guard), key_param, principal_param]
+        .into_iter()
+        .flatten()
+        .chain(own)
+        .unzip();
 
     // The body's binding, respanned onto its type so that a bound it fails is reported
     // once, there.
@@ -212,12 +242,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
     quote! {
         #(#wrapper_attrs)*
-        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
         #vis async fn #name(
-            __idem_guard: ::idem_runtime::__private::Guard,
-            #key_param
-            #principal_param
-            #(#params),*
+            (#(#parts,)*): (#(#part_types,)*),
+            #last_param
         ) -> ::idem_runtime::__private::Response {
             #(#inner_attrs)*
             #inner_sig #block
@@ -387,6 +414,31 @@ mod tests {
             default.contains("conflict_wait : :: core :: option :: Option :: None"),
             "{default}"
         );
+    }
+
+    /// Lints are allowed on generated statements only (STYLE.md habit 8): neither the
+    /// wrapper, whose body holds the user's function, nor that function carries an
+    /// `allow` of the macro's, whatever the number of parameters.
+    #[test]
+    fn no_lint_is_allowed_on_the_users_function() {
+        let expanded = idempotent(
+            quote!(scope = "s", key = header("Id"), principal = P),
+            quote!(
+                /// Docs.
+                #[deny(clippy::pedantic)]
+                async fn f(a: A, b: B, c: C, d: D, e: E, g: G, tx: Tx, Json(h): Json<H>) {}
+            ),
+        );
+        let wrapper: ItemFn = syn::parse2(expanded).expect("a function");
+        assert!(!wrapper.attrs.iter().any(|a| a.path().is_ident("allow")));
+        assert_eq!(wrapper.sig.inputs.len(), 2, "the parts and the body");
+        let inner = wrapper.block.stmts.iter().find_map(|stmt| match stmt {
+            syn::Stmt::Item(syn::Item::Fn(inner)) => Some(inner),
+            _ => None,
+        });
+        let attrs = &inner.expect("the user's function").attrs;
+        assert_eq!(attrs.len(), 1, "only the user's own");
+        assert!(attrs[0].path().is_ident("deny"));
     }
 
     proptest! {

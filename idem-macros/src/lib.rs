@@ -56,6 +56,10 @@ use proc_macro::TokenStream;
 /// list and its body extractor last. It may return any `IntoResponse`, or a `Result` of
 /// two: `Ok` below 500 commits and is replayed, `Err` rolls back.
 ///
+/// Lints see the handler as you wrote it: the expansion allows none on your code. A
+/// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)
+/// says so; allow it on the handler if you lint with the pedantic group.
+///
 /// # Mistakes are compile errors
 ///
 /// Every option is checked at compile time, on your own tokens. A field the body does
