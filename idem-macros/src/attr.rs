@@ -1,55 +1,90 @@
 //! The attribute's arguments, parsed into typed values that keep their spans.
+//!
+//! Parsing runs in two steps. [`Arg`]'s `Parse` reads the options' syntax, `name =
+//! value`, recognising each name as a keyword of [`kw`]; then [`parse`] checks each value
+//! and reports every mistake it finds to [`Errors`], so one build shows them all.
 
 use proc_macro2::Span;
-use syn::parse::{Parse, ParseStream};
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{Expr, Ident, LitStr, Member, Token};
+use syn::{Expr, Ident, LitBool, LitStr, Member, Token, Type};
+
+use crate::errors::Errors;
+
+/// The options, and the words their values are made of.
+pub mod kw {
+    syn::custom_keyword!(scope);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(fields);
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(principal);
+    syn::custom_keyword!(required);
+    syn::custom_keyword!(concurrency);
+
+    // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
+    syn::custom_keyword!(header);
+    syn::custom_keyword!(reject);
+    syn::custom_keyword!(wait);
+}
 
 const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required` or `concurrency`";
 
-/// The parsed `#[idempotent(...)]` arguments.
+/// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
 pub struct Args {
-    pub scope: LitStr,
-    pub ttl: Option<Ttl>,
-    pub fields: Option<Fields>,
-    pub principal: Option<syn::Type>,
-    /// `required = false`: a request without a key runs unrecorded instead of 400.
-    pub required: Option<syn::LitBool>,
+    pub scope: (kw::scope, LitStr),
+    pub ttl: Option<(kw::ttl, DurationLit)>,
+    pub fields: Option<(kw::fields, Vec<FieldPath>)>,
     /// `key = ...`: where the key comes from, instead of the `Idempotency-Key` header.
-    pub key: Option<KeySource>,
-    /// `concurrency = wait("30s")`: the wait for a request in flight, in milliseconds.
-    pub wait_ms: Option<u64>,
+    pub key: Option<(kw::key, KeySource)>,
+    pub principal: Option<(kw::principal, Type)>,
+    /// `required = false`: a request without a key runs unrecorded instead of 400.
+    pub required: Option<(kw::required, LitBool)>,
+    /// `concurrency = ...`: what a duplicate of a request in flight gets.
+    pub concurrency: Option<(kw::concurrency, Concurrency)>,
 }
 
 /// `key = event_id` (a body field) or `key = header("Webhook-Id")`.
 pub enum KeySource {
     Field(FieldPath),
+    /// The header's name, lowercased.
     Header(LitStr),
 }
 
-/// `ttl = "24h"`: the literal as written and what it means.
-pub struct Ttl {
+/// `concurrency = reject` (409 at once, the default) or `concurrency = wait("30s")`.
+pub enum Concurrency {
+    Reject,
+    Wait(DurationLit),
+}
+
+/// `"24h"`: the literal as written and what it means.
+pub struct DurationLit {
     pub lit: LitStr,
-    pub secs: u64,
+    pub millis: u64,
 }
 
 impl Args {
     /// Whether a key is required; it is unless `required = false`.
     pub fn required(&self) -> bool {
-        self.required.as_ref().is_none_or(|flag| flag.value)
+        self.required.as_ref().is_none_or(|(_, flag)| flag.value)
     }
 
     /// The ttl in seconds; one day when not given.
     pub fn ttl_secs(&self) -> u64 {
-        self.ttl.as_ref().map_or(24 * 60 * 60, |ttl| ttl.secs)
+        self.ttl
+            .as_ref()
+            .map_or(24 * 60 * 60, |(_, ttl)| ttl.millis / 1_000)
     }
-}
 
-/// `fields = [a, b.c]`: where the option was written, and the field paths.
-pub struct Fields {
-    pub keyword: Ident,
-    pub paths: Vec<FieldPath>,
+    /// `concurrency = wait(..)`'s wait, if that is the policy.
+    pub fn wait(&self) -> Option<&DurationLit> {
+        match &self.concurrency {
+            Some((_, Concurrency::Wait(wait))) => Some(wait),
+            Some((_, Concurrency::Reject)) | None => None,
+        }
+    }
 }
 
 /// A field of the body, possibly nested: `amount`, `customer.id`.
@@ -68,150 +103,131 @@ impl FieldPath {
     }
 }
 
-/// One `name = value` pair, before its value is checked.
-struct Arg {
-    name: Ident,
-    value: Value,
-}
-
-/// `principal` names a type; every other option takes an expression-like value.
-enum Value {
-    Expr(Expr),
-    Type(syn::Type),
-}
-
-impl Value {
-    fn span(&self) -> Span {
-        match self {
-            Self::Expr(e) => e.span(),
-            Self::Type(t) => t.span(),
-        }
-    }
+/// One option as written, before its value is checked.
+enum Arg {
+    Scope(kw::scope, Expr),
+    Ttl(kw::ttl, Expr),
+    Fields(kw::fields, Expr),
+    Key(kw::key, Expr),
+    /// A type; or a literal, read only to be reported.
+    Principal(kw::principal, Result<Type, Expr>),
+    Required(kw::required, Expr),
+    Concurrency(kw::concurrency, Expr),
+    /// Not an option; its value is read only to go on to the next.
+    Unknown(Ident),
 }
 
 impl Parse for Arg {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let name: Ident = input.call(syn::ext::IdentExt::parse_any)?;
-        if !input.peek(Token![=]) {
-            return Err(syn::Error::new(
-                name.span(),
-                format!("expected `{name} = ...`; options are written `name = value`"),
-            ));
-        }
-        input.parse::<Token![=]>()?;
-        let value = if name == "principal" && !input.peek(syn::Lit) {
-            Value::Type(input.parse()?)
+        if input.peek(kw::scope) {
+            option(input).map(|(k, v)| Self::Scope(k, v))
+        } else if input.peek(kw::ttl) {
+            option(input).map(|(k, v)| Self::Ttl(k, v))
+        } else if input.peek(kw::fields) {
+            option(input).map(|(k, v)| Self::Fields(k, v))
+        } else if input.peek(kw::key) {
+            option(input).map(|(k, v)| Self::Key(k, v))
+        } else if input.peek(kw::principal) {
+            let keyword = input.parse()?;
+            equals(input, &keyword)?;
+            let value = if input.peek(syn::Lit) {
+                Err(input.parse()?)
+            } else {
+                Ok(input.parse()?)
+            };
+            Ok(Self::Principal(keyword, value))
+        } else if input.peek(kw::required) {
+            option(input).map(|(k, v)| Self::Required(k, v))
+        } else if input.peek(kw::concurrency) {
+            option(input).map(|(k, v)| Self::Concurrency(k, v))
         } else {
-            Value::Expr(input.parse()?)
-        };
-        Ok(Self { name, value })
-    }
-}
-
-/// Collects every error of one attribute, so a user with three mistakes sees three
-/// messages in one build.
-#[derive(Default)]
-pub struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(errors) => errors.combine(error),
-            None => self.0 = Some(error),
+            let name = input.call(Ident::parse_any)?;
+            equals(input, &name)?;
+            input.parse::<Expr>()?;
+            Ok(Self::Unknown(name))
         }
     }
-
-    pub fn at(&mut self, span: Span, message: impl std::fmt::Display) {
-        self.push(syn::Error::new(span, message));
-    }
-
-    pub fn finish(self) -> Result<(), syn::Error> {
-        self.0.map_or(Ok(()), Err)
-    }
 }
 
-/// Stores an option's value unless it was already given: the one place that says
-/// "specified more than once".
-fn set_once<T>(slot: &mut Option<T>, value: T, name: &Ident, errors: &mut Errors) {
+/// `keyword = value`, the value still unchecked.
+fn option<K: Parse + ToTokens>(input: ParseStream<'_>) -> syn::Result<(K, Expr)> {
+    let keyword = input.parse()?;
+    equals(input, &keyword)?;
+    Ok((keyword, input.parse()?))
+}
+
+/// The `=` after an option's name; an option written alone is an error on its name.
+fn equals(input: ParseStream<'_>, name: &impl ToTokens) -> syn::Result<()> {
+    if !input.peek(Token![=]) {
+        let name = name.to_token_stream();
+        return Err(syn::Error::new(
+            name.span(),
+            format!("expected `{name} = ...`; options are written `name = value`"),
+        ));
+    }
+    input.parse::<Token![=]>().map(drop)
+}
+
+/// Stores an option with its keyword unless it was already given: the one place that
+/// says "specified more than once". A value that failed its check (`None`, already
+/// reported) is left out.
+fn set_once<K: ToTokens, T>(
+    slot: &mut Option<(K, T)>,
+    keyword: K,
+    value: Option<T>,
+    errors: &Errors,
+) {
+    let Some(value) = value else { return };
     if slot.is_some() {
+        let name = keyword.to_token_stream();
         errors.at(name.span(), format!("`{name}` is specified more than once"));
     } else {
-        *slot = Some(value);
+        *slot = Some((keyword, value));
     }
 }
 
 /// Parses the arguments; `None` when they cannot make a wrapper (the errors say why).
-pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args> {
-    let parsed =
-        match syn::parse::Parser::parse2(Punctuated::<Arg, Token![,]>::parse_terminated, args) {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                errors.push(e);
-                return None;
-            }
-        };
+pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
+    let parsed = match Punctuated::<Arg, Token![,]>::parse_terminated.parse2(args) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            errors.push(e);
+            return None;
+        }
+    };
     let mut scope = None;
     let mut ttl = None;
     let mut fields = None;
+    let mut key = None;
     let mut principal = None;
     let mut required = None;
-    let mut key = None;
-    let mut wait_ms = None;
+    let mut concurrency = None;
     let mut scope_given = false;
     for arg in parsed {
-        match arg.name.to_string().as_str() {
-            "scope" => {
+        match arg {
+            Arg::Scope(k, value) => {
                 scope_given = true;
-                if let Some(v) = expr(&arg.value, "scope", errors).and_then(|e| parse_scope(e, errors)) {
-                    set_once(&mut scope, v, &arg.name, errors);
-                }
+                set_once(&mut scope, k, parse_scope(&value, errors), errors);
             }
-            "ttl" => {
-                if let Some(v) = expr(&arg.value, "ttl", errors).and_then(|e| parse_ttl(e, errors)) {
-                    set_once(&mut ttl, v, &arg.name, errors);
-                }
+            Arg::Ttl(k, value) => set_once(&mut ttl, k, parse_ttl(&value, errors), errors),
+            Arg::Fields(k, value) => {
+                set_once(&mut fields, k, parse_fields(&value, errors), errors);
             }
-            "fields" => {
-                if let Some(paths) = expr(&arg.value, "fields", errors).and_then(|e| parse_fields(e, errors)) {
-                    let value = Fields {
-                        keyword: arg.name.clone(),
-                        paths,
-                    };
-                    set_once(&mut fields, value, &arg.name, errors);
-                }
+            Arg::Key(k, value) => set_once(&mut key, k, parse_key(&value, errors), errors),
+            Arg::Principal(k, Ok(ty)) => set_once(&mut principal, k, Some(ty), errors),
+            Arg::Principal(_, Err(literal)) => errors.at(
+                literal.span(),
+                "`principal` takes an extractor type that implements `idem_runtime::Principal`, such as `principal = Tenant`",
+            ),
+            Arg::Required(k, value) => {
+                set_once(&mut required, k, parse_required(&value, errors), errors);
             }
-            "principal" => match &arg.value {
-                Value::Type(ty) => set_once(&mut principal, ty.clone(), &arg.name, errors),
-                other => errors.at(
-                    other.span(),
-                    "`principal` takes an extractor type that implements `idem_runtime::Principal`, such as `principal = Tenant`",
-                ),
-            },
-            "required" => match expr(&arg.value, "required", errors) {
-                Some(Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Bool(flag),
-                    ..
-                })) => set_once(&mut required, flag.clone(), &arg.name, errors),
-                Some(other) => errors.at(
-                    other.span(),
-                    "`required` takes `true` (the default: a request without a key is refused) or `false` \
-                     (it runs without being recorded, for a gradual rollout)",
-                ),
-                None => {}
-            },
-            "key" => {
-                if let Some(v) = expr(&arg.value, "key", errors).and_then(|e| parse_key(e, errors)) {
-                    set_once(&mut key, v, &arg.name, errors);
-                }
+            Arg::Concurrency(k, value) => {
+                set_once(&mut concurrency, k, parse_concurrency(&value, errors), errors);
             }
-            "concurrency" => {
-                if let Some(v) = expr(&arg.value, "concurrency", errors).and_then(|e| parse_concurrency(e, errors)) {
-                    set_once(&mut wait_ms, v, &arg.name, errors);
-                }
-            }
-            unknown => errors.at(
-                arg.name.span(),
-                format!("unknown option `{unknown}`; valid options are {OPTIONS}"),
+            Arg::Unknown(name) => errors.at(
+                name.span(),
+                format!("unknown option `{name}`; valid options are {OPTIONS}"),
             ),
         }
     }
@@ -229,17 +245,44 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Args
         scope,
         ttl,
         fields,
+        key,
         principal,
         required,
-        key,
-        wait_ms: wait_ms.flatten(),
+        concurrency,
     })
 }
 
+/// Whether `value` is exactly the word `K`, such as `reject`.
+fn is<K: Parse>(value: &Expr) -> bool {
+    match value {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => {
+            syn::parse2::<K>(p.path.to_token_stream()).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// `required = true` or `required = false`.
+fn parse_required(value: &Expr, errors: &Errors) -> Option<LitBool> {
+    if let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Bool(flag),
+        ..
+    }) = value
+    {
+        return Some(flag.clone());
+    }
+    errors.at(
+        value.span(),
+        "`required` takes `true` (the default: a request without a key is refused) or `false` \
+         (it runs without being recorded, for a gradual rollout)",
+    );
+    None
+}
+
 /// `key = id`, `key = meta.event_id` or `key = header("Webhook-Id")`.
-fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
+fn parse_key(value: &Expr, errors: &Errors) -> Option<KeySource> {
     if let Expr::Call(call) = value {
-        if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("header")) {
+        if is::<kw::header>(&call.func) {
             if let [Expr::Lit(syn::ExprLit {
                 lit: syn::Lit::Str(name),
                 ..
@@ -248,10 +291,8 @@ fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
                 let text = name.value();
                 let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
                 if !text.is_empty() && text.bytes().all(token) {
-                    return Some(KeySource::Header(LitStr::new(
-                        &text.to_ascii_lowercase(),
-                        name.span(),
-                    )));
+                    let lowercase = LitStr::new(&text.to_ascii_lowercase(), name.span());
+                    return Some(KeySource::Header(lowercase));
                 }
                 errors.at(name.span(), "not a valid HTTP header name");
                 return None;
@@ -269,35 +310,38 @@ fn parse_key(value: &Expr, errors: &mut Errors) -> Option<KeySource> {
 }
 
 /// `concurrency = reject` (the default: 409 at once) or `concurrency = wait("30s")`.
-/// `Some(None)` is an explicit `reject`.
-fn parse_concurrency(value: &Expr, errors: &mut Errors) -> Option<Option<u64>> {
+fn parse_concurrency(value: &Expr, errors: &Errors) -> Option<Concurrency> {
     const FORMS: &str = "`concurrency` takes `reject` (a duplicate of a request in flight gets 409 at once) or \
                          `wait(\"30s\")` (it waits up to that long for the first to finish, then replays it)";
-    match value {
-        Expr::Path(p) if p.path.is_ident("reject") => Some(None),
-        Expr::Call(call) if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("wait")) => {
-            let Some(Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(lit),
-                ..
-            })) = call.args.first()
-            else {
-                errors.at(call.span(), FORMS);
-                return None;
-            };
-            let ms = match duration(&lit.value(), true) {
-                Some(ms) if ms > 0 && ms <= 3_600_000 => ms,
-                _ => {
-                    errors.at(
-                        lit.span(),
-                        "`wait` must look like \"500ms\", \"30s\" or \"2m\": more than zero and at most an hour",
-                    );
-                    return None;
-                }
-            };
-            Some(Some(ms))
-        }
+    if is::<kw::reject>(value) {
+        return Some(Concurrency::Reject);
+    }
+    let Expr::Call(call) = value else {
+        errors.at(value.span(), FORMS);
+        return None;
+    };
+    if !is::<kw::wait>(&call.func) {
+        errors.at(value.span(), FORMS);
+        return None;
+    }
+    let Some(Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Str(lit),
+        ..
+    })) = call.args.first()
+    else {
+        errors.at(call.span(), FORMS);
+        return None;
+    };
+    match duration(&lit.value(), true) {
+        Some(millis) if millis > 0 && millis <= 3_600_000 => Some(Concurrency::Wait(DurationLit {
+            lit: lit.clone(),
+            millis,
+        })),
         _ => {
-            errors.at(value.span(), FORMS);
+            errors.at(
+                lit.span(),
+                "`wait` must look like \"500ms\", \"30s\" or \"2m\": more than zero and at most an hour",
+            );
             None
         }
     }
@@ -320,17 +364,7 @@ fn duration(text: &str, allow_ms: bool) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
-fn expr<'a>(value: &'a Value, option: &str, errors: &mut Errors) -> Option<&'a Expr> {
-    match value {
-        Value::Expr(e) => Some(e),
-        Value::Type(t) => {
-            errors.at(t.span(), format!("`{option}` does not take a type"));
-            None
-        }
-    }
-}
-
-fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Option<&'a LitStr> {
+fn string_literal<'a>(value: &'a Expr, option: &str, errors: &Errors) -> Option<&'a LitStr> {
     if let Expr::Lit(syn::ExprLit {
         lit: syn::Lit::Str(s),
         ..
@@ -342,7 +376,7 @@ fn string_literal<'a>(value: &'a Expr, option: &str, errors: &mut Errors) -> Opt
     None
 }
 
-fn parse_scope(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+fn parse_scope(value: &Expr, errors: &Errors) -> Option<LitStr> {
     let lit = string_literal(value, "scope = \"...\"", errors)?;
     let scope = lit.value();
     let valid = !scope.is_empty()
@@ -362,13 +396,13 @@ fn parse_scope(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
 
 const TTL_FORMS: &str = "`ttl` must look like \"90s\", \"30m\", \"24h\" or \"7d\": a positive whole number and one unit of s, m, h or d";
 
-fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
+fn parse_ttl(value: &Expr, errors: &Errors) -> Option<DurationLit> {
     let lit = string_literal(value, "ttl = \"...\"", errors)?;
-    let Some(ms) = duration(&lit.value(), false) else {
+    let Some(millis) = duration(&lit.value(), false) else {
         errors.at(lit.span(), TTL_FORMS);
         return None;
     };
-    if ms == 0 {
+    if millis == 0 {
         errors.at(
             lit.span(),
             "`ttl` must be longer than zero: a stored response must be kept for some time",
@@ -376,17 +410,17 @@ fn parse_ttl(value: &Expr, errors: &mut Errors) -> Option<Ttl> {
         return None;
     }
     // A century is more than any key needs and keeps `now() + ttl` inside PostgreSQL's range.
-    if ms > 100 * 365 * 86_400_000 {
+    if millis > 100 * 365 * 86_400_000 {
         errors.at(lit.span(), "`ttl` is too long: the limit is 100 years");
         return None;
     }
-    Some(Ttl {
+    Some(DurationLit {
         lit: lit.clone(),
-        secs: ms / 1_000,
+        millis,
     })
 }
 
-fn parse_fields(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
+fn parse_fields(value: &Expr, errors: &Errors) -> Option<Vec<FieldPath>> {
     let Expr::Array(array) = value else {
         errors.at(
             value.span(),
@@ -457,19 +491,19 @@ mod tests {
     use super::*;
 
     fn parse_ok(args: proc_macro2::TokenStream) -> Args {
-        let mut errors = Errors::default();
-        let parsed = parse(args, &mut errors);
-        if let Err(e) = errors.finish() {
+        let errors = Errors::new();
+        let parsed = parse(args, &errors);
+        if let Err(e) = errors.check() {
             panic!("unexpected error: {e}");
         }
         parsed.expect("arguments")
     }
 
     fn messages(args: proc_macro2::TokenStream) -> Vec<String> {
-        let mut errors = Errors::default();
-        let _ = parse(args, &mut errors);
+        let errors = Errors::new();
+        let _ = parse(args, &errors);
         errors
-            .finish()
+            .check()
             .err()
             .map_or_else(Vec::new, |e| e.into_iter().map(|e| e.to_string()).collect())
     }
@@ -527,7 +561,7 @@ mod tests {
             .fields
             .as_ref()
             .unwrap()
-            .paths
+            .1
             .iter()
             .map(FieldPath::name)
             .collect();
@@ -545,25 +579,27 @@ mod tests {
             key = meta.event_id,
             concurrency = wait("30s")
         ));
-        assert!(matches!(&args.key, Some(KeySource::Field(p)) if p.name() == "meta.event_id"));
-        assert_eq!(args.wait_ms, Some(30_000));
+        assert!(matches!(&args.key, Some((_, KeySource::Field(p))) if p.name() == "meta.event_id"));
+        assert_eq!(args.wait().map(|w| w.millis), Some(30_000));
         let args = parse_ok(quote!(
             scope = "s",
             key = header("Webhook-Id"),
             concurrency = reject
         ));
-        assert!(matches!(&args.key, Some(KeySource::Header(h)) if h.value() == "webhook-id"));
-        assert_eq!(args.wait_ms, None);
-        assert_eq!(
-            parse_ok(quote!(scope = "s", concurrency = wait("250ms"))).wait_ms,
-            Some(250)
-        );
+        assert!(matches!(&args.key, Some((_, KeySource::Header(h))) if h.value() == "webhook-id"));
+        assert!(matches!(args.concurrency, Some((_, Concurrency::Reject))));
+        assert!(args.wait().is_none());
+        let args = parse_ok(quote!(scope = "s", concurrency = wait("250ms")));
+        assert_eq!(args.wait().map(|w| w.millis), Some(250));
         for bad in [
             quote!(key = header("bad header")),
             quote!(key = "id"),
             quote!(concurrency = wait("0s")),
             quote!(concurrency = wait("2h")),
             quote!(concurrency = forever),
+            quote!(concurrency = a::reject),
+            quote!(concurrency = waits("1s")),
+            quote!(key = headers("Id")),
         ] {
             assert_eq!(messages(quote!(scope = "s", #bad)).len(), 1, "{bad}");
         }
@@ -592,6 +628,9 @@ mod tests {
             quote!(ttl = "1h"),
             quote!(fields = [a]),
             quote!(principal = P),
+            quote!(key = id),
+            quote!(required = false),
+            quote!(concurrency = reject),
         ] {
             let all = messages(quote!(scope = "s", #option, #option));
             assert!(
@@ -600,5 +639,31 @@ mod tests {
                 "{all:?}"
             );
         }
+    }
+
+    #[test]
+    fn options_are_keywords_that_keep_their_tokens() {
+        let args = parse_ok(quote!(scope = "s", ttl = "1h", required = false));
+        assert_eq!(
+            args.ttl.as_ref().map(|(_, ttl)| ttl.lit.value()),
+            Some("1h".into())
+        );
+        assert!(args.required.is_some());
+        // A near miss of a keyword is an unknown option, named with the valid ones.
+        let all = messages(quote!(scope = "s", Scope = "t", r#ttl = "1h"));
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert!(
+            all.iter().all(|m| m.contains("valid options are `scope`")),
+            "{all:#?}"
+        );
+        // Written without a value: a syntax error on the option's name.
+        assert_eq!(
+            messages(quote!(scope = "s", ttl)),
+            ["expected `ttl = ...`; options are written `name = value`"]
+        );
+        assert_eq!(
+            messages(quote!(scope = "s", retries)),
+            ["expected `retries = ...`; options are written `name = value`"]
+        );
     }
 }

@@ -3,12 +3,13 @@
 //! under the handler's own name (so `return` and `?` behave, and errors name the
 //! handler), with a `Tx` borrowed from the claim.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Literal, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
-use crate::attr::{self, Args, Errors, FieldPath, KeySource};
+use crate::attr::{self, Args, FieldPath, KeySource};
+use crate::errors::Errors;
 use crate::valid::{self, Handler};
 
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -22,26 +23,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return fallback(item, e);
         }
     };
-    let mut errors = Errors::default();
-    let args = attr::parse(args, &mut errors);
-    let handler = valid::handler(&func, &mut errors);
-    if let Some(fields) = args.as_ref().and_then(|a| a.fields.as_ref()) {
-        if handler.extracted().next().is_none() {
-            errors.at(
-                fields.keyword.span(),
-                "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
-            );
-        }
+    let errors = Errors::new();
+    let args = attr::parse(args, &errors);
+    let handler = valid::handler(&func, &errors);
+    if let Some(args) = &args {
+        valid::args(args, &handler, &errors);
     }
-    if let Some(Some(KeySource::Field(path))) = args.as_ref().map(|a| a.key.as_ref()) {
-        if handler.extracted().next().is_none() {
-            errors.at(
-                path.members[0].span(),
-                "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
-            );
-        }
-    }
-    let tokens = match (errors.finish(), args) {
+    let tokens = match (errors.check(), args) {
         (Ok(()), Some(args)) => wrapper(&func, &args, &handler),
         (Err(e), _) => fallback_fn(func.clone(), e),
         (Ok(()), None) => fallback_fn(
@@ -105,24 +93,21 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let mut inner_sig = func.sig.clone();
     elide_tx_lifetimes(&mut inner_sig);
     let block = &func.block;
-    let scope = &args.scope;
+    let (_, scope) = &args.scope;
     let required = args.required();
-    let ttl_secs = {
-        let secs = args.ttl_secs();
+    let ttl = {
         let span = args
             .ttl
             .as_ref()
-            .map_or_else(Span::call_site, |ttl| ttl.lit.span());
-        quote_spanned!(span=> #secs)
+            .map_or_else(Span::call_site, |(_, ttl)| ttl.lit.span());
+        let secs = u64_at(args.ttl_secs(), span);
+        quote!(::core::time::Duration::from_secs(#secs))
     };
 
     let extracted: Vec<(Ident, &Type)> = handler
         .extracted()
         .map(|(i, param)| (format_ident!("__idem_arg{}", i), &*param.ty))
         .collect();
-    let params = extracted
-        .iter()
-        .map(|(arg, ty)| quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>));
     let unwrap = extracted
         .iter()
         .map(|(arg, _)| quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
@@ -143,9 +128,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
     });
 
-    let (key_param, key) = match (&args.key, &last_for_key(&extracted)) {
+    let key_source = args.key.as_ref().map(|(_, source)| source);
+    let (key_param, key) = match (key_source, &last_for_key(&extracted)) {
         (Some(KeySource::Header(name)), _) => (
-            quote!(__idem_headers: ::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>,),
+            Some((
+                quote!(__idem_headers),
+                quote!(::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>),
+            )),
             quote!(::core::option::Option::Some(::idem_runtime::__private::key_from_header(&__idem_headers.0, #name))),
         ),
         (Some(KeySource::Field(path)), Some((arg, ty))) => {
@@ -154,27 +143,60 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
             let key = quote_spanned!(span=> ::idem_runtime::__private::key_of(&__idem_key_body #(.#members)*));
             (
-                quote!(),
+                None,
                 quote!({
                     let __idem_key_body = #body;
                     ::core::option::Option::Some(#key)
                 }),
             )
         }
-        _ => (quote!(), quote!(::core::option::Option::None)),
+        _ => (None, quote!(::core::option::Option::None)),
     };
-    let conflict_wait = match args.wait_ms {
-        Some(ms) => quote!(::core::option::Option::Some(#ms)),
+    let conflict_wait = match args.wait() {
+        Some(wait) => {
+            let millis = u64_at(wait.millis, wait.lit.span());
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+        }
         None => quote!(::core::option::Option::None),
     };
 
     let (principal_param, principal) = match &args.principal {
-        Some(path) => (
-            quote_spanned!(path.span()=> __idem_principal: ::idem_runtime::__private::Extract<#path>,),
+        Some((_, path)) => (
+            Some((
+                quote_spanned!(path.span()=> __idem_principal),
+                quote_spanned!(path.span()=> ::idem_runtime::__private::Extract<#path>),
+            )),
             quote_spanned!(path.span()=> ::idem_runtime::__private::principal_of(&__idem_principal.0)),
         ),
-        None => (quote!(), quote!(::core::option::Option::None)),
+        None => (None, quote!(::core::option::Option::None)),
     };
+
+    // The wrapper takes two parameters: a tuple of idem's extractors and the handler's
+    // own but the last (axum extracts a tuple's elements in order), then the last. So it
+    // never has too many arguments, and needs no `#[allow(clippy::too_many_arguments)]`,
+    // which the user's function inside it would inherit.
+    let (last_param, before_last) = match extracted.split_last() {
+        Some(((arg, ty), before)) => (
+            Some(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>)),
+            before,
+        ),
+        None => (None, &[][..]),
+    };
+    let guard = (
+        quote!(__idem_guard),
+        quote!(::idem_runtime::__private::Guard),
+    );
+    let own = before_last.iter().map(|(arg, ty)| {
+        (
+            quote!(#arg),
+            quote_spanned!(ty.span()=> ::idem_runtime::__private::Extract<#ty>),
+        )
+    });
+    let (parts, part_types): (Vec<_>, Vec<_>) = [Some(guard), key_param, principal_param]
+        .into_iter()
+        .flatten()
+        .chain(own)
+        .unzip();
 
     // The body's binding, respanned onto its type so that a bound it fails is reported
     // once, there.
@@ -182,9 +204,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .last()
         .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), *ty));
     let add_fields = match (&args.fields, &last) {
-        (Some(fields), Some((arg, ty))) => {
+        (Some((_, fields)), Some((arg, ty))) => {
             let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
-            let adds = fields.paths.iter().map(add_field);
+            let adds = fields.iter().map(add_field);
             quote!({
                 let __idem_body = #body;
                 #(#adds)*
@@ -220,16 +242,11 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
     quote! {
         #(#wrapper_attrs)*
-        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
         #vis async fn #name(
-            __idem_guard: ::idem_runtime::__private::Guard,
-            #key_param
-            #principal_param
-            #(#params),*
+            (#(#parts,)*): (#(#part_types,)*),
+            #last_param
         ) -> ::idem_runtime::__private::Response {
             #(#inner_attrs)*
-            // `async` is required by the attribute, awaited or not.
-            #[allow(clippy::unused_async)]
             #inner_sig #block
 
             #[allow(unused_imports)]
@@ -239,9 +256,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             };
             static __IDEM_SPEC: ::idem_runtime::__private::Spec = ::idem_runtime::__private::Spec {
                 scope: #scope,
-                ttl_secs: #ttl_secs,
+                ttl: #ttl,
                 required: #required,
-                conflict_wait_ms: #conflict_wait,
+                conflict_wait: #conflict_wait,
             };
             #(#not_bodies)*
             #(#unwrap)*
@@ -261,6 +278,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             __idem_claim.finish(__idem_outcome).await
         }
     }
+}
+
+/// `value` as a literal on the user's token (`ttl = "24h"`), which it was read from.
+fn u64_at(value: u64, span: Span) -> Literal {
+    let mut literal = Literal::u64_suffixed(value);
+    literal.set_span(span);
+    literal
 }
 
 /// The body's binding, respanned onto its type, for `key = field`.
@@ -358,6 +382,63 @@ mod tests {
             "impl",
             "where",
         ])
+    }
+
+    /// The endpoint's durations reach the runtime as `Duration`s.
+    #[test]
+    fn spec_carries_durations() {
+        let handler = quote!(
+            async fn f(Json(b): Json<B>) -> String {
+                String::new()
+            }
+        );
+        let spec = |args| {
+            let expanded = idempotent(args, handler.clone()).to_string();
+            let start = expanded.find("Spec {").expect("a Spec");
+            expanded[start..start + expanded[start..].find('}').unwrap()].to_string()
+        };
+        let custom = spec(quote!(scope = "s", ttl = "7d", concurrency = wait("250ms")));
+        assert!(
+            custom.contains("ttl : :: core :: time :: Duration :: from_secs (604800u64)"),
+            "{custom}"
+        );
+        assert!(
+            custom.contains(
+                "conflict_wait : :: core :: option :: Option :: Some (:: core :: time :: Duration :: from_millis (250u64))"
+            ),
+            "{custom}"
+        );
+        let default = spec(quote!(scope = "s"));
+        assert!(default.contains("from_secs (86400u64)"), "{default}");
+        assert!(
+            default.contains("conflict_wait : :: core :: option :: Option :: None"),
+            "{default}"
+        );
+    }
+
+    /// Lints are allowed on generated statements only (STYLE.md habit 8): neither the
+    /// wrapper, whose body holds the user's function, nor that function carries an
+    /// `allow` of the macro's, whatever the number of parameters.
+    #[test]
+    fn no_lint_is_allowed_on_the_users_function() {
+        let expanded = idempotent(
+            quote!(scope = "s", key = header("Id"), principal = P),
+            quote!(
+                /// Docs.
+                #[deny(clippy::pedantic)]
+                async fn f(a: A, b: B, c: C, d: D, e: E, g: G, tx: Tx, Json(h): Json<H>) {}
+            ),
+        );
+        let wrapper: ItemFn = syn::parse2(expanded).expect("a function");
+        assert!(!wrapper.attrs.iter().any(|a| a.path().is_ident("allow")));
+        assert_eq!(wrapper.sig.inputs.len(), 2, "the parts and the body");
+        let inner = wrapper.block.stmts.iter().find_map(|stmt| match stmt {
+            syn::Stmt::Item(syn::Item::Fn(inner)) => Some(inner),
+            _ => None,
+        });
+        let attrs = &inner.expect("the user's function").attrs;
+        assert_eq!(attrs.len(), 1, "only the user's own");
+        assert!(attrs[0].path().is_ident("deny"));
     }
 
     proptest! {

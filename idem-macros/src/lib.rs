@@ -2,6 +2,7 @@
 //! `use idem_runtime::idempotent;`.
 
 mod attr;
+mod errors;
 mod expand;
 mod valid;
 
@@ -44,16 +45,43 @@ use proc_macro::TokenStream;
 ///
 /// | option | meaning |
 /// |---|---|
-/// | `scope = "charges"` | required: the namespace of the endpoint's keys |
-/// | `ttl = "24h"` | how long responses are replayed: a whole number and `s`, `m`, `h` or `d`; default one day |
+/// | `scope = "charges"` | required: the namespace of the endpoint's keys; 1 to 64 ASCII letters, digits, `_`, `-`, `.`, `:` or `/` |
+/// | `ttl = "24h"` | how long responses are replayed: a whole number and `s`, `m`, `h` or `d`, more than zero and at most 100 years; default one day |
 /// | `fields = [amount, customer.id]` | the body fields that identify a request; default: the whole body |
+/// | `key = field.path` or `key = header("Name")` | where the key comes from, instead of the `Idempotency-Key` header: a body field (`key = id`, `key = meta.event_id`), checked at compile time like `fields`, whose value is text, an integer or an `Option` of one; or another header, its name in any case |
 /// | `principal = Tenant` | an extractor implementing `idem_runtime::Principal`; default: the store's resolver |
+/// | `required = false` | a request without a key runs, in its transaction, unrecorded, and is answered with `Idempotent-Recorded: false`; a malformed key is still refused. Default `true`: a request without a key gets 400 |
+/// | `concurrency = reject` or `concurrency = wait("30s")` | what a duplicate of a request still in flight gets. `reject` (the default): 409 at once, after the store's own `conflict_wait` (1 ms unless configured). `wait("30s")`: it waits up to that long for the first to finish and gets its replay, 409 only past the wait; `ms`, `s`, `m` or `h`, more than zero and at most an hour |
+///
+/// `fields` and `key = field` read the body, so the handler needs one as its last
+/// parameter. A webhook, for instance, keys on the event's own id, and a redelivery that
+/// arrives while the first delivery is still running waits for its response:
+///
+/// ```
+/// # use axum::Json;
+/// # use idem_runtime::{idempotent, Tx};
+/// # use serde::{Deserialize, Serialize};
+/// #[derive(Deserialize, Serialize)]
+/// struct Event {
+///     id: String,
+///     kind: String,
+/// }
+///
+/// #[idempotent(scope = "payment_events", ttl = "7d", key = id, concurrency = wait("30s"))]
+/// async fn payment_event(_tx: Tx, Json(event): Json<Event>) -> String {
+///     event.kind
+/// }
+/// ```
 ///
 /// # The handler
 ///
 /// An ordinary axum handler, `async`, with at most one `Tx` parameter anywhere in its
 /// list and its body extractor last. It may return any `IntoResponse`, or a `Result` of
 /// two: `Ok` below 500 commits and is replayed, `Err` rolls back.
+///
+/// Lints see the handler as you wrote it: the expansion allows none on your code. A
+/// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)
+/// says so; allow it on the handler if you lint with the pedantic group.
 ///
 /// # Mistakes are compile errors
 ///

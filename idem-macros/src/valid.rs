@@ -1,11 +1,12 @@
-//! Checks on the handler: what the wrapper can and cannot be built around, and what the
-//! body must not do with the request's transaction.
+//! Checks on the handler: what the wrapper can and cannot be built around, what the
+//! body must not do with the request's transaction, and which options it can serve.
 
 use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat, PatType, Type};
 
-use crate::attr::Errors;
+use crate::attr::{Args, KeySource};
+use crate::errors::Errors;
 
 /// The handler's parameters, with the position of its `Tx`, if any.
 pub struct Handler<'a> {
@@ -36,7 +37,7 @@ pub fn is_tx(ty: &Type) -> bool {
     }
 }
 
-pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
+pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         errors.at(
@@ -110,11 +111,32 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &mut Errors) -> Handler<'a> {
     handler
 }
 
+/// Checks the options against the handler: those that read the body need a parameter
+/// to read it from. Whether that parameter is a body is the type system's to say
+/// (`__private::body_of`), on the parameter's type.
+pub fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
+    if handler.extracted().next().is_some() {
+        return;
+    }
+    if let Some((keyword, _)) = &args.fields {
+        errors.at(
+            keyword.span,
+            "`fields` needs a body to read them from: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
+    if let Some((_, KeySource::Field(path))) = &args.key {
+        errors.at(
+            path.members[0].span(),
+            "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
+}
+
 /// Finds what the type system reports only obscurely: ending idem's transaction by
 /// hand, and moving `Tx` into a spawned task.
 struct TxMisuse<'a> {
     tx: &'a Ident,
-    errors: &'a mut Errors,
+    errors: &'a Errors,
     spawned: bool,
 }
 

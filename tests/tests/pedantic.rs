@@ -2,11 +2,14 @@
 //! `cargo clippy --all-targets -- -D warnings` (run by `.ci/run`) lints this file.
 #![warn(clippy::pedantic)]
 
-use axum::extract::{FromRef, Path, State};
-use axum::http::StatusCode;
+use std::collections::HashMap;
+
+use axum::extract::{FromRef, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Problem, Tx};
+use idem_runtime::{idempotent, Idempotency, Principal, Problem, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
@@ -56,8 +59,49 @@ async fn create(
 
 /// Whole body, no `Tx`, plain return.
 #[idempotent(scope = "notes")]
+// Nothing to await: `clippy::unused_async` is this handler's own lint, which the
+// expansion leaves to its author; allowed here, it reaches the body as written.
+#[allow(clippy::unused_async)]
 async fn note(Json(body): Json<serde_json::Value>) -> String {
     body.to_string()
+}
+
+/// The tenant a request acts for.
+struct Tenant(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = StatusCode;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+        let tenant = parts
+            .headers
+            .get("tenant")
+            .ok_or(StatusCode::UNAUTHORIZED)?;
+        let tenant = tenant.to_str().map_err(|_| StatusCode::BAD_REQUEST)?;
+        Ok(Self(tenant.to_owned()))
+    }
+}
+
+impl Principal for Tenant {
+    fn principal_id(&self) -> String {
+        self.0.clone()
+    }
+}
+
+/// Seven extractors of its own, plus idem's guard, header and principal: the wrapper
+/// needs no `clippy::too_many_arguments` allowance, which would reach this body too.
+#[idempotent(scope = "imports", key = header("Import-Id"), principal = Tenant)]
+async fn import(
+    State(pool): State<PgPool>,
+    Path(shop): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(order): Json<NewOrder>,
+) -> String {
+    let _ = (pool.size(), method, uri, headers.len(), query.len());
+    std::future::ready(format!("{shop}: {}", order.amount)).await
 }
 
 #[test]
@@ -66,6 +110,7 @@ fn handlers_route() {
         Router::new()
             .route("/shops/{shop}/orders", post(create))
             .route("/notes", post(note))
+            .route("/shops/{shop}/imports", post(import))
             .with_state(AppState {
                 idempotency: Idempotency::new(pool.clone()),
                 pool,

@@ -1,0 +1,8 @@
+use idem_runtime::{idempotent, Tx};
+
+#[idempotent(scope = "events", key = meta.event_id)]
+async fn receive(_tx: Tx) -> String {
+    String::new()
+}
+
+fn main() {}
