@@ -110,12 +110,12 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .collect();
     let unwrap = extracted
         .iter()
-        .map(|(arg, _)| quote!(let ::idem_runtime::__private::Extract(#arg) = #arg;));
+        .map(|(arg, _)| quote!(let ::idem::__private::Extract(#arg) = #arg;));
     // The body, if any, is last: axum reads it after every other extractor.
     let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
         quote_spanned! {ty.span()=>
-            ::idem_runtime::__private::before_the_body(
-                (&&::idem_runtime::__private::Probe::<#ty>::new()).__idem_param()
+            ::idem::__private::before_the_body(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_param()
             );
         }
     });
@@ -133,15 +133,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         (Some(KeySource::Header(name)), _) => (
             Some((
                 quote!(__idem_headers),
-                quote!(::idem_runtime::__private::Extract<::idem_runtime::__private::HeaderMap>),
+                quote!(::idem::__private::Extract<::idem::__private::HeaderMap>),
             )),
-            quote!(::core::option::Option::Some(::idem_runtime::__private::key_from_header(&__idem_headers.0, #name))),
+            quote!(::core::option::Option::Some(::idem::__private::key_from_header(&__idem_headers.0, #name))),
         ),
         (Some(KeySource::Field(path)), Some((arg, ty))) => {
             let members = &path.members;
             let span = joined_span(path);
-            let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
-            let key = quote_spanned!(span=> ::idem_runtime::__private::key_of(&__idem_key_body #(.#members)*));
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let key =
+                quote_spanned!(span=> ::idem::__private::key_of(&__idem_key_body #(.#members)*));
             (
                 None,
                 quote!({
@@ -164,9 +165,9 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         Some((_, path)) => (
             Some((
                 quote_spanned!(path.span()=> __idem_principal),
-                quote_spanned!(path.span()=> ::idem_runtime::__private::Extract<#path>),
+                quote_spanned!(path.span()=> ::idem::__private::Extract<#path>),
             )),
-            quote_spanned!(path.span()=> ::idem_runtime::__private::principal_of(&__idem_principal.0)),
+            quote_spanned!(path.span()=> ::idem::__private::principal_of(&__idem_principal.0)),
         ),
         None => (None, quote!(::core::option::Option::None)),
     };
@@ -177,19 +178,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     // which the user's function inside it would inherit.
     let (last_param, before_last) = match extracted.split_last() {
         Some(((arg, ty), before)) => (
-            Some(quote_spanned!(ty.span()=> #arg: ::idem_runtime::__private::Extract<#ty>)),
+            Some(quote_spanned!(ty.span()=> #arg: ::idem::__private::Extract<#ty>)),
             before,
         ),
         None => (None, &[][..]),
     };
-    let guard = (
-        quote!(__idem_guard),
-        quote!(::idem_runtime::__private::Guard),
-    );
+    let guard = (quote!(__idem_guard), quote!(::idem::__private::Guard));
     let own = before_last.iter().map(|(arg, ty)| {
         (
             quote!(#arg),
-            quote_spanned!(ty.span()=> ::idem_runtime::__private::Extract<#ty>),
+            quote_spanned!(ty.span()=> ::idem::__private::Extract<#ty>),
         )
     });
     let (parts, part_types): (Vec<_>, Vec<_>) = [Some(guard), key_param, principal_param]
@@ -205,7 +203,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), *ty));
     let add_fields = match (&args.fields, &last) {
         (Some((_, fields)), Some((arg, ty))) => {
-            let body = quote_spanned!(ty.span()=> ::idem_runtime::__private::body_of(&#arg));
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
             let adds = fields.iter().map(add_field);
             quote!({
                 let __idem_body = #body;
@@ -213,10 +211,10 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             })
         }
         (None, Some((arg, ty))) => quote_spanned! {ty.span()=>
-            ::idem_runtime::__private::whole_body(
+            ::idem::__private::whole_body(
                 &mut __idem_fields,
                 &#arg,
-                (&&::idem_runtime::__private::Probe::<#ty>::new()).__idem_param(),
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
             );
         },
         _ => quote!(),
@@ -228,13 +226,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     };
     let outcome = quote_spanned! {output_span=>
         {
-            let __idem_tag = (&&::idem_runtime::__private::probe(&__idem_out)).__idem_output();
-            ::idem_runtime::__private::outcome(__idem_out, __idem_tag)
+            let __idem_tag = (&&::idem::__private::probe(&__idem_out)).__idem_output();
+            ::idem::__private::outcome(__idem_out, __idem_tag)
         }
     };
     let call = quote_spanned! {name.span()=>
-        ::idem_runtime::__private::in_span(
-            ::idem_runtime::__private::assert_send(#name(#(#call_args),*)),
+        ::idem::__private::in_span(
+            ::idem::__private::assert_send(#name(#(#call_args),*)),
             __idem_span,
         )
         .await
@@ -245,16 +243,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         #vis async fn #name(
             (#(#parts,)*): (#(#part_types,)*),
             #last_param
-        ) -> ::idem_runtime::__private::Response {
+        ) -> ::idem::__private::Response {
             #(#inner_attrs)*
             #inner_sig #block
 
             #[allow(unused_imports)]
-            use ::idem_runtime::__private::{
+            use ::idem::__private::{
                 BodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _, OtherLevel as _,
                 ResponseLevel as _, ResultLevel as _, SerializeLevel as _, UnserializableBodyLevel as _,
             };
-            static __IDEM_SPEC: ::idem_runtime::__private::Spec = ::idem_runtime::__private::Spec {
+            static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
                 scope: #scope,
                 ttl: #ttl,
                 required: #required,
@@ -314,7 +312,7 @@ fn add_field(path: &FieldPath) -> TokenStream {
         __idem_fields.field(
             #name,
             &__idem_body #(.#members)*,
-            (&::idem_runtime::__private::probe(&__idem_body #(.#members)*)).__idem_serialize(),
+            (&::idem::__private::probe(&__idem_body #(.#members)*)).__idem_serialize(),
         );
     }
 }

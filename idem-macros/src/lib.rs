@@ -1,5 +1,5 @@
 //! The `#[idempotent]` attribute of idem. Depend on `idem-runtime`, which re-exports it:
-//! `use idem_runtime::idempotent;`.
+//! `use idem::idempotent;`.
 
 mod attr;
 mod errors;
@@ -18,7 +18,7 @@ use proc_macro::TokenStream;
 /// ```
 /// use axum::http::StatusCode;
 /// use axum::Json;
-/// use idem_runtime::{idempotent, Problem, Tx};
+/// use idem::{idempotent, Problem, Tx};
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Deserialize, Serialize)]
@@ -49,7 +49,7 @@ use proc_macro::TokenStream;
 /// | `ttl = "24h"` | how long responses are replayed: a whole number and `s`, `m`, `h` or `d`, more than zero and at most 100 years; default one day |
 /// | `fields = [amount, customer.id]` | the body fields that identify a request; default: the whole body |
 /// | `key = field.path` or `key = header("Name")` | where the key comes from, instead of the `Idempotency-Key` header: a body field (`key = id`, `key = meta.event_id`), checked at compile time like `fields`, whose value is text, an integer or an `Option` of one; or another header, its name in any case |
-/// | `principal = Tenant` | an extractor implementing `idem_runtime::Principal`; default: the store's resolver |
+/// | `principal = Tenant` | an extractor implementing `idem::Principal`; default: the store's resolver |
 /// | `required = false` | a request without a key runs, in its transaction, unrecorded, and is answered with `Idempotent-Recorded: false`; a malformed key is still refused. Default `true`: a request without a key gets 400 |
 /// | `concurrency = reject` or `concurrency = wait("30s")` | what a duplicate of a request still in flight gets. `reject` (the default): 409 at once, after the store's own `conflict_wait` (1 ms unless configured). `wait("30s")`: it waits up to that long for the first to finish and gets its replay, 409 only past the wait; `ms`, `s`, `m` or `h`, more than zero and at most an hour |
 ///
@@ -59,7 +59,7 @@ use proc_macro::TokenStream;
 ///
 /// ```
 /// # use axum::Json;
-/// # use idem_runtime::{idempotent, Tx};
+/// # use idem::{idempotent, Tx};
 /// # use serde::{Deserialize, Serialize};
 /// #[derive(Deserialize, Serialize)]
 /// struct Event {
@@ -90,7 +90,7 @@ use proc_macro::TokenStream;
 ///
 /// ```compile_fail,E0609
 /// # use axum::Json;
-/// # use idem_runtime::{idempotent, Tx};
+/// # use idem::{idempotent, Tx};
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Deserialize, Serialize)]
 /// # struct NewCharge { amount: i64, currency: String }
@@ -106,7 +106,7 @@ use proc_macro::TokenStream;
 ///
 /// ```compile_fail
 /// # use axum::Json;
-/// # use idem_runtime::{idempotent, Tx};
+/// # use idem::{idempotent, Tx};
 /// # use serde_json::Value;
 /// // error: `tx.commit()`: idem ends the request's transaction itself, together with the
 /// //        key and the stored response; return `Ok(..)` to commit or `Err(..)` to roll back
@@ -121,7 +121,7 @@ use proc_macro::TokenStream;
 ///
 /// ```
 /// # use axum::Json;
-/// # use idem_runtime::{idempotent, Tx};
+/// # use idem::{idempotent, Tx};
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Deserialize, Serialize)]
 /// # struct NewCharge { amount: i64, currency: String }

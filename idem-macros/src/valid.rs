@@ -25,7 +25,7 @@ impl Handler<'_> {
     }
 }
 
-/// Whether a parameter's type is idem's `Tx` (`Tx`, `Tx<'_>`, `idem_runtime::Tx`).
+/// Whether a parameter's type is idem's `Tx` (`Tx`, `Tx<'_>`, `idem::Tx`).
 pub fn is_tx(ty: &Type) -> bool {
     match ty {
         Type::Path(p) if p.qself.is_none() => {

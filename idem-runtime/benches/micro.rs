@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use idem_runtime::{Fingerprint, IdempotencyKey};
+use idem::__private::Fingerprint;
+use idem::IdempotencyKey;
 use serde::Serialize;
 
 #[derive(Serialize)]

@@ -244,11 +244,7 @@ impl Attempt {
     /// Stores `record` with the key and commits it with everything the work wrote.
     /// Without a key, only commits.
     pub(crate) async fn commit(self, record: &Record) -> Result<(), CommitError> {
-        let Self {
-            store,
-            mut tx,
-            key,
-        } = self;
+        let Self { store, mut tx, key } = self;
         if let Some(key) = &key {
             let table = &store.inner.table;
             match table.store(&mut tx, key, record).await {

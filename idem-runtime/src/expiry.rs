@@ -21,11 +21,7 @@ impl Store {
         let batch_size = i64::from(batch_size.max(1));
         let mut removed = 0;
         loop {
-            let deleted = self
-                .inner
-                .table
-                .purge(&self.inner.pool, batch_size)
-                .await?;
+            let deleted = self.inner.table.purge(&self.inner.pool, batch_size).await?;
             removed += deleted;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {

@@ -33,7 +33,10 @@ impl Store {
         principal: &str,
         key: &str,
     ) -> Result<Option<KeyRecord>, sqlx::Error> {
-        let found = self.inner.table.inspect(&self.inner.pool, [scope, principal, key]);
+        let found = self
+            .inner
+            .table
+            .inspect(&self.inner.pool, [scope, principal, key]);
         let Some(row) = found.await? else {
             return Ok(None);
         };

@@ -139,12 +139,12 @@ pub(crate) mod metrics {
     use super::Outcome;
 
     pub(crate) fn request(scope: Cow<'static, str>, outcome: Outcome, duration: Duration) {
-        let labels = [
+        let labels = vec![
             ::metrics::Label::new("scope", scope),
             ::metrics::Label::new("outcome", outcome.as_str()),
         ];
-        ::metrics::counter!("idem_requests_total", &labels).increment(1);
-        ::metrics::histogram!("idem_request_duration_seconds", &labels)
+        ::metrics::counter!("idem_requests_total", labels.clone()).increment(1);
+        ::metrics::histogram!("idem_request_duration_seconds", labels)
             .record(duration.as_secs_f64());
     }
 

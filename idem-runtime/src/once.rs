@@ -94,11 +94,15 @@ impl RunOnce<'_> {
         let observation = Observation::start(self.scope.clone());
         let key = match self.key {
             Ok(key) => key,
-            Err(error) => return Err(observation.refuse(Outcome::RejectedKey, OnceError::Key(error))),
+            Err(error) => {
+                return Err(observation.refuse(Outcome::RejectedKey, OnceError::Key(error)))
+            }
         };
         let fingerprint = match self.payload {
             Ok(fingerprint) => fingerprint,
-            Err(error) => return Err(observation.refuse(Outcome::Failed, OnceError::Payload(error))),
+            Err(error) => {
+                return Err(observation.refuse(Outcome::Failed, OnceError::Payload(error)))
+            }
         };
         let claim = Claim {
             key: KeyInScope {
@@ -118,7 +122,9 @@ impl RunOnce<'_> {
                         observation.finish(Outcome::Replayed, None);
                         Ok(result)
                     }
-                    Err(error) => Err(observation.refuse(Outcome::Failed, OnceError::Result(error))),
+                    Err(error) => {
+                        Err(observation.refuse(Outcome::Failed, OnceError::Result(error)))
+                    }
                 }
             }
             Err(refusal) => {
@@ -147,7 +153,9 @@ impl RunOnce<'_> {
         };
         let body = match serde_json::to_vec(&value) {
             Ok(body) => body,
-            Err(error) => return Err(observation.refuse(Outcome::RolledBack, OnceError::Result(error))),
+            Err(error) => {
+                return Err(observation.refuse(Outcome::RolledBack, OnceError::Result(error)))
+            }
         };
         let record = Record {
             status: 200,
@@ -162,7 +170,9 @@ impl RunOnce<'_> {
             Err(error) => {
                 let (outcome, error) = match error {
                     CommitError::Escaped => (Outcome::Failed, OnceError::Escaped),
-                    CommitError::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
+                    CommitError::Unavailable(e) => {
+                        (Outcome::Unavailable, OnceError::Unavailable(e))
+                    }
                     CommitError::Database(e) => (Outcome::Failed, OnceError::Database(e)),
                 };
                 Err(observation.refuse(outcome, error))

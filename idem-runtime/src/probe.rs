@@ -31,18 +31,6 @@ pub fn in_span<F: std::future::Future>(
     tracing::Instrument::instrument(future, span)
 }
 
-impl Fields {
-    /// Adds a named field (`fields = [...]`); `tag` says whether its type is `Serialize`.
-    pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-        tag: Tag,
-    ) {
-        tag.add(self, name, value);
-    }
-}
-
 /// A type-level stand-in for a value of type `T`; `Send` and `Sync` whatever `T` is, so
 /// a probe never changes what the handler's future is.
 pub struct Probe<T: ?Sized>(PhantomData<fn(&T)>);

@@ -232,7 +232,8 @@ impl StoreBuilder {
 
     /// Checks the settings and finishes the store.
     pub fn build(self) -> Result<Store, BuildError> {
-        let table = TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
+        let table =
+            TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
         if self.acquire_timeout.is_zero() {
             return Err(BuildError::ZeroAcquireTimeout);
         }

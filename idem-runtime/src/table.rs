@@ -529,10 +529,10 @@ mod tests {
         let table = Table::new(&name);
         assert_eq!(table.primary_key, "idem_keys_pkey");
         assert!(table.ddl().starts_with("-- idem"));
+        assert!(table.ddl().contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
         assert!(table
             .ddl()
-            .contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
-        assert!(table.ddl().contains("CONSTRAINT idem_keys_pkey PRIMARY KEY"));
+            .contains("CONSTRAINT idem_keys_pkey PRIMARY KEY"));
         assert!(table.claim.contains("INSERT INTO \"ops\".\"idem_keys\""));
         for bad in [
             "",

@@ -9,13 +9,13 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Principal, Problem, Tx};
+use idem::{idempotent, Principal, Problem, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
     pool: PgPool,
 }
 
@@ -112,7 +112,7 @@ fn handlers_route() {
             .route("/notes", post(note))
             .route("/shops/{shop}/imports", post(import))
             .with_state(AppState {
-                idempotency: Idempotency::new(pool.clone()),
+                idempotency: Store::new(pool.clone()),
                 pool,
             })
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::{Idempotency, OnceError};
+use idem::{OnceError, Store};
 use serde::{Deserialize, Serialize};
 
 /// A message on the ledger queue.
@@ -27,28 +27,28 @@ pub struct Credited {
 /// Handles one delivery of `message`: credits once, then answers every redelivery with
 /// the stored result. A redelivery that races the first waits for it (up to the store's
 /// `conflict_wait`), or fails with [`OnceError::InUse`] and should be redelivered later.
-pub async fn handle(
-    store: &Idempotency,
-    message: &Credit,
-) -> Result<Credited, OnceError<sqlx::Error>> {
+pub async fn handle(store: &Store, message: &Credit) -> Result<Credited, OnceError<sqlx::Error>> {
     let week = Duration::from_secs(7 * 24 * 3600);
     store
-        .run_once("ledger_credits", &message.message_id, week, message, |mut tx| {
-            let message = message.clone();
-            Box::pin(async move {
-                sqlx::query("INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)")
-                    .bind(&message.message_id)
-                    .bind(&message.account)
-                    .bind(message.amount)
-                    .execute(&mut *tx)
-                    .await?;
-                let balance: i64 =
-                    sqlx::query_scalar("SELECT sum(amount)::bigint FROM ledger_entries WHERE account = $1")
-                        .bind(&message.account)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                Ok(Credited { balance })
-            })
+        .run_once("ledger_credits", &message.message_id)
+        .ttl(week)
+        .payload(message)
+        .run(async |mut tx| {
+            sqlx::query(
+                "INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)",
+            )
+            .bind(&message.message_id)
+            .bind(&message.account)
+            .bind(message.amount)
+            .execute(&mut *tx)
+            .await?;
+            let balance: i64 = sqlx::query_scalar(
+                "SELECT sum(amount)::bigint FROM ledger_entries WHERE account = $1",
+            )
+            .bind(&message.account)
+            .fetch_one(&mut *tx)
+            .await?;
+            Ok(Credited { balance })
         })
         .await
 }

@@ -22,13 +22,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use idem_runtime::webhook::{Signed, WebhookVerifier};
-use idem_runtime::{idempotent, Idempotency, Problem, Tx};
+use idem::webhook::{Signed, WebhookVerifier};
+use idem::{idempotent, Problem, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
-/// The example's own tables; idem's table comes from [`Idempotency::migrate`].
+/// The example's own tables; idem's table comes from [`Store::migrate`].
 pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
 
 /// The base of this service's own problem `type` URIs.
@@ -64,7 +64,7 @@ pub struct Account(pub String);
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
     pool: PgPool,
     config: Arc<Config>,
     webhooks: WebhookVerifier,
@@ -117,7 +117,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let pool = connect_with_size(&database_url, pool_size).await?;
     migrate(&pool).await?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = Idempotency::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000);
+    let _sweeper = Store::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000);
     let app = app(
         pool,
         Config {
@@ -147,7 +147,7 @@ fn unguessable_secret() -> std::io::Result<Vec<u8>> {
 /// Creates idem's table and the example's tables. Safe to run again, and from several
 /// processes starting at once.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
-    Idempotency::new(pool.clone()).migrate().await?;
+    Store::new(pool.clone()).migrate().await?;
     // Concurrent `CREATE TABLE IF NOT EXISTS` can race; one lock makes starts take turns.
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('charges-example-schema'))")
@@ -159,9 +159,10 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 
 /// The service's router: the store keys requests per account.
 pub fn app(pool: PgPool, config: Config) -> Router {
-    let idempotency = Idempotency::builder(pool.clone())
+    let idempotency = Store::builder(pool.clone())
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-        .build();
+        .build()
+        .expect("the default store settings are valid");
     let mut secrets = config.webhook_secrets.iter();
     let mut webhooks = WebhookVerifier::new(secrets.next().cloned().unwrap_or_default());
     for previous in secrets {
@@ -248,7 +249,7 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        if idem_runtime::is_unavailable(&error) {
+        if idem::is_unavailable(&error) {
             tracing::warn!(%error, "database unavailable");
             Self(
                 Problem::new(
@@ -256,7 +257,7 @@ impl From<sqlx::Error> for ApiError {
                     problem_type("unavailable"),
                     "Service unavailable",
                 )
-                .with_retry_after(1),
+                .with_retry_after(Duration::from_secs(1)),
             )
         } else {
             tracing::error!(%error, "database error");

@@ -25,6 +25,7 @@ use crate::engine::{self, Attempt, Begun, Claim, CommitError, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::key::IdempotencyKey;
 use crate::observe::{Observation, Outcome};
+use crate::probe::Fingerprintable;
 use crate::store::Store;
 use crate::tx::{KeyInScope, Tx};
 use policy::KeyRead;
@@ -217,6 +218,17 @@ pub struct Fields {
 }
 
 impl Fields {
+    /// Adds a named field (`fields = [...]`); `tag`, from a [probe](crate::probe), says
+    /// whether its type is `Serialize`.
+    pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+        tag: Tag,
+    ) {
+        tag.add(self, name, value);
+    }
+
     /// Adds a named field, or the whole body under [`crate::fingerprint::WHOLE_BODY`].
     pub(crate) fn add<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
         if self.error.is_none() {
@@ -260,10 +272,9 @@ impl Claimed {
                 Ok(()) => observation.answer(Outcome::RolledBack, answer.response),
                 // The handler's error may be the symptom (its query failed because the
                 // connection died); the failed rollback tells us the database is gone.
-                Err(e) if crate::is_unavailable(&e) => observation.answer(
-                    Outcome::Unavailable,
-                    problems.unavailable().into_response(),
-                ),
+                Err(e) if crate::is_unavailable(&e) => {
+                    observation.answer(Outcome::Unavailable, problems.unavailable().into_response())
+                }
                 Err(e) => {
                     tracing::warn!(parent: observation.span(), error = %e, "idem: rollback failed");
                     observation.answer(Outcome::RolledBack, answer.response)

@@ -41,14 +41,20 @@ mod tests {
 
     #[test]
     fn the_endpoints_own_source_decides_alone() {
-        assert_eq!(text(key(Some(k("evt_1")), k("hdr"), true)), Ok(Some("evt_1".into())));
+        assert_eq!(
+            text(key(Some(k("evt_1")), k("hdr"), true)),
+            Ok(Some("evt_1".into()))
+        );
         // A malformed header does not matter when the key comes from elsewhere ...
         assert_eq!(
             text(key(Some(k("evt_1")), Err(KeyError::Repeated), true)),
             Ok(Some("evt_1".into()))
         );
         // ... and an absent own key is not replaced by the header's.
-        assert_eq!(text(key(Some(Ok(None)), k("hdr"), true)), Err(KeyError::Missing));
+        assert_eq!(
+            text(key(Some(Ok(None)), k("hdr"), true)),
+            Err(KeyError::Missing)
+        );
         assert_eq!(text(key(Some(Ok(None)), k("hdr"), false)), Ok(None));
         assert_eq!(
             text(key(Some(Err(KeyError::Empty)), k("hdr"), true)),

@@ -28,7 +28,10 @@ impl std::fmt::Display for CaptureError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::TooLarge { limit } => {
-                write!(f, "the response body is over the {limit}-byte stored-response cap")
+                write!(
+                    f,
+                    "the response body is over the {limit}-byte stored-response cap"
+                )
             }
             Self::Body(e) => write!(f, "the response body failed: {e}"),
         }
@@ -43,27 +46,27 @@ pub(crate) async fn capture(
     allow: &[HeaderName],
     limit: usize,
 ) -> Result<(Record, Parts), CaptureError> {
-        let (parts, body) = response.into_parts();
-        let body = Limited::new(body, limit)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.downcast_ref::<LengthLimitError>().is_some() {
-                    CaptureError::TooLarge { limit }
-                } else {
-                    CaptureError::Body(e)
-                }
-            })?
-            .to_bytes();
-        let headers = encode_headers(&parts.headers, allow);
-        Ok((
-            Record {
-                status: parts.status.as_u16(),
-                headers,
-                body,
-            },
-            parts,
-        ))
+    let (parts, body) = response.into_parts();
+    let body = Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                CaptureError::TooLarge { limit }
+            } else {
+                CaptureError::Body(e)
+            }
+        })?
+        .to_bytes();
+    let headers = encode_headers(&parts.headers, allow);
+    Ok((
+        Record {
+            status: parts.status.as_u16(),
+            headers,
+            body,
+        },
+        parts,
+    ))
 }
 
 /// The replay: stored status, headers and body, plus `Idempotent-Replayed: true`.

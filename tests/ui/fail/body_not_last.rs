@@ -1,6 +1,6 @@
 use axum::extract::Path;
 use axum::Json;
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]

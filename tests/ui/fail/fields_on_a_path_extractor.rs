@@ -1,5 +1,5 @@
 use axum::extract::Path;
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 
 #[idempotent(scope = "charges", fields = [amount])]
 async fn create(_tx: Tx, Path(id): Path<String>) -> String {

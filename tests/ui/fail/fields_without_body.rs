@@ -1,4 +1,4 @@
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 
 #[idempotent(scope = "charges", fields = [amount])]
 async fn create(_tx: Tx) -> String {

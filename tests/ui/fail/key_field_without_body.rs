@@ -1,4 +1,4 @@
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 
 #[idempotent(scope = "events", key = meta.event_id)]
 async fn receive(_tx: Tx) -> String {

@@ -1,4 +1,4 @@
-use idem_runtime::idempotent;
+use idem::idempotent;
 
 #[idempotent(scope = "charges")]
 struct Charges;

@@ -1,5 +1,5 @@
 use axum::Json;
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]

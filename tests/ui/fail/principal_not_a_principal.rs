@@ -1,5 +1,5 @@
 use axum::extract::Path;
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 
 #[idempotent(scope = "charges", principal = Path<String>)]
 async fn create(_tx: Tx) -> String {

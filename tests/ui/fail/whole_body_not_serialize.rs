@@ -1,5 +1,5 @@
 use axum::Json;
-use idem_runtime::idempotent;
+use idem::idempotent;
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -2,12 +2,12 @@
 use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::{idempotent, Store, Tx};
 use serde_json::Value;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 struct Charges;
@@ -22,7 +22,7 @@ impl Charges {
 fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/", post(Charges::create))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {

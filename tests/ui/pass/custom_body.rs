@@ -3,12 +3,12 @@ use axum::extract::{FromRef, FromRequest, Request};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, FingerprintBody, Idempotency, Tx};
+use idem::{idempotent, FingerprintBody, Store, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 struct Validated<T>(T);
@@ -50,7 +50,7 @@ fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/", post(create))
         .route("/whole", post(whole))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {

@@ -5,12 +5,12 @@
 use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 #[derive(Deserialize, Serialize)]
@@ -34,7 +34,7 @@ async fn create(mut tx: Tx, Json(req): Json<NewCharge>) -> Result<Json<i64>, Str
 fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/charges", post(create))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {

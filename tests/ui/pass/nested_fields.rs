@@ -1,6 +1,6 @@
 //! Nested field paths are fingerprinted, and only those fields need `Serialize`.
 use axum::Json;
-use idem_runtime::{idempotent, Tx};
+use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]

@@ -2,12 +2,12 @@
 use axum::extract::{FromRef, Path, Query};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 #[derive(Deserialize)]
@@ -39,7 +39,7 @@ fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/charges/{id}/refunds", post(refund))
         .route("/charges/{id}/captures/{step}", post(capture))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {

@@ -4,12 +4,12 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Principal, Tx};
+use idem::{idempotent, Store, Principal, Tx};
 use serde_json::Value;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 struct Tenant(u64);
@@ -37,7 +37,7 @@ async fn create(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
 fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/", post(create))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {

@@ -2,7 +2,7 @@
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use idem_runtime::{idempotent, Problem, Tx};
+use idem::{idempotent, Problem, Tx};
 use serde_json::Value;
 
 type ApiResult<T> = Result<T, Problem>;

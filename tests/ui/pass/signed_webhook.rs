@@ -3,13 +3,13 @@
 use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::webhook::{Signed, WebhookVerifier};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::webhook::{Signed, WebhookVerifier};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
     webhooks: WebhookVerifier,
 }
 
@@ -40,7 +40,7 @@ fn app(pool: sqlx::PgPool) -> Router {
         .route("/events", post(receive))
         .route("/deliveries", post(by_header))
         .with_state(AppState {
-            idempotency: Idempotency::new(pool),
+            idempotency: Store::new(pool),
             webhooks: WebhookVerifier::new("whsec"),
         })
 }

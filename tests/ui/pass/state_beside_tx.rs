@@ -2,13 +2,13 @@
 use axum::extract::{FromRef, State};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
     pool: PgPool,
 }
 
@@ -40,7 +40,7 @@ async fn create(
 fn app(pool: sqlx::PgPool) -> Router {
     Router::new()
         .route("/charges", post(create))
-        .with_state(AppState { idempotency: Idempotency::new(pool.clone()), pool })
+        .with_state(AppState { idempotency: Store::new(pool.clone()), pool })
 }
 
 fn main() {

@@ -4,12 +4,12 @@ use axum::body::Bytes;
 use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency};
+use idem::{idempotent, Store};
 use serde_json::Value;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 #[idempotent(scope = "json")]
@@ -38,7 +38,7 @@ fn app(pool: sqlx::PgPool) -> Router {
         .route("/text", post(text))
         .route("/bytes", post(bytes))
         .route("/nothing", post(nothing))
-        .with_state(AppState { idempotency: Idempotency::new(pool) })
+        .with_state(AppState { idempotency: Store::new(pool) })
 }
 
 fn main() {
