@@ -13,7 +13,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example's API, as its clients call it.
 trait ChargesApi {
+    /// `POST /charges` as `account`.
     async fn charge(&self, account: &str, key: &str, body: &Value) -> Answer;
+    /// A charge whose JSON body is sent as written.
+    async fn charge_text(&self, account: &str, key: &str, body: &'static str) -> Answer;
+    /// `POST /charges/{charge_id}/refunds` as `account`.
     async fn refund(&self, account: &str, charge_id: &str, key: &str, amount: i64) -> Answer;
 }
 
@@ -22,6 +26,18 @@ impl ChargesApi for TestApp {
         let bearer = format!("Bearer {account}");
         self.post_with("/charges", Some(key), body, &[("authorization", &bearer)])
             .await
+    }
+
+    async fn charge_text(&self, account: &str, key: &str, body: &'static str) -> Answer {
+        send(
+            self.client
+                .post(self.url("/charges"))
+                .bearer_auth(account)
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body(body),
+        )
+        .await
     }
 
     async fn refund(&self, account: &str, charge_id: &str, key: &str, amount: i64) -> Answer {
@@ -35,6 +51,15 @@ impl ChargesApi for TestApp {
 
 async fn start(db: &TestDb) -> TestApp {
     TestApp::charges(db, 10, Config::default()).await
+}
+
+/// The example with its "processor" taking `delay` inside the charge's transaction.
+async fn start_with_processor_delay(db: &TestDb, delay: Duration) -> TestApp {
+    let config = Config {
+        processor_delay: delay,
+        ..Config::default()
+    };
+    TestApp::charges(db, 10, config).await
 }
 
 fn new_charge(amount: i64) -> Value {
@@ -152,15 +177,7 @@ async fn a_changed_unnamed_field_replays() {
             r#"{ "description": "second",  "customer": "cus_1", "#,
             r#""currency": "usd", "amount": 500 }"#
         );
-        let retry = send(
-            s.client
-                .post(s.url("/charges"))
-                .bearer_auth("acct_1")
-                .header("Idempotency-Key", "k1")
-                .header("Content-Type", "application/json")
-                .body(body),
-        )
-        .await;
+        let retry = s.charge_text("acct_1", "k1", body).await;
         assert!(retry.replayed());
         assert_eq!(
             retry.body, first.body,
@@ -174,15 +191,7 @@ async fn a_changed_unnamed_field_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_duplicates_make_one_charge() {
     with_test_db(async |db| {
-        let s = TestApp::charges(
-            db,
-            10,
-            Config {
-                processor_delay: Duration::from_millis(50),
-                ..Config::default()
-            },
-        )
-        .await;
+        let s = start_with_processor_delay(db, Duration::from_millis(50)).await;
         let body = new_charge(700);
         let answers = join_all((0..50).map(|_| s.charge("acct_1", "storm", &body))).await;
         assert_eq!(s.count("charges").await, 1);
@@ -229,15 +238,7 @@ async fn an_invalid_body_stores_nothing_and_a_corrected_retry_runs() {
         )
         .await
         .assert_problem(400, "invalid-request");
-        let bad_json = send(
-            s.client
-                .post(s.url("/charges"))
-                .bearer_auth("acct_1")
-                .header("Idempotency-Key", "k1")
-                .header("Content-Type", "application/json")
-                .body("{\"amount\": 5,"),
-        )
-        .await;
+        let bad_json = s.charge_text("acct_1", "k1", "{\"amount\": 5,").await;
         bad_json.assert_problem(400, "invalid-request");
         assert_eq!((s.count("charges").await, s.keys().await), (0, 0));
 
@@ -380,15 +381,7 @@ async fn a_request_without_an_account_is_unauthorized() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_request_leaves_nothing() {
     with_test_db(async |db| {
-        let s = TestApp::charges(
-            db,
-            10,
-            Config {
-                processor_delay: Duration::from_millis(1500),
-                ..Config::default()
-            },
-        )
-        .await;
+        let s = start_with_processor_delay(db, Duration::from_millis(1500)).await;
         let body = new_charge(500).to_string();
         let mut socket = tokio::net::TcpStream::connect(s.addr).await.unwrap();
         let request = format!(
