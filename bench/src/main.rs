@@ -12,14 +12,16 @@
 mod record;
 mod server;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use idem_tests::{percentiles, post, tally, TestDb};
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{ConnectOptions, PgPool};
 
 struct Options {
     seconds: f64,
@@ -56,21 +58,13 @@ impl Options {
     }
 }
 
-fn admin_options() -> PgConnectOptions {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    url.parse::<PgConnectOptions>()
-        .expect("DATABASE_URL is a PostgreSQL URL")
-        .disable_statement_logging()
-}
-
 /// The numbers of one scenario at one concurrency.
 struct Stats {
     requests: usize,
     elapsed: Duration,
     p50_ms: f64,
     p99_ms: f64,
-    statuses: Vec<(u16, usize)>,
+    statuses: BTreeMap<u16, usize>,
     /// CPU time per request, in microseconds: PostgreSQL's backends, and this process
     /// (server and load generator).
     cpu_us: (f64, f64),
@@ -160,22 +154,14 @@ where
         per_request(cpu_before.0, cpu_after.0),
         per_request(cpu_before.1, cpu_after.1),
     );
-    latencies.sort_unstable();
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 - 1.0) * q).round() as usize)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
-    let mut counts = std::collections::BTreeMap::new();
-    for s in statuses {
-        *counts.entry(s).or_insert(0) += 1;
-    }
+    let requests = latencies.len();
+    let (p50_ms, p99_ms) = percentiles(&mut latencies);
     Stats {
-        requests: latencies.len(),
+        requests,
         elapsed: Duration::from_secs_f64(seconds),
-        p50_ms: at(0.50),
-        p99_ms: at(0.99),
-        statuses: counts.into_iter().collect(),
+        p50_ms,
+        p99_ms,
+        statuses: tally(statuses),
         cpu_us,
     }
 }
@@ -184,24 +170,20 @@ fn charge(n: u64) -> serde_json::Value {
     json!({ "amount": 100 + n % 900, "currency": "usd", "customer": format!("cus_{}", n % 97) })
 }
 
+/// `POST url`, its answer read whole; the status only.
 async fn send(
     client: &reqwest::Client,
     url: &str,
     key: Option<&str>,
     body: &serde_json::Value,
 ) -> u16 {
-    let mut request = client.post(url).json(body);
-    if let Some(key) = key {
-        request = request.header("Idempotency-Key", key);
-    }
-    match request.send().await {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let _ = response.bytes().await;
-            status
-        }
-        Err(_) => 0,
-    }
+    post(client, url, key, body, &[]).await.status
+}
+
+/// Statuses as `n×status`.
+fn answers(statuses: &BTreeMap<u16, usize>) -> String {
+    let answers: Vec<String> = statuses.iter().map(|(s, n)| format!("{n}×{s}")).collect();
+    answers.join(" ")
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -218,37 +200,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
 
-    let db_name = format!("idem_bench_{}", std::process::id());
-    client_rt.block_on(async {
-        let mut admin = PgConnection::connect_with(&admin_options()).await?;
-        sqlx::raw_sql(&format!("CREATE DATABASE {db_name}"))
-            .execute(&mut admin)
-            .await?;
-        Ok::<_, sqlx::Error>(())
-    })?;
-    let result = run(&options, &db_name, &server_rt, &client_rt);
-    client_rt.block_on(async {
-        if let Ok(mut admin) = PgConnection::connect_with(&admin_options()).await {
-            let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"))
-                .execute(&mut admin)
-                .await;
-        }
-    });
+    let db = client_rt.block_on(TestDb::create());
+    let result = run(&options, &db, &server_rt, &client_rt);
+    let name = db.name.clone();
+    if let Err(e) = client_rt.block_on(db.drop_database()) {
+        eprintln!("could not drop the benchmark's database {name}: {e}");
+    }
     result
 }
 
 fn run(
     options: &Options,
-    db_name: &str,
+    db: &TestDb,
     server_rt: &tokio::runtime::Runtime,
     client_rt: &tokio::runtime::Runtime,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let db = admin_options().database(db_name);
     let (addr, counting_addr, pool) = server_rt.block_on(async {
         let pool = PgPoolOptions::new()
             .max_connections(40)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(db.clone())
+            .connect_with(db.options.clone())
             .await?;
         server::migrate(&pool).await?;
         // A second server on a pool that logs its statements, for counting them; the
@@ -256,7 +227,8 @@ fn run(
         let counting_pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_with(
-                db.clone()
+                db.options
+                    .clone()
                     .log_statements(tracing::log::LevelFilter::Debug)
                     // `disable_statement_logging` made every statement "slow" (threshold 0)
                     // and slow statements silent: undo both.
@@ -426,11 +398,6 @@ async fn throughput(client: &reqwest::Client, base: &str, pool: &PgPool, options
             ("(d) idem, duplicates in flight", &conflict),
             ("(e) non-atomic check/write/save", &naive),
         ] {
-            let answers: Vec<String> = stats
-                .statuses
-                .iter()
-                .map(|(s, n)| format!("{n}×{s}"))
-                .collect();
             println!(
                 "| {label} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.0} + {:.0} | {} |",
                 stats.throughput(),
@@ -438,7 +405,7 @@ async fn throughput(client: &reqwest::Client, base: &str, pool: &PgPool, options
                 stats.p99_ms,
                 stats.cpu_us.0,
                 stats.cpu_us.1,
-                answers.join(" ")
+                answers(&stats.statuses)
             );
         }
         ratios.push((
@@ -490,15 +457,10 @@ async fn storm(client: &reqwest::Client, base: &str, pool: &PgPool) {
             .await
             .unwrap_or(0);
         let written = after - before;
-        let mut counts = std::collections::BTreeMap::new();
-        for s in statuses {
-            *counts.entry(s).or_insert(0) += 1;
-        }
-        let answers: Vec<String> = counts.iter().map(|(s, n)| format!("{n}×{s}")).collect();
         println!(
             "| {label} | {written} | {} | {} |",
             written - KEYS as i64,
-            answers.join(" ")
+            answers(&tally(statuses))
         );
     }
     println!();
@@ -562,8 +524,8 @@ async fn growth(client: &reqwest::Client, base: &str, pool: &PgPool, options: &O
             send(client, &url, Some(&format!("grow-{size}-{n}")), &charge(n)).await;
         }
         let mut replay = record::claims_take();
-        let (f50, f99) = record::percentiles(&mut fresh);
-        let (r50, _) = record::percentiles(&mut replay);
+        let (f50, f99) = percentiles(&mut fresh);
+        let (r50, _) = percentiles(&mut replay);
         println!("| {size} | {fill_s:.1} | {f50:.3} | {f99:.3} | {r50:.3} | {size_text} |");
         sqlx::query("DELETE FROM idempotency_keys WHERE scope = 'charges' AND key LIKE 'grow-%'")
             .execute(pool)
@@ -577,7 +539,7 @@ async fn growth(client: &reqwest::Client, base: &str, pool: &PgPool, options: &O
             .fetch_one(pool)
             .await
             .unwrap_or(0);
-    let store = idem_runtime::Idempotency::new(pool.clone());
+    let store = idem::Store::new(pool.clone());
     let started = Instant::now();
     let removed = store.purge_expired(1_000).await.expect("purge");
     let secs = started.elapsed().as_secs_f64();

@@ -8,13 +8,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
     pool: PgPool,
 }
 
@@ -38,7 +38,7 @@ struct Charge {
 }
 
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
-    Idempotency::new(pool.clone()).migrate().await?;
+    Store::new(pool.clone()).migrate().await?;
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS charges (
              id bigserial PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL,
@@ -53,7 +53,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 
 pub async fn serve(pool: PgPool) -> std::io::Result<SocketAddr> {
     let state = AppState {
-        idempotency: Idempotency::new(pool.clone()),
+        idempotency: Store::new(pool.clone()),
         pool,
     };
     let app = Router::new()

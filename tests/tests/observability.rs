@@ -3,72 +3,21 @@
 //! One test in its own binary: it installs the process-wide subscriber and recorder.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, Tx};
-use idem_tests::{post as send, TestDb, TestServer};
+use idem::{idempotent, Store, Tx};
+use idem_tests::{post as send, with_test_db, RequestSpans, TestApp};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::{json, Value};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::Subscriber;
-use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
-use tracing_subscriber::registry::LookupSpan;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
-}
-
-#[derive(Default, Clone, Debug)]
-struct Fields(HashMap<String, String>);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-/// Collects the fields of every closed `idem.request` span.
-#[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<Fields>>>);
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if attrs.metadata().name() == "idem.request" {
-            let mut fields = Fields::default();
-            attrs.record(&mut fields);
-            if let Some(span) = ctx.span(id) {
-                span.extensions_mut().insert(fields);
-            }
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
-            if let Some(fields) = span.extensions_mut().get_mut::<Fields>() {
-                values.record(fields);
-            }
-        }
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(&id) {
-            if let Some(fields) = span.extensions().get::<Fields>() {
-                self.0.lock().unwrap().push(fields.clone());
-            }
-        }
-    }
+    idempotency: Store,
 }
 
 #[idempotent(scope = "obs")]
@@ -96,158 +45,161 @@ async fn optional(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_outcome_is_recorded_in_the_span_and_the_metrics() {
-    let spans = Spans::default();
+    let spans = RequestSpans::default();
     tracing_subscriber::registry().with(spans.clone()).init();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
 
-    let db = TestDb::new().await;
-    let pool = db.pool(5).await;
-    let store = Idempotency::new(pool.clone());
-    store.migrate().await.unwrap();
-    let app = |idempotency: Idempotency| {
-        Router::new()
-            .route("/", post(handler))
-            .route("/optional", post(optional))
-            .with_state(AppState { idempotency })
-    };
-    let server = TestServer::start(app(store)).await;
-    let dead_pool = sqlx::postgres::PgPoolOptions::new()
-        .acquire_timeout(Duration::from_millis(300))
-        .connect_lazy_with(idem_tests::admin_options().port(1));
-    let dead = TestServer::start(app(Idempotency::new(dead_pool))).await;
-    let client = reqwest::Client::new();
-    let url = server.url("/");
-    let secret = "secret-key-6a1f";
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let app = |idempotency: Store| {
+            Router::new()
+                .route("/", post(handler))
+                .route("/optional", post(optional))
+                .with_state(AppState { idempotency })
+        };
+        let server = TestApp::serve(pool, app(store)).await;
+        let dead_pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_lazy_with(idem_tests::admin_options().port(1));
+        let dead = TestApp::serve(dead_pool.clone(), app(Store::new(dead_pool))).await;
+        let client = server.client.clone();
+        let url = server.url("/");
+        let secret = "secret-key-6a1f";
 
-    let fresh = send(&client, &url, Some(secret), &json!({ "n": 1 }), &[]).await;
-    assert_eq!(fresh.status, 201);
-    assert!(send(&client, &url, Some(secret), &json!({ "n": 1 }), &[])
-        .await
-        .replayed());
-    assert_eq!(
-        send(&client, &url, Some(secret), &json!({ "n": 2 }), &[])
+        let fresh = send(&client, &url, Some(secret), &json!({ "n": 1 }), &[]).await;
+        assert_eq!(fresh.status, 201);
+        assert!(send(&client, &url, Some(secret), &json!({ "n": 1 }), &[])
             .await
-            .status,
-        422
-    );
-    assert_eq!(
-        send(&client, &url, Some("k-fail"), &json!({ "fail": true }), &[])
-            .await
-            .status,
-        400
-    );
-    assert_eq!(send(&client, &url, None, &json!({}), &[]).await.status, 400);
-    assert_eq!(
-        send(&client, &url, Some("a b"), &json!({}), &[])
-            .await
-            .status,
-        400
-    );
-    assert_eq!(
-        send(
-            &client,
-            &url,
-            Some("k-escape"),
-            &json!({ "escape": true }),
-            &[]
-        )
-        .await
-        .status,
-        500
-    );
-    assert_eq!(
-        send(&client, &dead.url("/"), Some("k-dead"), &json!({}), &[])
-            .await
-            .status,
-        503
-    );
-    assert_eq!(
-        send(&client, &server.url("/optional"), None, &json!({}), &[])
-            .await
-            .status,
-        200
-    );
-    let slow = json!({ "sleep_ms": 500 });
-    let (first, second) = tokio::join!(send(&client, &url, Some("k-slow"), &slow, &[]), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        send(&client, &url, Some("k-slow"), &slow, &[]).await
-    });
-    assert_eq!((first.status, second.status), (201, 409));
-
-    // Spans close when the last handle goes, just after the answer is written.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let spans = spans.0.lock().unwrap().clone();
-    let mut outcomes: HashMap<String, usize> = HashMap::new();
-    for span in &spans {
-        *outcomes
-            .entry(span.0.get("outcome").cloned().unwrap_or_default())
-            .or_default() += 1;
-        assert!(
-            span.0.get("scope").is_some_and(|s| s.starts_with("obs")),
-            "{span:?}"
-        );
-        assert!(
-            span.0.contains_key("total_ms") && span.0.contains_key("status"),
-            "{span:?}"
-        );
-        assert!(
-            span.0
-                .values()
-                .all(|v| !v.contains(secret) && !v.contains("k-slow")),
-            "no keys in spans: {span:?}"
-        );
-    }
-    let expected = [
-        ("fresh", 2),
-        ("replayed", 1),
-        ("mismatch", 1),
-        ("rolled_back", 1),
-        ("rejected_key", 2),
-        ("failed", 1),
-        ("unavailable", 1),
-        ("unkeyed", 1),
-        ("conflict", 1),
-    ];
-    for (outcome, n) in expected {
+            .replayed());
         assert_eq!(
-            outcomes.get(outcome).copied().unwrap_or(0),
-            n,
-            "{outcome}: {outcomes:?}"
+            send(&client, &url, Some(secret), &json!({ "n": 2 }), &[])
+                .await
+                .status,
+            422
         );
-    }
-    // The handler's own events run inside the span: a fresh request has its timings.
-    let fresh_span = spans
-        .iter()
-        .find(|s| s.0.get("outcome").map(String::as_str) == Some("fresh"))
-        .unwrap();
-    assert!(fresh_span.0.contains_key("claim_ms") && fresh_span.0.contains_key("handler_ms"));
+        assert_eq!(
+            send(&client, &url, Some("k-fail"), &json!({ "fail": true }), &[])
+                .await
+                .status,
+            400
+        );
+        assert_eq!(send(&client, &url, None, &json!({}), &[]).await.status, 400);
+        assert_eq!(
+            send(&client, &url, Some("a b"), &json!({}), &[])
+                .await
+                .status,
+            400
+        );
+        assert_eq!(
+            send(
+                &client,
+                &url,
+                Some("k-escape"),
+                &json!({ "escape": true }),
+                &[]
+            )
+            .await
+            .status,
+            500
+        );
+        assert_eq!(
+            send(&client, &dead.url("/"), Some("k-dead"), &json!({}), &[])
+                .await
+                .status,
+            503
+        );
+        assert_eq!(
+            send(&client, &server.url("/optional"), None, &json!({}), &[])
+                .await
+                .status,
+            200
+        );
+        let slow = json!({ "sleep_ms": 500 });
+        let (first, second) =
+            tokio::join!(send(&client, &url, Some("k-slow"), &slow, &[]), async {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                send(&client, &url, Some("k-slow"), &slow, &[]).await
+            });
+        assert_eq!((first.status, second.status), (201, 409));
 
-    let mut counted: HashMap<String, u64> = HashMap::new();
-    let mut histograms = 0;
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        let outcome = key
-            .labels()
-            .find(|l| l.key() == "outcome")
-            .map(|l| l.value().to_owned());
-        match (key.name(), value) {
-            ("idem_requests_total", DebugValue::Counter(n)) => {
-                *counted.entry(outcome.unwrap()).or_default() += n
-            }
-            ("idem_request_duration_seconds", DebugValue::Histogram(values)) => {
-                histograms += values.len()
-            }
-            _ => {}
+        // Spans close when the last handle goes, just after the answer is written.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let spans = spans.take();
+        let mut outcomes: HashMap<String, usize> = HashMap::new();
+        for span in &spans {
+            *outcomes
+                .entry(span.0.get("outcome").cloned().unwrap_or_default())
+                .or_default() += 1;
+            assert!(
+                span.0.get("scope").is_some_and(|s| s.starts_with("obs")),
+                "{span:?}"
+            );
+            assert!(
+                span.0.contains_key("total_ms") && span.0.contains_key("status"),
+                "{span:?}"
+            );
+            assert!(
+                span.0
+                    .values()
+                    .all(|v| !v.contains(secret) && !v.contains("k-slow")),
+                "no keys in spans: {span:?}"
+            );
         }
-    }
-    for (outcome, n) in expected {
-        assert_eq!(
-            counted.get(outcome).copied().unwrap_or(0),
-            n as u64,
-            "metrics {outcome}: {counted:?}"
-        );
-    }
-    assert_eq!(histograms, expected.iter().map(|(_, n)| n).sum::<usize>());
+        let expected = [
+            ("fresh", 2),
+            ("replayed", 1),
+            ("mismatch", 1),
+            ("rolled_back", 1),
+            ("rejected_key", 2),
+            ("failed", 1),
+            ("unavailable", 1),
+            ("unkeyed", 1),
+            ("conflict", 1),
+        ];
+        for (outcome, n) in expected {
+            assert_eq!(
+                outcomes.get(outcome).copied().unwrap_or(0),
+                n,
+                "{outcome}: {outcomes:?}"
+            );
+        }
+        // The handler's own events run inside the span: a fresh request has its timings.
+        let fresh_span = spans
+            .iter()
+            .find(|s| s.0.get("outcome").map(String::as_str) == Some("fresh"))
+            .unwrap();
+        assert!(fresh_span.0.contains_key("claim_ms") && fresh_span.0.contains_key("handler_ms"));
+
+        let mut counted: HashMap<String, u64> = HashMap::new();
+        let mut histograms = 0;
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let outcome = key
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned());
+            match (key.name(), value) {
+                ("idem_requests_total", DebugValue::Counter(n)) => {
+                    *counted.entry(outcome.unwrap()).or_default() += n
+                }
+                ("idem_request_duration_seconds", DebugValue::Histogram(values)) => {
+                    histograms += values.len()
+                }
+                _ => {}
+            }
+        }
+        for (outcome, n) in expected {
+            assert_eq!(
+                counted.get(outcome).copied().unwrap_or(0),
+                n as u64,
+                "metrics {outcome}: {counted:?}"
+            );
+        }
+        assert_eq!(histograms, expected.iter().map(|(_, n)| n).sum::<usize>());
+    })
+    .await;
 }

@@ -7,14 +7,14 @@ use axum::extract::FromRef;
 use axum::http::{HeaderName, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_runtime::{idempotent, Idempotency, IdempotencyBuilder, Tx};
-use idem_tests::{count, percentiles, Answer, TestDb, TestServer};
+use idem::{idempotent, Store, StoreBuilder, Tx};
+use idem_tests::{percentiles, send, with_test_db, TestApp, TestDb};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 /// Writes one row, answers 201 with a custom header beside the usual ones.
@@ -52,42 +52,25 @@ async fn optional_key(
     ))
 }
 
-struct Service {
-    server: TestServer,
-    pool: PgPool,
-    store: Idempotency,
-    client: reqwest::Client,
-    _db: TestDb,
-}
-
-impl Service {
-    async fn start(configure: impl FnOnce(IdempotencyBuilder) -> IdempotencyBuilder) -> Self {
-        let db = TestDb::new().await;
-        let pool = db.pool(10).await;
-        sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text NOT NULL)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let store = configure(Idempotency::builder(pool.clone())).build();
-        store.migrate().await.unwrap();
-        let app = Router::new()
-            .route("/notes", post(create_note))
-            .route("/optional", post(optional_key))
-            .with_state(AppState {
-                idempotency: store.clone(),
-            });
-        Self {
-            server: TestServer::start(app).await,
-            pool,
-            store,
-            client: reqwest::Client::new(),
-            _db: db,
-        }
-    }
-
-    async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> Answer {
-        idem_tests::post(&self.client, &self.server.url(path), key, body, &[]).await
-    }
+/// This file's handlers on `db`, and the store they use, configured by `configure`.
+async fn start(
+    db: &TestDb,
+    configure: impl FnOnce(StoreBuilder) -> StoreBuilder,
+) -> (TestApp, Store) {
+    let pool = db.pool(10).await;
+    sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = configure(Store::builder(pool.clone())).build().unwrap();
+    store.migrate().await.unwrap();
+    let app = Router::new()
+        .route("/notes", post(create_note))
+        .route("/optional", post(optional_key))
+        .with_state(AppState {
+            idempotency: store.clone(),
+        });
+    (TestApp::serve(pool, app).await, store)
 }
 
 /// Fills the table with `expired` expired rows and `live` live ones, as fast as
@@ -110,261 +93,288 @@ async fn backlog(pool: &PgPool, table: &str, expired: i64, live: i64) {
 /// requests go on; live records stay. Prints live latency before and during the sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_expired_rows_is_swept_while_requests_go_on() {
-    const EXPIRED: i64 = 200_000;
-    let s = Service::start(|b| b).await;
-    backlog(&s.pool, "idempotency_keys", EXPIRED, 1_000).await;
+    with_test_db(async |db| {
+        const EXPIRED: i64 = 200_000;
+        let (s, store) = start(db, |b| b).await;
+        backlog(&s.pool, "idempotency_keys", EXPIRED, 1_000).await;
 
-    let measure = |label: &'static str, n: usize| {
-        let s = &s;
-        async move {
-            let mut latencies = Vec::with_capacity(n);
-            for i in 0..n {
-                let started = Instant::now();
-                let a = s
-                    .post("/notes", Some(&format!("{label}-{i}")), &json!({ "i": i }))
-                    .await;
-                latencies.push(started.elapsed());
-                assert_eq!(a.status, 201);
+        let measure = |label: &'static str, n: usize| {
+            let s = &s;
+            async move {
+                let mut latencies = Vec::with_capacity(n);
+                for i in 0..n {
+                    let started = Instant::now();
+                    let a = s
+                        .post("/notes", Some(&format!("{label}-{i}")), &json!({ "i": i }))
+                        .await;
+                    latencies.push(started.elapsed());
+                    assert_eq!(a.status, 201);
+                }
+                percentiles(&mut latencies)
             }
-            percentiles(&mut latencies)
-        }
-    };
-    let (before_p50, before_p99) = measure("before", 200).await;
+        };
+        let (before_p50, before_p99) = measure("before", 200).await;
 
-    let sweeper = s.store.spawn_sweeper(Duration::from_millis(10), 1_000);
-    let started = Instant::now();
-    let during = async {
-        let mut rounds = Vec::new();
-        // Requests while the backlog is being deleted.
-        while count(&s.pool, "idempotency_keys WHERE expires_at <= now()").await > 0 {
-            rounds.push(measure("during", 20).await);
+        let sweeper = store.spawn_sweeper(Duration::from_millis(10), 1_000);
+        let started = Instant::now();
+        let during = async {
+            let mut rounds = Vec::new();
+            // Requests while the backlog is being deleted.
+            while s.count("idempotency_keys WHERE expires_at <= now()").await > 0 {
+                rounds.push(measure("during", 20).await);
+            }
+            rounds
+        };
+        let rounds = during.await;
+        let swept_in = started.elapsed();
+        // The sweeper's count catches up once its current purge call returns.
+        for _ in 0..500 {
+            if sweeper.removed() >= EXPIRED as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        rounds
-    };
-    let rounds = during.await;
-    let swept_in = started.elapsed();
-    // The sweeper's count catches up once its current purge call returns.
-    for _ in 0..500 {
-        if sweeper.removed() >= EXPIRED as u64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    sweeper.stop();
-    assert_eq!(
-        sweeper.removed(),
-        EXPIRED as u64,
-        "the sweeper reports what it removed"
-    );
-    assert_eq!(
-        count(&s.pool, "idempotency_keys WHERE scope = 'backlog'").await,
-        1_000,
-        "live rows stay"
-    );
+        sweeper.stop();
+        assert_eq!(
+            sweeper.removed(),
+            EXPIRED as u64,
+            "the sweeper reports what it removed"
+        );
+        assert_eq!(
+            s.count("idempotency_keys WHERE scope = 'backlog'").await,
+            1_000,
+            "live rows stay"
+        );
 
-    let worst_p50 = rounds.iter().map(|r| r.0).fold(0.0, f64::max);
-    let worst_p99 = rounds.iter().map(|r| r.1).fold(0.0, f64::max);
-    println!(
-        "sweep of {EXPIRED} expired rows in batches of 1000: {:.2}s ({:.0} rows/s); \
-         live request latency before p50 {before_p50:.2} ms p99 {before_p99:.2} ms, \
-         during (worst of {} rounds) p50 {worst_p50:.2} ms p99 {worst_p99:.2} ms",
-        swept_in.as_secs_f64(),
-        EXPIRED as f64 / swept_in.as_secs_f64(),
-        rounds.len()
-    );
+        let worst_p50 = rounds.iter().map(|r| r.0).fold(0.0, f64::max);
+        let worst_p99 = rounds.iter().map(|r| r.1).fold(0.0, f64::max);
+        println!(
+            "sweep of {EXPIRED} expired rows in batches of 1000: {:.2}s ({:.0} rows/s); \
+             live request latency before p50 {before_p50:.2} ms p99 {before_p99:.2} ms, \
+             during (worst of {} rounds) p50 {worst_p50:.2} ms p99 {worst_p99:.2} ms",
+            swept_in.as_secs_f64(),
+            EXPIRED as f64 / swept_in.as_secs_f64(),
+            rounds.len()
+        );
 
-    // A replay of a key written before the sweep still works: live records are intact.
-    let replay = s.post("/notes", Some("before-3"), &json!({ "i": 3 })).await;
-    assert!(replay.replayed());
+        // A replay of a key written before the sweep still works: live records are intact.
+        let replay = s.post("/notes", Some("before-3"), &json!({ "i": 3 })).await;
+        assert!(replay.replayed());
+    })
+    .await;
 }
 
 /// Expiry for cron: one call, reporting how many rows it removed; nothing live goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_reports_what_it_removed() {
-    let s = Service::start(|b| b).await;
-    backlog(&s.pool, "idempotency_keys", 2_500, 10).await;
-    assert_eq!(s.store.purge_expired(1_000).await.unwrap(), 2_500);
-    assert_eq!(s.store.purge_expired(1_000).await.unwrap(), 0);
-    assert_eq!(count(&s.pool, "idempotency_keys").await, 10);
+    with_test_db(async |db| {
+        let (s, store) = start(db, |b| b).await;
+        backlog(&s.pool, "idempotency_keys", 2_500, 10).await;
+        assert_eq!(store.purge_expired(1_000).await.unwrap(), 2_500);
+        assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+        assert_eq!(s.count("idempotency_keys").await, 10);
+    })
+    .await;
 }
 
 /// Expiry never takes a row a request is reclaiming, and never waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_skips_a_row_being_reclaimed() {
-    let s = Service::start(|b| b).await;
-    backlog(&s.pool, "idempotency_keys", 3, 0).await;
-    // A request in flight has locked one expired row (as a reclaim does).
-    let mut reclaiming = s.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = 'k1' FOR UPDATE")
-        .execute(&mut *reclaiming)
-        .await
-        .unwrap();
-    let started = Instant::now();
-    assert_eq!(s.store.purge_expired(10).await.unwrap(), 2);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "purge did not wait for the lock"
-    );
-    reclaiming.rollback().await.unwrap();
-    assert_eq!(s.store.purge_expired(10).await.unwrap(), 1);
+    with_test_db(async |db| {
+        let (s, store) = start(db, |b| b).await;
+        backlog(&s.pool, "idempotency_keys", 3, 0).await;
+        // A request in flight has locked one expired row (as a reclaim does).
+        let mut reclaiming = s.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = 'k1' FOR UPDATE")
+            .execute(&mut *reclaiming)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        assert_eq!(store.purge_expired(10).await.unwrap(), 2);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "purge did not wait for the lock"
+        );
+        reclaiming.rollback().await.unwrap();
+        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+    })
+    .await;
 }
 
 /// Configuration: another schema and table name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_can_live_elsewhere() {
-    let s = Service::start(|b| b.table("ops.idem_records").unwrap()).await;
-    assert!(s.store.schema_sql().contains("\"ops\".\"idem_records\""));
-    let first = s.post("/notes", Some("k1"), &json!(1)).await;
-    let replay = s.post("/notes", Some("k1"), &json!(1)).await;
-    assert_eq!(replay.body, first.body);
-    assert_eq!(count(&s.pool, "ops.idem_records").await, 1);
-    let default_exists: bool =
-        sqlx::query_scalar("SELECT to_regclass('idempotency_keys') IS NOT NULL")
-            .fetch_one(&s.pool)
-            .await
-            .unwrap();
-    assert!(!default_exists);
-    // The sweeper and the inspection use it too.
-    backlog(&s.pool, "ops.idem_records", 5, 0).await;
-    assert_eq!(s.store.purge_expired(2).await.unwrap(), 5);
-    assert!(s.store.inspect("notes", "", "k1").await.unwrap().is_some());
-    // A name that would need quoting is refused up front.
-    assert!(Idempotency::builder(s.pool.clone())
-        .table("Ops.Keys; --")
-        .is_err());
+    with_test_db(async |db| {
+        let (s, store) = start(db, |b| b.table("ops.idem_records")).await;
+        assert!(store.schema_sql().contains("\"ops\".\"idem_records\""));
+        let first = s.post("/notes", Some("k1"), &json!(1)).await;
+        let replay = s.post("/notes", Some("k1"), &json!(1)).await;
+        assert_eq!(replay.body, first.body);
+        assert_eq!(s.count("ops.idem_records").await, 1);
+        let default_exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('idempotency_keys') IS NOT NULL")
+                .fetch_one(&s.pool)
+                .await
+                .unwrap();
+        assert!(!default_exists);
+        // The sweeper and the inspection use it too.
+        backlog(&s.pool, "ops.idem_records", 5, 0).await;
+        assert_eq!(store.purge_expired(2).await.unwrap(), 5);
+        assert!(store.inspect("notes", "", "k1").await.unwrap().is_some());
+        // A name that would need quoting is refused up front.
+        assert!(Store::builder(s.pool.clone())
+            .table("Ops.Keys; --")
+            .build()
+            .is_err());
+    })
+    .await;
 }
 
 /// Configuration: the replayed-header allow-list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replayed_headers_are_an_allow_list() {
-    let by_default = Service::start(|b| b).await;
-    by_default.post("/notes", Some("k1"), &json!(1)).await;
-    let replay = by_default.post("/notes", Some("k1"), &json!(1)).await;
-    assert!(replay.replayed());
-    assert_eq!(replay.header("location"), Some("/notes/1"));
-    assert_eq!(replay.header("content-type"), Some("application/json"));
-    assert_eq!(
-        replay.header("x-note-version"),
-        None,
-        "not on the default list"
-    );
-
-    let extended =
-        Service::start(|b| b.replay_header(HeaderName::from_static("x-note-version"))).await;
-    let first = extended.post("/notes", Some("k1"), &json!(1)).await;
-    assert_eq!(first.header("x-note-version"), Some("7"));
-    let replay = extended.post("/notes", Some("k1"), &json!(1)).await;
-    assert_eq!(replay.header("x-note-version"), Some("7"));
-
-    let only_type =
-        Service::start(|b| b.replay_headers([HeaderName::from_static("content-type")])).await;
-    only_type.post("/notes", Some("k1"), &json!(1)).await;
-    let replay = only_type.post("/notes", Some("k1"), &json!(1)).await;
-    assert_eq!(replay.header("content-type"), Some("application/json"));
-    assert_eq!(replay.header("location"), None);
+    // Three configurations, each with a database of its own.
+    with_test_db(async |db| {
+        let (by_default, _) = start(db, |b| b).await;
+        by_default.post("/notes", Some("k1"), &json!(1)).await;
+        let replay = by_default.post("/notes", Some("k1"), &json!(1)).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.header("location"), Some("/notes/1"));
+        assert_eq!(replay.header("content-type"), Some("application/json"));
+        assert_eq!(
+            replay.header("x-note-version"),
+            None,
+            "not on the default list"
+        );
+    })
+    .await;
+    with_test_db(async |db| {
+        let (extended, _) = start(db, |b| {
+            b.replay_header(HeaderName::from_static("x-note-version"))
+        })
+        .await;
+        let first = extended.post("/notes", Some("k1"), &json!(1)).await;
+        assert_eq!(first.header("x-note-version"), Some("7"));
+        let replay = extended.post("/notes", Some("k1"), &json!(1)).await;
+        assert_eq!(replay.header("x-note-version"), Some("7"));
+    })
+    .await;
+    with_test_db(async |db| {
+        let (only_type, _) = start(db, |b| {
+            b.replay_headers([HeaderName::from_static("content-type")])
+        })
+        .await;
+        only_type.post("/notes", Some("k1"), &json!(1)).await;
+        let replay = only_type.post("/notes", Some("k1"), &json!(1)).await;
+        assert_eq!(replay.header("content-type"), Some("application/json"));
+        assert_eq!(replay.header("location"), None);
+    })
+    .await;
 }
 
 /// Configuration: `required = false` lets clients without a key through, unrecorded,
 /// and says so; clients with a key get the full guarantee.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_optional_key_runs_unrecorded_without_one() {
-    let s = Service::start(|b| b).await;
-    let a = s.post("/optional", None, &json!("a")).await;
-    let b = s.post("/optional", None, &json!("a")).await;
-    assert_eq!((a.status, b.status), (201, 201));
-    assert_eq!(a.header("idempotent-recorded"), Some("false"));
-    assert!(!b.replayed());
-    assert_eq!(a.json()["key"], Value::Null);
-    assert_eq!(count(&s.pool, "notes").await, 2, "both ran and committed");
-    assert_eq!(count(&s.pool, "idempotency_keys").await, 0);
+    with_test_db(async |db| {
+        let (s, _) = start(db, |b| b).await;
+        let a = s.post("/optional", None, &json!("a")).await;
+        let b = s.post("/optional", None, &json!("a")).await;
+        assert_eq!((a.status, b.status), (201, 201));
+        assert_eq!(a.header("idempotent-recorded"), Some("false"));
+        assert!(!b.replayed());
+        assert_eq!(a.json()["key"], Value::Null);
+        assert_eq!(s.count("notes").await, 2, "both ran and committed");
+        assert_eq!(s.count("idempotency_keys").await, 0);
 
-    let keyed = s.post("/optional", Some("k1"), &json!("a")).await;
-    assert_eq!(keyed.header("idempotent-recorded"), None);
-    assert_eq!(keyed.json()["key"], "k1");
-    assert!(s
-        .post("/optional", Some("k1"), &json!("a"))
-        .await
-        .replayed());
-    // A malformed key is still refused: optional is not anything-goes.
-    s.post("/optional", Some("a b"), &json!("a"))
-        .await
-        .assert_problem(400, "malformed-key");
-    // And the required endpoint still requires one.
-    s.post("/notes", None, &json!("a"))
-        .await
-        .assert_problem(400, "missing-key");
+        let keyed = s.post("/optional", Some("k1"), &json!("a")).await;
+        assert_eq!(keyed.header("idempotent-recorded"), None);
+        assert_eq!(keyed.json()["key"], "k1");
+        assert!(s
+            .post("/optional", Some("k1"), &json!("a"))
+            .await
+            .replayed());
+        // A malformed key is still refused: optional is not anything-goes.
+        s.post("/optional", Some("a b"), &json!("a"))
+            .await
+            .assert_problem(400, "malformed-key");
+        // And the required endpoint still requires one.
+        s.post("/notes", None, &json!("a"))
+            .await
+            .assert_problem(400, "missing-key");
+    })
+    .await;
 }
 
 /// Configuration: the base of idem's problem `type` URIs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn problem_types_use_the_configured_base() {
-    let s = Service::start(|b| b.problem_base("https://api.example.com/problems/")).await;
-    let missing = s.post("/notes", None, &json!(1)).await;
-    assert_eq!(
-        missing.json()["type"],
-        "https://api.example.com/problems/missing-key"
-    );
-    s.post("/notes", Some("k1"), &json!(1)).await;
-    let reused = s.post("/notes", Some("k1"), &json!(2)).await;
-    assert_eq!(
-        reused.json()["type"],
-        "https://api.example.com/problems/key-reused"
-    );
-    let bad_body = Answer::read(
-        s.client
-            .post(s.server.url("/notes"))
-            .header("Idempotency-Key", "k2")
-            .header("content-type", "application/json")
-            .body("{")
-            .send()
-            .await
-            .unwrap(),
-    )
+    with_test_db(async |db| {
+        let (s, _) = start(db, |b| b.problem_base("https://api.example.com/problems/")).await;
+        let missing = s.post("/notes", None, &json!(1)).await;
+        assert_eq!(
+            missing.json()["type"],
+            "https://api.example.com/problems/missing-key"
+        );
+        s.post("/notes", Some("k1"), &json!(1)).await;
+        let reused = s.post("/notes", Some("k1"), &json!(2)).await;
+        assert_eq!(
+            reused.json()["type"],
+            "https://api.example.com/problems/key-reused"
+        );
+        let bad_body = send(
+            s.client
+                .post(s.url("/notes"))
+                .header("Idempotency-Key", "k2")
+                .header("content-type", "application/json")
+                .body("{"),
+        )
+        .await;
+        assert_eq!(
+            bad_body.json()["type"],
+            "https://api.example.com/problems/invalid-request"
+        );
+    })
     .await;
-    assert_eq!(
-        bad_body.json()["type"],
-        "https://api.example.com/problems/invalid-request"
-    );
 }
 
 /// Inspection: did key K of principal P in scope S run, when, and with what status?
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_can_inspect_a_key() {
-    let s = Service::start(|b| b).await;
-    let before = SystemTime::now() - Duration::from_secs(5);
-    s.post("/notes", Some("\"order-7\""), &json!(1)).await;
-    let record = s
-        .store
-        .inspect("notes", "", "order-7")
-        .await
-        .unwrap()
-        .expect("a record");
-    assert_eq!(record.status, StatusCode::CREATED);
-    assert!(!record.expired);
-    assert!(
-        record.created_at >= before
-            && record.created_at <= SystemTime::now() + Duration::from_secs(5)
-    );
-    let ttl = record.expires_at.duration_since(record.created_at).unwrap();
-    assert_eq!(ttl, Duration::from_secs(24 * 3600));
-    assert_eq!(record.body_bytes, "{\"id\":1}".len());
+    with_test_db(async |db| {
+        let (s, store) = start(db, |b| b).await;
+        let before = SystemTime::now() - Duration::from_secs(5);
+        s.post("/notes", Some("\"order-7\""), &json!(1)).await;
+        let record = store
+            .inspect("notes", "", "order-7")
+            .await
+            .unwrap()
+            .expect("a record");
+        assert_eq!(record.status, StatusCode::CREATED);
+        assert!(!record.expired);
+        assert!(
+            record.created_at >= before
+                && record.created_at <= SystemTime::now() + Duration::from_secs(5)
+        );
+        let ttl = record.expires_at.duration_since(record.created_at).unwrap();
+        assert_eq!(ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(record.body_bytes, "{\"id\":1}".len());
 
-    assert!(s
-        .store
-        .inspect("notes", "", "order-8")
-        .await
-        .unwrap()
-        .is_none());
-    assert!(s
-        .store
-        .inspect("notes", "someone-else", "order-7")
-        .await
-        .unwrap()
-        .is_none());
-    assert!(s
-        .store
-        .inspect("other-scope", "", "order-7")
-        .await
-        .unwrap()
-        .is_none());
+        assert!(store
+            .inspect("notes", "", "order-8")
+            .await
+            .unwrap()
+            .is_none());
+        assert!(store
+            .inspect("notes", "someone-else", "order-7")
+            .await
+            .unwrap()
+            .is_none());
+        assert!(store
+            .inspect("other-scope", "", "order-7")
+            .await
+            .unwrap()
+            .is_none());
+    })
+    .await;
 }

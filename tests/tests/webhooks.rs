@@ -9,57 +9,40 @@ use axum::{Json, Router};
 use charges::consumer::{self, Credit, Credited};
 use charges::Config;
 use futures::future::join_all;
-use idem_runtime::webhook::WebhookVerifier;
-use idem_runtime::{idempotent, Idempotency, OnceError, Tx};
-use idem_tests::{count, Answer, TestDb, TestServer};
+use idem::webhook::WebhookVerifier;
+use idem::{idempotent, Store, OnceError, Tx};
+use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sqlx::PgPool;
 
 const SECRET: &[u8] = b"whsec_current";
 const PREVIOUS: &[u8] = b"whsec_previous";
 
-struct Service {
-    server: TestServer,
-    pool: PgPool,
-    client: reqwest::Client,
-    _db: TestDb,
+/// The charges example with the two secrets, its webhook taking `webhook_delay`.
+async fn start(db: &TestDb, webhook_delay: Duration) -> TestApp {
+    let config = Config {
+        webhook_secrets: vec![SECRET.to_vec(), PREVIOUS.to_vec()],
+        webhook_delay,
+        ..Config::default()
+    };
+    TestApp::charges(db, 30, config).await
 }
 
-impl Service {
-    async fn start(webhook_delay: Duration) -> Self {
-        let db = TestDb::new().await;
-        let pool = db.pool(30).await;
-        charges::migrate(&pool).await.unwrap();
-        let config = Config {
-            webhook_secrets: vec![SECRET.to_vec(), PREVIOUS.to_vec()],
-            webhook_delay,
-            ..Config::default()
-        };
-        Self {
-            server: TestServer::start(charges::app(pool.clone(), config)).await,
-            pool,
-            client: reqwest::Client::new(),
-            _db: db,
-        }
-    }
+/// A payment provider's deliveries.
+trait Deliver {
+    async fn deliver(&self, body: &str, signature: &str) -> Answer;
+}
 
+impl Deliver for TestApp {
     async fn deliver(&self, body: &str, signature: &str) -> Answer {
-        Answer::read(
+        send(
             self.client
-                .post(self.server.url("/webhooks/payments"))
+                .post(self.url("/webhooks/payments"))
                 .header("Webhook-Signature", signature)
                 .header("Content-Type", "application/json")
-                .body(body.to_owned())
-                .send()
-                .await
-                .unwrap(),
+                .body(body.to_owned()),
         )
         .await
-    }
-
-    async fn events(&self) -> i64 {
-        count(&self.pool, "webhook_events").await
     }
 }
 
@@ -80,163 +63,182 @@ fn event(id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_event_is_acknowledged_and_processed_once() {
-    let s = Service::start(Duration::ZERO).await;
-    let body = event("evt_1");
-    let first = s.deliver(&body, &sign(SECRET, now(), &body)).await;
-    assert_eq!(
-        first.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
-    assert_eq!(first.json(), json!({ "received": "evt_1" }));
-    // The provider redelivers later, signed afresh.
-    let again = s.deliver(&body, &sign(SECRET, now(), &body)).await;
-    assert_eq!(again.status, 200);
-    assert!(again.replayed());
-    assert_eq!(again.body, first.body);
-    assert_eq!(s.events().await, 1);
-    let scope: String =
-        sqlx::query_scalar("SELECT scope || '/' || principal || '/' || key FROM idempotency_keys")
-            .fetch_one(&s.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        scope, "payment_events//evt_1",
-        "keyed by the event's own id, no principal"
-    );
-    let ttl: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys",
-    )
-    .fetch_one(&s.pool)
-    .await
-    .unwrap();
-    assert_eq!(ttl, 7.0 * 86_400.0);
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let body = event("evt_1");
+        let first = s.deliver(&body, &sign(SECRET, now(), &body)).await;
+        assert_eq!(
+            first.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        assert_eq!(first.json(), json!({ "received": "evt_1" }));
+        // The provider redelivers later, signed afresh.
+        let again = s.deliver(&body, &sign(SECRET, now(), &body)).await;
+        assert_eq!(again.status, 200);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        assert_eq!(s.count("webhook_events").await, 1);
+        let scope: String = sqlx::query_scalar(
+            "SELECT scope || '/' || principal || '/' || key FROM idempotency_keys",
+        )
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            scope, "payment_events//evt_1",
+            "keyed by the event's own id, no principal"
+        );
+        let ttl: f64 = sqlx::query_scalar(
+            "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys",
+        )
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+        assert_eq!(ttl, 7.0 * 86_400.0);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_copies_of_one_event_make_one_row_and_twenty_acks() {
-    let s = Service::start(Duration::from_millis(300)).await;
-    let body = event("evt_storm");
-    let signature = sign(SECRET, now(), &body);
-    let answers = join_all((0..20).map(|_| s.deliver(&body, &signature))).await;
-    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
-    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
-    assert!(answers.iter().all(|a| a.body == answers[0].body));
-    assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
-    assert_eq!(s.events().await, 1);
+    with_test_db(async |db| {
+        let s = start(db, Duration::from_millis(300)).await;
+        let body = event("evt_storm");
+        let signature = sign(SECRET, now(), &body);
+        let answers = join_all((0..20).map(|_| s.deliver(&body, &signature))).await;
+        let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+        assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+        assert!(answers.iter().all(|a| a.body == answers[0].body));
+        assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
+        assert_eq!(s.count("webhook_events").await, 1);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_payload_under_the_same_event_id_is_refused() {
-    let s = Service::start(Duration::ZERO).await;
-    let body = event("evt_2");
-    s.deliver(&body, &sign(SECRET, now(), &body)).await;
-    let other = json!({ "id": "evt_2", "type": "payment.failed", "data": {} }).to_string();
-    s.deliver(&other, &sign(SECRET, now(), &other))
-        .await
-        .assert_problem(422, "key-reused");
-    assert_eq!(s.events().await, 1);
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let body = event("evt_2");
+        s.deliver(&body, &sign(SECRET, now(), &body)).await;
+        let other = json!({ "id": "evt_2", "type": "payment.failed", "data": {} }).to_string();
+        s.deliver(&other, &sign(SECRET, now(), &other))
+            .await
+            .assert_problem(422, "key-reused");
+        assert_eq!(s.count("webhook_events").await, 1);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_event_changes_its_charge() {
-    let s = Service::start(Duration::ZERO).await;
-    let charge = Answer::read(
-        s.client
-            .post(s.server.url("/charges"))
-            .bearer_auth("acct_1")
-            .header("Idempotency-Key", "c1")
-            .json(&json!({ "amount": 100, "currency": "usd", "customer": "cus_1" }))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
-    let id = charge["id"].as_str().unwrap();
-    let body = json!({ "id": "evt_r", "type": "charge.refunded", "data": { "charge_id": id } })
-        .to_string();
-    assert_eq!(
-        s.deliver(&body, &sign(SECRET, now(), &body)).await.status,
-        200
-    );
-    let refunded: bool =
-        sqlx::query_scalar("SELECT refunded_by_provider FROM charges WHERE id = $1")
-            .bind(id)
-            .fetch_one(&s.pool)
-            .await
-            .unwrap();
-    assert!(refunded);
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let charge = send(
+            s.client
+                .post(s.url("/charges"))
+                .bearer_auth("acct_1")
+                .header("Idempotency-Key", "c1")
+                .json(&json!({ "amount": 100, "currency": "usd", "customer": "cus_1" })),
+        )
+        .await
+        .json();
+        let id = charge["id"].as_str().unwrap();
+        let body = json!({ "id": "evt_r", "type": "charge.refunded", "data": { "charge_id": id } })
+            .to_string();
+        assert_eq!(
+            s.deliver(&body, &sign(SECRET, now(), &body)).await.status,
+            200
+        );
+        let refunded: bool =
+            sqlx::query_scalar("SELECT refunded_by_provider FROM charges WHERE id = $1")
+                .bind(id)
+                .fetch_one(&s.pool)
+                .await
+                .unwrap();
+        assert!(refunded);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_stale_and_malformed_signatures_leave_nothing() {
-    let s = Service::start(Duration::ZERO).await;
-    let body = event("evt_3");
-    s.deliver(&body, &sign(b"guessed", now(), &body))
-        .await
-        .assert_problem(401, "invalid-signature");
-    // A genuine signature over another body.
-    s.deliver(&body, &sign(SECRET, now(), &event("evt_4")))
-        .await
-        .assert_problem(401, "invalid-signature");
-    s.deliver(&body, &sign(SECRET, now() - 3600, &body))
-        .await
-        .assert_problem(400, "stale-signature");
-    s.deliver(&body, "sha256=abcdef")
-        .await
-        .assert_problem(400, "malformed-signature");
-    let unsigned = Answer::read(
-        s.client
-            .post(s.server.url("/webhooks/payments"))
-            .header("Content-Type", "application/json")
-            .body(body.clone())
-            .send()
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let body = event("evt_3");
+        s.deliver(&body, &sign(b"guessed", now(), &body))
             .await
-            .unwrap(),
-    )
+            .assert_problem(401, "invalid-signature");
+        // A genuine signature over another body.
+        s.deliver(&body, &sign(SECRET, now(), &event("evt_4")))
+            .await
+            .assert_problem(401, "invalid-signature");
+        s.deliver(&body, &sign(SECRET, now() - 3600, &body))
+            .await
+            .assert_problem(400, "stale-signature");
+        s.deliver(&body, "sha256=abcdef")
+            .await
+            .assert_problem(400, "malformed-signature");
+        let unsigned = send(
+            s.client
+                .post(s.url("/webhooks/payments"))
+                .header("Content-Type", "application/json")
+                .body(body.clone()),
+        )
+        .await;
+        unsigned.assert_problem(400, "malformed-signature");
+        assert_eq!(
+            (
+                s.count("webhook_events").await,
+                s.count("idempotency_keys").await
+            ),
+            (0, 0)
+        );
+    })
     .await;
-    unsigned.assert_problem(400, "malformed-signature");
-    assert_eq!(
-        (s.events().await, count(&s.pool, "idempotency_keys").await),
-        (0, 0)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_secrets_verify_on_both_sides() {
-    let s = Service::start(Duration::ZERO).await;
-    // The receiver still accepts the previous secret.
-    let body = event("evt_old");
-    assert_eq!(
-        s.deliver(&body, &sign(PREVIOUS, now(), &body)).await.status,
-        200
-    );
-    // The sender, rotating, signs with an unknown new secret and the current one.
-    let body = event("evt_both");
-    let t = now();
-    let both = format!(
-        "{},{}",
-        sign(b"whsec_next", t, &body),
-        sign(SECRET, t, &body).split_once(',').unwrap().1
-    );
-    assert_eq!(s.deliver(&body, &both).await.status, 200);
-    assert_eq!(s.events().await, 2);
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        // The receiver still accepts the previous secret.
+        let body = event("evt_old");
+        assert_eq!(
+            s.deliver(&body, &sign(PREVIOUS, now(), &body)).await.status,
+            200
+        );
+        // The sender, rotating, signs with an unknown new secret and the current one.
+        let body = event("evt_both");
+        let t = now();
+        let both = format!(
+            "{},{}",
+            sign(b"whsec_next", t, &body),
+            sign(SECRET, t, &body).split_once(',').unwrap().1
+        );
+        assert_eq!(s.deliver(&body, &both).await.status, 200);
+        assert_eq!(s.count("webhook_events").await, 2);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_event_id_is_refused() {
-    let s = Service::start(Duration::ZERO).await;
-    let body = json!({ "id": "", "type": "x" }).to_string();
-    s.deliver(&body, &sign(SECRET, now(), &body))
-        .await
-        .assert_problem(400, "malformed-key");
-    let body = json!({ "type": "x" }).to_string();
-    s.deliver(&body, &sign(SECRET, now(), &body))
-        .await
-        .assert_problem(400, "invalid-request");
-    assert_eq!(s.events().await, 0);
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let body = json!({ "id": "", "type": "x" }).to_string();
+        s.deliver(&body, &sign(SECRET, now(), &body))
+            .await
+            .assert_problem(400, "malformed-key");
+        let body = json!({ "type": "x" }).to_string();
+        s.deliver(&body, &sign(SECRET, now(), &body))
+            .await
+            .assert_problem(400, "invalid-request");
+        assert_eq!(s.count("webhook_events").await, 0);
+    })
+    .await;
 }
 
 // The wait policy's limit, a key from another header, and a missing payload key, with
@@ -244,7 +246,7 @@ async fn an_empty_event_id_is_refused() {
 
 #[derive(Clone, FromRef)]
 struct AppState {
-    idempotency: Idempotency,
+    idempotency: Store,
 }
 
 #[derive(Deserialize, Serialize)]
@@ -265,66 +267,72 @@ async fn by_header(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
     Json(v)
 }
 
-async fn own_server() -> (TestServer, TestDb) {
-    let db = TestDb::new().await;
-    let store = Idempotency::new(db.pool(5).await);
+async fn own_server(db: &TestDb) -> TestApp {
+    let pool = db.pool(5).await;
+    let store = Store::new(pool.clone());
     store.migrate().await.unwrap();
     let app = Router::new()
         .route("/slow", post(slow))
         .route("/by-header", post(by_header))
         .with_state(AppState { idempotency: store });
-    (TestServer::start(app).await, db)
+    TestApp::serve(pool, app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wait_policy_answers_409_only_past_its_wait() {
-    let (server, _db) = own_server().await;
-    let client = reqwest::Client::new();
-    let url = server.url("/slow");
-    let long = json!({ "job_id": "j1", "sleep_ms": 1000 });
-    let post = |_: u64| idem_tests::post(&client, &url, None, &long, &[]);
-    // The first works for 1 s; the duplicate waits 200 ms, then gives up.
-    let (first, second) = tokio::join!(post(1000), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let started = std::time::Instant::now();
-        let answer = post(1000).await;
-        (answer, started.elapsed())
-    });
-    assert_eq!(first.status, 200);
-    let (second, waited) = second;
-    second.assert_problem(409, "key-in-use");
-    assert!(
-        waited >= Duration::from_millis(150),
-        "it waited: {waited:?}"
-    );
-    // Within the wait, the duplicate gets the replay instead.
-    let short = json!({ "job_id": "j2", "sleep_ms": 50 });
-    let (a, b) = tokio::join!(idem_tests::post(&client, &url, None, &short, &[]), async {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        idem_tests::post(&client, &url, None, &short, &[]).await
-    });
-    assert_eq!((a.status, b.status), (200, 200));
-    assert!(b.replayed() || a.replayed());
-    // No key in the payload: 400.
-    idem_tests::post(&client, &url, None, &json!({ "sleep_ms": 1 }), &[])
-        .await
-        .assert_problem(400, "missing-key");
+    with_test_db(async |db| {
+        let server = own_server(db).await;
+        let client = server.client.clone();
+        let url = server.url("/slow");
+        let long = json!({ "job_id": "j1", "sleep_ms": 1000 });
+        let post = |_: u64| idem_tests::post(&client, &url, None, &long, &[]);
+        // The first works for 1 s; the duplicate waits 200 ms, then gives up.
+        let (first, second) = tokio::join!(post(1000), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = std::time::Instant::now();
+            let answer = post(1000).await;
+            (answer, started.elapsed())
+        });
+        assert_eq!(first.status, 200);
+        let (second, waited) = second;
+        second.assert_problem(409, "key-in-use");
+        assert!(
+            waited >= Duration::from_millis(150),
+            "it waited: {waited:?}"
+        );
+        // Within the wait, the duplicate gets the replay instead.
+        let short = json!({ "job_id": "j2", "sleep_ms": 50 });
+        let (a, b) = tokio::join!(idem_tests::post(&client, &url, None, &short, &[]), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            idem_tests::post(&client, &url, None, &short, &[]).await
+        });
+        assert_eq!((a.status, b.status), (200, 200));
+        assert!(b.replayed() || a.replayed());
+        // No key in the payload: 400.
+        idem_tests::post(&client, &url, None, &json!({ "sleep_ms": 1 }), &[])
+            .await
+            .assert_problem(400, "missing-key");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_can_come_from_another_header() {
-    let (server, _db) = own_server().await;
-    let client = reqwest::Client::new();
-    let url = server.url("/by-header");
-    let headers = [("Delivery-Id", "d-1")];
-    let first = idem_tests::post(&client, &url, None, &json!({ "n": 1 }), &headers).await;
-    assert_eq!(first.status, 200);
-    let again = idem_tests::post(&client, &url, None, &json!({ "n": 1 }), &headers).await;
-    assert!(again.replayed());
-    // The Idempotency-Key header means nothing here.
-    idem_tests::post(&client, &url, Some("d-1"), &json!({ "n": 1 }), &[])
-        .await
-        .assert_problem(400, "missing-key");
+    with_test_db(async |db| {
+        let server = own_server(db).await;
+        let client = server.client.clone();
+        let url = server.url("/by-header");
+        let headers = [("Delivery-Id", "d-1")];
+        let first = idem_tests::post(&client, &url, None, &json!({ "n": 1 }), &headers).await;
+        assert_eq!(first.status, 200);
+        let again = idem_tests::post(&client, &url, None, &json!({ "n": 1 }), &headers).await;
+        assert!(again.replayed());
+        // The Idempotency-Key header means nothing here.
+        idem_tests::post(&client, &url, Some("d-1"), &json!({ "n": 1 }), &[])
+            .await
+            .assert_problem(400, "missing-key");
+    })
+    .await;
 }
 
 /// The queue consumer (examples/charges/src/consumer.rs) with a plain in-process
@@ -332,84 +340,87 @@ async fn a_key_can_come_from_another_header() {
 /// stored result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_consumer_credits_each_message_once() {
-    let db = TestDb::new().await;
-    let pool = db.pool(10).await;
-    charges::migrate(&pool).await.unwrap();
-    let store = Idempotency::builder(pool.clone())
-        .conflict_wait(Duration::from_secs(5))
-        .build();
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        charges::migrate(&pool).await.unwrap();
+        let store = Store::builder(pool.clone())
+            .conflict_wait(Duration::from_secs(5))
+            .build()
+            .unwrap();
 
-    let messages: Vec<Credit> = (0..10)
-        .map(|i| Credit {
-            message_id: format!("msg-{i}"),
-            account: format!("acct-{}", i % 3),
-            amount: 100 + i,
-        })
-        .collect();
-    // At-least-once delivery: every message three times, two of them at the same time.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for round in 0..3 {
-        for m in &messages {
-            tx.send((round, m.clone())).unwrap();
+        let messages: Vec<Credit> = (0..10)
+            .map(|i| Credit {
+                message_id: format!("msg-{i}"),
+                account: format!("acct-{}", i % 3),
+                amount: 100 + i,
+            })
+            .collect();
+        // At-least-once delivery: every message three times, two of them at the same time.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for round in 0..3 {
+            for m in &messages {
+                tx.send((round, m.clone())).unwrap();
+            }
         }
-    }
-    drop(tx);
-    let mut deliveries = Vec::new();
-    while let Some(delivery) = rx.recv().await {
-        deliveries.push(delivery);
-    }
-    let results = join_all(deliveries.iter().map(|(_, m)| consumer::handle(&store, m))).await;
-    let mut by_message: std::collections::HashMap<&str, Vec<Credited>> = Default::default();
-    for ((_, m), result) in deliveries.iter().zip(results) {
-        by_message
-            .entry(&m.message_id)
-            .or_default()
-            .push(result.expect("handled"));
-    }
-    for results in by_message.values() {
-        assert!(
-            results.iter().all(|r| r == &results[0]),
-            "every delivery answers the same: {results:?}"
-        );
-    }
-    assert_eq!(count(&pool, "ledger_entries").await, 10);
-    let total: i64 = sqlx::query_scalar("SELECT sum(amount)::bigint FROM ledger_entries")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(total, (0..10).map(|i| 100 + i).sum::<i64>());
+        drop(tx);
+        let mut deliveries = Vec::new();
+        while let Some(delivery) = rx.recv().await {
+            deliveries.push(delivery);
+        }
+        let results = join_all(deliveries.iter().map(|(_, m)| consumer::handle(&store, m))).await;
+        let mut by_message: std::collections::HashMap<&str, Vec<Credited>> = Default::default();
+        for ((_, m), result) in deliveries.iter().zip(results) {
+            by_message
+                .entry(&m.message_id)
+                .or_default()
+                .push(result.expect("handled"));
+        }
+        for results in by_message.values() {
+            assert!(
+                results.iter().all(|r| r == &results[0]),
+                "every delivery answers the same: {results:?}"
+            );
+        }
+        assert_eq!(count(&pool, "ledger_entries").await, 10);
+        let total: i64 = sqlx::query_scalar("SELECT sum(amount)::bigint FROM ledger_entries")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(total, (0..10).map(|i| 100 + i).sum::<i64>());
 
-    // A message whose work fails is rolled back and can be redelivered.
-    let broken = Credit {
-        message_id: "msg-x".into(),
-        account: "x".repeat(2),
-        amount: 1,
-    };
-    sqlx::query("ALTER TABLE ledger_entries ADD CONSTRAINT small CHECK (amount < 1000)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let too_big = Credit {
-        amount: 5_000,
-        ..broken.clone()
-    };
-    assert!(matches!(
-        consumer::handle(&store, &too_big).await,
-        Err(OnceError::Work(_))
-    ));
-    assert_eq!(
-        count(&pool, "idempotency_keys WHERE key = 'msg-x'").await,
-        0,
-        "nothing stored"
-    );
-    // The same id with another payload after a failure runs (nothing was stored)...
-    assert_eq!(
-        consumer::handle(&store, &broken).await.unwrap(),
-        Credited { balance: 1 }
-    );
-    // ...and from then on that id is taken.
-    assert!(matches!(
-        consumer::handle(&store, &too_big).await,
-        Err(OnceError::Mismatch)
-    ));
+        // A message whose work fails is rolled back and can be redelivered.
+        let broken = Credit {
+            message_id: "msg-x".into(),
+            account: "x".repeat(2),
+            amount: 1,
+        };
+        sqlx::query("ALTER TABLE ledger_entries ADD CONSTRAINT small CHECK (amount < 1000)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let too_big = Credit {
+            amount: 5_000,
+            ..broken.clone()
+        };
+        assert!(matches!(
+            consumer::handle(&store, &too_big).await,
+            Err(OnceError::Work(_))
+        ));
+        assert_eq!(
+            count(&pool, "idempotency_keys WHERE key = 'msg-x'").await,
+            0,
+            "nothing stored"
+        );
+        // The same id with another payload after a failure runs (nothing was stored)...
+        assert_eq!(
+            consumer::handle(&store, &broken).await.unwrap(),
+            Credited { balance: 1 }
+        );
+        // ...and from then on that id is taken.
+        assert!(matches!(
+            consumer::handle(&store, &too_big).await,
+            Err(OnceError::Mismatch)
+        ));
+    })
+    .await;
 }
