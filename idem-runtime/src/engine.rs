@@ -288,3 +288,190 @@ async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInS
         tracing::warn!(error = %e, "idem: could not remove the escaped claim");
     }
 }
+
+/// The engine alone, on a real PostgreSQL (`DATABASE_URL`), without HTTP. Each test has
+/// a schema of its own for idem's table and its business table.
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use sqlx::PgPool;
+
+    use super::*;
+
+    struct Db {
+        pool: PgPool,
+        schema: String,
+        store: Store,
+    }
+
+    impl Db {
+        async fn new() -> Self {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let url = std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .connect(&url)
+                .await
+                .expect("PostgreSQL at DATABASE_URL");
+            let schema = format!(
+                "idem_engine_{}_{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
+            let store = Store::builder(pool.clone())
+                .table(format!("{schema}.keys"))
+                .build()
+                .unwrap();
+            store.migrate().await.unwrap();
+            sqlx::raw_sql(&format!("CREATE TABLE {schema}.notes (body text)"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            Self {
+                pool,
+                schema,
+                store,
+            }
+        }
+
+        fn claim(&self, key: &str, payload: &str) -> Option<Claim> {
+            let mut fingerprint = Fingerprint::builder("notes", "", "", []);
+            fingerprint.whole_body(payload).unwrap();
+            Some(Claim {
+                key: KeyInScope {
+                    scope: "notes".into(),
+                    principal: String::new(),
+                    key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+                },
+                ttl: Duration::from_secs(60),
+                fingerprint: fingerprint.finish(),
+                conflict_wait: None,
+            })
+        }
+
+        async fn begin(&self, key: &str, payload: &str) -> Result<Begun, Refusal> {
+            begin(&self.store, self.claim(key, payload)).await
+        }
+
+        async fn notes(&self) -> i64 {
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {}.notes", self.schema))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+
+        async fn write(&self, attempt: &mut Attempt) {
+            let sql = format!("INSERT INTO {}.notes VALUES ('n')", self.schema);
+            sqlx::query(&sql).execute(&mut *attempt.tx()).await.unwrap();
+        }
+
+        async fn drop_schema(self) {
+            sqlx::raw_sql(&format!("DROP SCHEMA {} CASCADE", self.schema))
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+    }
+
+    fn record(body: &'static str) -> Record {
+        Record {
+            status: 201,
+            headers: b"content-type: text/plain\n".to_vec(),
+            body: body.into(),
+        }
+    }
+
+    fn run(begun: Result<Begun, Refusal>) -> Attempt {
+        match begun {
+            Ok(Begun::Run(attempt)) => attempt,
+            Ok(Begun::Replay(record)) => panic!("replayed {record:?}"),
+            Err(refusal) => panic!("refused: {refusal:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_committed_attempt_is_replayed_and_its_writes_kept() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        attempt.commit(&record("done")).await.unwrap();
+        match db.begin("k1", "a").await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, record("done")),
+            _ => panic!("not a replay"),
+        }
+        assert_eq!(db.notes().await, 1);
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn another_fingerprint_is_a_mismatch() {
+        let db = Db::new().await;
+        run(db.begin("k1", "a").await)
+            .commit(&record("done"))
+            .await
+            .unwrap();
+        assert!(matches!(db.begin("k1", "b").await, Err(Refusal::Mismatch)));
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn a_key_in_flight_is_in_use_until_its_attempt_ends() {
+        let db = Db::new().await;
+        let first = run(db.begin("k1", "a").await);
+        assert!(matches!(db.begin("k1", "a").await, Err(Refusal::InUse)));
+        // Dropping an attempt rolls it back (a cancelled request): the key is free.
+        drop(first);
+        run(db.begin("k1", "a").await).rollback().await.unwrap();
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn a_rollback_leaves_nothing() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        attempt.rollback().await.unwrap();
+        assert_eq!(db.notes().await, 0);
+        // The key is free, even for another payload.
+        run(db.begin("k1", "b").await)
+            .commit(&record("b"))
+            .await
+            .unwrap();
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn work_that_ends_the_transaction_itself_is_caught() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        sqlx::Executor::execute(&mut *attempt.tx(), "COMMIT")
+            .await
+            .unwrap();
+        assert!(matches!(
+            attempt.commit(&record("x")).await,
+            Err(CommitError::Escaped)
+        ));
+        // Nothing is replayed, and the key is not stuck.
+        run(db.begin("k1", "a").await).rollback().await.unwrap();
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn without_a_claim_the_attempt_records_nothing() {
+        let db = Db::new().await;
+        let mut attempt = run(begin(&db.store, None).await);
+        assert!(attempt.key().is_none());
+        db.write(&mut attempt).await;
+        attempt.commit_unrecorded().await.unwrap();
+        assert_eq!(db.notes().await, 1);
+        let keys: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}.keys", db.schema))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(keys, 0);
+        db.drop_schema().await;
+    }
+}

@@ -56,7 +56,8 @@ pub(crate) struct Settings {
     pub(crate) retry_after: Duration,
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
-    pub(crate) problem_base: String,
+    /// `None` for [`DEFAULT_PROBLEM_BASE`](crate::DEFAULT_PROBLEM_BASE).
+    pub(crate) problem_base: Option<String>,
 }
 
 impl Store {
@@ -75,7 +76,7 @@ impl Store {
             conflict_wait: Duration::from_millis(1),
             retry_after: Duration::from_secs(1),
             max_response_bytes: 1 << 20,
-            problem_base: crate::web::problem::DEFAULT_PROBLEM_BASE.to_owned(),
+            problem_base: None,
             replay_headers: vec![
                 header::CONTENT_TYPE,
                 header::CONTENT_LANGUAGE,
@@ -141,7 +142,7 @@ pub struct StoreBuilder {
     retry_after: Duration,
     max_response_bytes: usize,
     replay_headers: Vec<HeaderName>,
-    problem_base: String,
+    problem_base: Option<String>,
 }
 
 impl StoreBuilder {
@@ -158,7 +159,7 @@ impl StoreBuilder {
     /// with `https://example.com/problems/`, a 409 has the type
     /// `https://example.com/problems/key-in-use`. See [`crate::problem_type`].
     pub fn problem_base(mut self, base: impl Into<String>) -> Self {
-        self.problem_base = base.into();
+        self.problem_base = Some(base.into());
         self
     }
 

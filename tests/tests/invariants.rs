@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use futures::future::join_all;
-use idem::{idempotent, Store, StoreBuilder, Principal, Problem, Tx};
+use idem::{idempotent, Principal, Problem, Store, StoreBuilder, Tx};
 use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -174,18 +174,12 @@ async fn per_tenant(
     Ok(Json(json!({ "id": id })))
 }
 
-async fn start(
-    db: &TestDb,
-    configure: impl FnOnce(StoreBuilder) -> StoreBuilder,
-) -> TestApp {
+async fn start(db: &TestDb, configure: impl FnOnce(StoreBuilder) -> StoreBuilder) -> TestApp {
     serve(db.pool(10).await, configure).await
 }
 
 /// Serves this file's handlers on `pool`, with idem configured by `configure`.
-async fn serve(
-    pool: PgPool,
-    configure: impl FnOnce(StoreBuilder) -> StoreBuilder,
-) -> TestApp {
+async fn serve(pool: PgPool, configure: impl FnOnce(StoreBuilder) -> StoreBuilder) -> TestApp {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, note text NOT NULL)",
     )

@@ -10,7 +10,7 @@ use charges::consumer::{self, Credit, Credited};
 use charges::Config;
 use futures::future::join_all;
 use idem::webhook::WebhookVerifier;
-use idem::{idempotent, Store, OnceError, Tx};
+use idem::{idempotent, OnceError, Store, Tx};
 use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};

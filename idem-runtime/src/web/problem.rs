@@ -130,7 +130,11 @@ impl<'a> Problems<'a> {
     /// The problems of a store's endpoints.
     pub(crate) fn of(store: &'a Store) -> Self {
         Self {
-            base: &store.inner.problem_base,
+            base: store
+                .inner
+                .problem_base
+                .as_deref()
+                .unwrap_or(DEFAULT_PROBLEM_BASE),
             retry_after: store.inner.retry_after,
         }
     }
@@ -220,6 +224,7 @@ impl<'a> Problems<'a> {
     }
 
     /// A request body that its extractor could not read.
+    #[cfg(feature = "webhook")]
     pub(crate) fn invalid_request(self, detail: String) -> Problem {
         self.problem(
             StatusCode::BAD_REQUEST,
