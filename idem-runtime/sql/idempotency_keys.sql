@@ -4,7 +4,7 @@
 -- A row is written by the claiming request's own transaction and commits together with
 -- that request's business writes and its stored response, or not at all. `status` is
 -- NULL only while that transaction is open, so a committed row is always complete.
-CREATE TABLE IF NOT EXISTS idempotency_keys (
+CREATE TABLE IF NOT EXISTS "idempotency_keys" (
     scope        text        NOT NULL,
     principal    text        NOT NULL,
     key          text        NOT NULL,
@@ -18,8 +18,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     body         bytea,
     created_at   timestamptz NOT NULL DEFAULT now(),
     expires_at   timestamptz NOT NULL,
-    CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, principal, key)
+    CONSTRAINT "idempotency_keys_pkey" PRIMARY KEY (scope, principal, key)
 );
 
 -- The sweeper deletes expired rows oldest first, in small batches.
-CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx" ON "idempotency_keys" (expires_at);

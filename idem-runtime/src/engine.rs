@@ -405,6 +405,35 @@ mod tests {
         db.drop_schema().await;
     }
 
+    /// Regression: a table named like a keyword passed validation and then failed in
+    /// every statement (unqualified names were not quoted).
+    #[tokio::test]
+    async fn a_table_named_like_a_keyword_works() {
+        let db = Db::new().await;
+        // Unqualified names land in the connection's schema: this test's own.
+        let options: sqlx::postgres::PgConnectOptions = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+            .parse()
+            .unwrap();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.options([("search_path", db.schema.as_str())]))
+            .await
+            .unwrap();
+        for name in ["user", "order"] {
+            let store = Store::builder(pool.clone()).table(name).build().unwrap();
+            store.migrate().await.unwrap();
+            run(begin(&store, db.claim("k1", "a")).await)
+                .commit(&record("done"))
+                .await
+                .unwrap();
+            let replayed = begin(&store, db.claim("k1", "a")).await;
+            assert!(matches!(replayed, Ok(Begun::Replay(_))));
+        }
+        pool.close().await;
+        db.drop_schema().await;
+    }
+
     #[tokio::test]
     async fn another_fingerprint_is_a_mismatch() {
         let db = Db::new().await;

@@ -35,7 +35,11 @@ impl Store {
     /// Starts a tokio task that purges expired records every `every`, in batches of
     /// `batch_size`, until [`Sweeper::stop`] (the task outlives a dropped handle).
     /// Failures (the database restarting, say) are logged and retried at the next tick.
-    pub fn spawn_sweeper(&self, every: Duration, batch_size: u32) -> Sweeper {
+    /// A zero interval is refused: it would sweep in a busy loop.
+    pub fn spawn_sweeper(&self, every: Duration, batch_size: u32) -> Result<Sweeper, SweeperError> {
+        if every.is_zero() {
+            return Err(SweeperError::ZeroInterval);
+        }
         let removed = Arc::new(AtomicU64::new(0));
         let store = self.clone();
         let counter = Arc::clone(&removed);
@@ -56,7 +60,48 @@ impl Store {
                 }
             }
         });
-        Sweeper { task, removed }
+        Ok(Sweeper { task, removed })
+    }
+}
+
+/// Why [`Store::spawn_sweeper`] did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SweeperError {
+    /// The interval is zero.
+    ZeroInterval,
+}
+
+impl std::fmt::Display for SweeperError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ZeroInterval => {
+                f.write_str("the sweeper's interval is zero; give it a period such as 60 s")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SweeperError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a zero interval used to panic inside the sweeper's task
+    /// (`tokio::time::interval` refuses a zero period), leaving no sweeper and no error.
+    #[tokio::test]
+    async fn a_zero_interval_is_an_error() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        let store = Store::new(pool);
+        assert_eq!(
+            store.spawn_sweeper(Duration::ZERO, 10).err(),
+            Some(SweeperError::ZeroInterval)
+        );
+        let sweeper = store.spawn_sweeper(Duration::from_secs(3600), 10).unwrap();
+        sweeper.stop();
     }
 }
 

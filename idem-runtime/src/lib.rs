@@ -142,7 +142,7 @@ mod web;
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
 
-pub use expiry::Sweeper;
+pub use expiry::{Sweeper, SweeperError};
 pub use fingerprint::FingerprintError;
 #[doc(inline)]
 pub use idem_macros::idempotent;

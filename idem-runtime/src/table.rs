@@ -59,11 +59,11 @@ const DDL: &str = "-- idem: the idempotency table, for users who run their own m
     body         bytea,
     created_at   timestamptz NOT NULL DEFAULT now(),
     expires_at   timestamptz NOT NULL,
-    CONSTRAINT {name}_pkey PRIMARY KEY (scope, principal, key)
+    CONSTRAINT \"{name}_pkey\" PRIMARY KEY (scope, principal, key)
 );
 
 -- The sweeper deletes expired rows oldest first, in small batches.
-CREATE INDEX IF NOT EXISTS {name}_expires_at_idx ON {table} (expires_at);
+CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
 ";
 
 /// Explicit READ COMMITTED: a database whose default is REPEATABLE READ would otherwise
@@ -188,12 +188,14 @@ impl TableName {
         })
     }
 
-    /// As written in SQL: `"schema"."name"`, or `name` unqualified (the default, as in
-    /// [`SCHEMA_SQL`], so it lands in the connection's default schema).
+    /// As written in SQL: `"schema"."name"`, or `"name"` unqualified (the default, as in
+    /// [`SCHEMA_SQL`], so it lands in the connection's default schema). Always quoted, so
+    /// that a name that is also a keyword (`user`, `order`) works; the names are
+    /// lowercase, so quoting does not change which table they name.
     fn qualified(&self) -> String {
         match &self.schema {
             Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
-            None => self.name.clone(),
+            None => format!("\"{}\"", self.name),
         }
     }
 }
@@ -532,7 +534,7 @@ mod tests {
         assert!(table.ddl().contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
         assert!(table
             .ddl()
-            .contains("CONSTRAINT idem_keys_pkey PRIMARY KEY"));
+            .contains("CONSTRAINT \"idem_keys_pkey\" PRIMARY KEY"));
         assert!(table.claim.contains("INSERT INTO \"ops\".\"idem_keys\""));
         for bad in [
             "",

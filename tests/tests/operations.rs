@@ -115,7 +115,9 @@ async fn a_backlog_of_expired_rows_is_swept_while_requests_go_on() {
         };
         let (before_p50, before_p99) = measure("before", 200).await;
 
-        let sweeper = store.spawn_sweeper(Duration::from_millis(10), 1_000);
+        let sweeper = store
+            .spawn_sweeper(Duration::from_millis(10), 1_000)
+            .unwrap();
         let started = Instant::now();
         let during = async {
             let mut rounds = Vec::new();

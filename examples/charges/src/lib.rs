@@ -117,7 +117,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let pool = connect_with_size(&database_url, pool_size).await?;
     migrate(&pool).await?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = Store::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000);
+    let _sweeper = Store::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000)?;
     let app = app(
         pool,
         Config {
