@@ -301,8 +301,8 @@ impl<'a> Problems<'a> {
     ///
     /// One status changes: on an idempotent endpoint 422 means "this key was used for
     /// another payload" (the IETF draft), so an extractor's 422 (axum's `Json` answers a
-    /// body of the wrong shape so) becomes 400, and clients can tell the two apart by
-    /// status alone.
+    /// body of the wrong shape so) becomes 400. Clients still tell idem's problems from
+    /// a handler's own by `type`, which starts with the store's problem base.
     pub(crate) async fn rejection(self, rejection: Response) -> Response {
         let is_problem = rejection
             .headers()
