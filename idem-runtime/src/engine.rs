@@ -111,10 +111,14 @@ pub(crate) struct Attempt {
     key: Option<KeyInScope>,
 }
 
+/// How long a claim waits on the lock of an expired row: longer than a sweeper's batch
+/// takes to delete (milliseconds), so that sweeping never answers 409.
+const EXPIRY_WAIT: Duration = Duration::from_secs(1);
+
 /// Opens the transaction and, with a claim, claims its key.
 pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, Refusal> {
     let settings = &store.inner;
-    let wait = claim
+    let mut wait = claim
         .as_ref()
         .and_then(|c| c.conflict_wait)
         .unwrap_or(settings.conflict_wait);
@@ -124,6 +128,7 @@ pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, 
     // So a short wait is tried three times, 5 ms and then 25 ms apart.
     let attempts = if wait < Duration::from_secs(1) { 3 } else { 1 };
     let mut round = 0;
+    let mut checked_expiry = false;
     loop {
         round += 1;
         let begin = settings.pool.begin_with(table::BEGIN);
@@ -149,12 +154,28 @@ pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, 
             }
             // Nothing was written; dropping the transaction frees the connection.
             Ok(Found::Stored(row)) => return replay(row, &request.fingerprint),
-            Err(ClaimError::InUse) if round < attempts => {
+            Err(ClaimError::InUse) => {
                 drop(tx);
+                // The row is locked, but what is committed is an expired row: a sweeper
+                // is deleting it, or a request is taking the expired key over. A sweep
+                // must never answer 409, so this claim waits up to EXPIRY_WAIT, longer
+                // than a sweeper's batch holds its locks; a request in flight holds the
+                // key past that and is still answered 409. (A fresh key in flight has
+                // no committed row, so its duplicates are not slowed.) Asked once.
+                if !checked_expiry {
+                    checked_expiry = true;
+                    let expired = settings.table.expired(&settings.pool, &request.key).await;
+                    if matches!(expired, Ok(Some(true))) {
+                        wait = wait.max(EXPIRY_WAIT);
+                        continue;
+                    }
+                }
+                if round >= attempts {
+                    return Err(Refusal::InUse);
+                }
                 let pause = if round == 1 { 5 } else { 25 };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
-            Err(ClaimError::InUse) => return Err(Refusal::InUse),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
     }
@@ -431,6 +452,55 @@ mod tests {
             assert!(matches!(replayed, Ok(Begun::Replay(_))));
         }
         pool.close().await;
+        db.drop_schema().await;
+    }
+
+    /// An expired record of key `k1`, as a sweeper finds it.
+    async fn expired_row(db: &Db) {
+        sqlx::raw_sql(&format!(
+            "INSERT INTO {}.keys (scope, principal, key, fingerprint, field_hashes, status, expires_at) \
+             VALUES ('notes', '', 'k1', '\\x00', '\\x00', 201, now() - interval '1 day')",
+            db.schema
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    /// Regression: a sweep holding the lock of an expired row made a request for that
+    /// (idle) key answer 409: the claim's short wait expired before the batch committed.
+    #[tokio::test]
+    async fn a_sweep_never_makes_an_idle_key_in_use() {
+        let db = Db::new().await;
+        expired_row(&db).await;
+        // A sweeper's batch: it deletes the row and commits 300 ms later.
+        let mut sweep = db.pool.begin().await.unwrap();
+        sqlx::query(&format!("DELETE FROM {}.keys WHERE key = 'k1'", db.schema))
+            .execute(&mut *sweep)
+            .await
+            .unwrap();
+        let sweeper = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            sweep.commit().await.unwrap();
+        });
+        run(db.begin("k1", "a").await)
+            .commit(&record("after the sweep"))
+            .await
+            .unwrap();
+        sweeper.await.unwrap();
+        db.drop_schema().await;
+    }
+
+    /// The wait for an expired row's lock is bounded: a request that took the expired
+    /// key over and is still running keeps it, and its duplicate is in use.
+    #[tokio::test]
+    async fn a_request_taking_over_an_expired_key_holds_it() {
+        let db = Db::new().await;
+        expired_row(&db).await;
+        let first = run(db.begin("k1", "a").await);
+        assert!(matches!(db.begin("k1", "a").await, Err(Refusal::InUse)));
+        first.commit(&record("first")).await.unwrap();
+        assert!(matches!(db.begin("k1", "a").await, Ok(Begun::Replay(_))));
         db.drop_schema().await;
     }
 

@@ -15,7 +15,9 @@ use crate::Store;
 
 impl Store {
     /// Deletes expired records, `batch_size` rows per statement, until none is left, and
-    /// returns how many it deleted. For a cron job; [`Store::spawn_sweeper`] runs
+    /// returns how many it deleted. A request for a key whose row a batch is deleting
+    /// waits for that batch, up to a second, so keep batches well under a second (1 000
+    /// rows take milliseconds). For a cron job; [`Store::spawn_sweeper`] runs
     /// it periodically.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
         let batch_size = i64::from(batch_size.max(1));

@@ -130,6 +130,11 @@ const STORE: &str = "\
 UPDATE {table} SET status = $4, headers = $5, body = $6
  WHERE scope = $1 AND principal = $2 AND key = $3 AND status IS NULL AND created_at = now()";
 
+/// Whether the committed row of a key is expired, read without waiting for locks: tells
+/// a sweeper's (or a reclaim's) lock on an expired row from a request's on a live one.
+const EXPIRED: &str = "\
+SELECT expires_at <= now() FROM {table} WHERE scope = $1 AND principal = $2 AND key = $3";
+
 /// Removes a claim that committed without its response (a handler's raw COMMIT).
 const FORGET: &str = "\
 DELETE FROM {table} WHERE scope = $1 AND principal = $2 AND key = $3 AND status IS NULL";
@@ -230,6 +235,7 @@ pub(crate) struct Table {
     read: String,
     reclaim: String,
     store: String,
+    expired: String,
     forget: String,
     purge: String,
     inspect: String,
@@ -290,6 +296,7 @@ impl Table {
             read: render(READ),
             reclaim: render(RECLAIM),
             store: render(STORE),
+            expired: render(EXPIRED),
             forget: render(FORGET),
             purge: render(PURGE),
             inspect: render(INSPECT),
@@ -377,6 +384,19 @@ impl Table {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// [`EXPIRED`]: `None` when no committed row exists.
+    pub(crate) async fn expired(
+        &self,
+        pool: &PgPool,
+        key: &KeyInScope,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let query = sqlx::query_scalar(&self.expired)
+            .bind(&*key.scope)
+            .bind(key.principal.as_str())
+            .bind(key.key.as_str());
+        query.fetch_optional(pool).await
     }
 
     /// [`FORGET`].
@@ -479,6 +499,7 @@ mod tests {
             &table.read,
             &table.reclaim,
             &table.store,
+            &table.expired,
             &table.forget,
         ] {
             let first = statement.split_whitespace().next().unwrap_or_default();

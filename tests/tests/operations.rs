@@ -380,3 +380,38 @@ async fn an_operator_can_inspect_a_key() {
     })
     .await;
 }
+
+/// Regression: sweeps made idle keys answer 409. A purge batch holds the row locks of
+/// the expired rows it deletes for as long as its statement runs, longer than a claim's
+/// short wait; 145 of 600 retries of expired keys got 409 with nothing in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_never_answers_409() {
+    with_test_db(async |db| {
+        const EXPIRED: i64 = 60_000;
+        let (s, store) = start(db, |b| b).await;
+        // Expired records of this endpoint's own keys, k1 .. k60000.
+        sqlx::query(
+            "INSERT INTO idempotency_keys (scope, principal, key, fingerprint, field_hashes, status, headers, body, expires_at) \
+             SELECT 'notes', '', 'k' || g, '\\x00', '\\x00', 201, '', 'x', now() - interval '1 day' \
+               FROM generate_series(1, $1) AS g",
+        )
+        .bind(EXPIRED)
+        .execute(&s.pool)
+        .await
+        .unwrap();
+        let sweep = tokio::spawn(async move { store.purge_expired(20_000).await.unwrap() });
+        // Retries of those keys while the batches delete them: each is treated as new.
+        let requests = (0..600).map(|i| {
+            let key = format!("k{}", 1 + (i * 7919) % EXPIRED);
+            let s = &s;
+            async move { s.post("/notes", Some(&key), &json!(i)).await.status }
+        });
+        let statuses = futures::future::join_all(requests).await;
+        let removed = sweep.await.unwrap();
+        let counts = idem_tests::tally(statuses);
+        assert_eq!(counts.get(&409), None, "answers: {counts:?}");
+        assert_eq!(counts.get(&201), Some(&600), "answers: {counts:?}");
+        assert!(removed >= EXPIRED as u64 - 600, "the sweep ran: {removed}");
+    })
+    .await;
+}
