@@ -32,13 +32,19 @@ struct Order {
 /// The endpoint as one deploy declares it ...
 #[idempotent(scope = "orders", fields = [a, b])]
 async fn orders_a_b(_tx: Tx, Json(order): Json<Order>) -> (StatusCode, Json<Value>) {
-    (StatusCode::CREATED, Json(json!({ "a": order.a, "deploy": 1 })))
+    (
+        StatusCode::CREATED,
+        Json(json!({ "a": order.a, "deploy": 1 })),
+    )
 }
 
 /// ... and as the next lists the same fields in another order.
 #[idempotent(scope = "orders", fields = [b, a])]
 async fn orders_b_a(_tx: Tx, Json(order): Json<Order>) -> (StatusCode, Json<Value>) {
-    (StatusCode::CREATED, Json(json!({ "a": order.a, "deploy": 2 })))
+    (
+        StatusCode::CREATED,
+        Json(json!({ "a": order.a, "deploy": 2 })),
+    )
 }
 
 #[idempotent(scope = "query")]
@@ -88,7 +94,10 @@ async fn post_raw(s: &TestApp, path: &str, headers: &[(&str, &str)], body: &Valu
 }
 
 fn detail(answer: &Answer) -> String {
-    answer.json()["detail"].as_str().unwrap_or_default().to_owned()
+    answer.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Item 1: a deploy that only reorders `fields` replays retries of requests the old
@@ -114,7 +123,12 @@ async fn a_deploy_that_reorders_fields_replays() {
         let first = old.post("/orders", Some("k1"), &body).await;
         assert_eq!((first.status, first.replayed()), (201, false));
         let retry = new.post("/orders", Some("k1"), &body).await;
-        assert_eq!(retry.status, 201, "{}", String::from_utf8_lossy(&retry.body));
+        assert_eq!(
+            retry.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&retry.body)
+        );
         assert!(retry.replayed());
         assert_eq!(retry.body, first.body);
         // A shared field that changed is still refused.
@@ -249,7 +263,11 @@ async fn key_refusals_name_their_source() {
         missing.assert_problem(400, "missing-key");
         // Header names are case-insensitive; the macro hands idem the lower-cased name.
         let named = |a: &Answer| detail(a).to_ascii_lowercase();
-        assert!(named(&missing).contains("the x-event-id header"), "{}", detail(&missing));
+        assert!(
+            named(&missing).contains("the x-event-id header"),
+            "{}",
+            detail(&missing)
+        );
         assert!(!detail(&missing).contains("Idempotency-Key"));
         let malformed = post_raw(&s, "/by-header", &[("X-Event-Id", "a b")], &body).await;
         malformed.assert_problem(400, "malformed-key");
@@ -312,7 +330,10 @@ async fn the_outcome_is_logged_at_info() {
         .collect();
     assert_eq!(
         outcomes,
-        [(Some("fresh"), Some("201")), (Some("mismatch"), Some("422"))]
+        [
+            (Some("fresh"), Some("201")),
+            (Some("mismatch"), Some("422"))
+        ]
     );
     for event in &events {
         assert!(
@@ -328,12 +349,18 @@ async fn the_outcome_is_logged_at_info() {
 async fn the_examples_currency_is_normalised_before_the_fingerprint() {
     with_test_db(async |db| {
         let s = TestApp::charges(db, 5, charges::Config::default()).await;
-        let charge = |currency: &str| json!({ "amount": 500, "currency": currency, "customer": "c1" });
+        let charge =
+            |currency: &str| json!({ "amount": 500, "currency": currency, "customer": "c1" });
         let auth = [("authorization", "Bearer acct_1")];
         let first = s
             .post_with("/charges", Some("k1"), &charge("USD"), &auth)
             .await;
-        assert_eq!(first.status, 201, "{}", String::from_utf8_lossy(&first.body));
+        assert_eq!(
+            first.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
         assert_eq!(first.json()["currency"], "usd");
         let retry = s
             .post_with("/charges", Some("k1"), &charge("usd"), &auth)

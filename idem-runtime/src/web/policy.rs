@@ -145,7 +145,10 @@ mod tests {
     #[test]
     fn the_header_otherwise() {
         assert_eq!(text(key(None, k("hdr"), true)), Ok(Some("hdr".into())));
-        assert_eq!(text(key(None, read(Ok(None)), true)), Err(KeyError::Missing));
+        assert_eq!(
+            text(key(None, read(Ok(None)), true)),
+            Err(KeyError::Missing)
+        );
         assert_eq!(text(key(None, read(Ok(None)), false)), Ok(None));
         assert_eq!(
             text(key(None, read(Err(KeyError::Repeated)), false)),
