@@ -3,7 +3,8 @@
 //! A fingerprint is SHA-256 over a canonical, domain-separated encoding of
 //!
 //! 1. a format version,
-//! 2. the target: scope, method, matched route and the raw path parameters,
+//! 2. the target: scope, method, matched route, the raw path parameters and, when the
+//!    request has one, its query string in canonical form ([`FingerprintBuilder::query`]),
 //! 3. each named field as (name, value), in declared order.
 //!
 //! Values are encoded from the typed, deserialized value through `serde`, with a
@@ -73,8 +74,11 @@ impl Fingerprint {
     /// (`combined`, `parts`), where `parts` is what [`Fingerprint::parts`] produced.
     ///
     /// Equal combined hashes match. Otherwise the targets must be equal and the field
-    /// lists, when they differ (a deploy changed `fields`), must share at least one
-    /// field and agree on every shared one. Unreadable stored parts never match.
+    /// lists, when they differ (a deploy changed `fields`, or only reordered it), must
+    /// share at least one field and agree on every shared one. Fields are compared by
+    /// name, as a set: the combined hash follows the declared order, but a retry is the
+    /// same request whatever order a deploy lists its fields in. Unreadable stored parts
+    /// never match.
     pub fn matches(&self, combined: &[u8], parts: &[u8]) -> bool {
         if combined == self.combined {
             return true;
@@ -95,8 +99,7 @@ impl Fingerprint {
                 shared += 1;
             }
         }
-        let same_names = stored.len() == self.fields.len() && shared == stored.len();
-        shared > 0 && !same_names
+        shared > 0
     }
 
     /// The target and per-field hashes, in the compact form stored beside the combined
@@ -176,6 +179,37 @@ impl FingerprintBuilder {
         Ok(())
     }
 
+    /// Adds the request's raw query string (without `?`) to the target, canonically:
+    /// each `name=value` pair percent-decoded with `+` as a space (as HTML forms and
+    /// `serde_urlencoded` read it), the pairs sorted. So `?b=2&a=1` and `?a=%31&b=2` are
+    /// the same target, and `?amount=1` and `?amount=2` are not.
+    ///
+    /// A query without pairs (none, `?` or `?&`) leaves the target exactly as it was
+    /// before queries were fingerprinted, so keys stored by earlier versions keep
+    /// matching; a non-empty one is hashed with the old target under a domain of its own.
+    pub fn query(&mut self, raw: &str) {
+        let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = raw
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                (form_decode(name), form_decode(value))
+            })
+            .collect();
+        if pairs.is_empty() {
+            return;
+        }
+        pairs.sort_unstable();
+        let mut hasher = domain(b'q');
+        hasher.put(&self.target);
+        put_len(&mut hasher, pairs.len());
+        for (name, value) in &pairs {
+            put_tagged(&mut hasher, tag::BYTES, name);
+            put_tagged(&mut hasher, tag::BYTES, value);
+        }
+        self.target = hasher.finalize().into();
+    }
+
     /// Adds the whole body, for endpoints that name no fields.
     pub fn whole_body<T: Serialize + ?Sized>(&mut self, body: &T) -> Result<(), FingerprintError> {
         self.field(WHOLE_BODY, body)
@@ -196,6 +230,31 @@ impl FingerprintBuilder {
             fields: self.fields,
         }
     }
+}
+
+/// `application/x-www-form-urlencoded` decoding of one name or value: `+` is a space,
+/// `%XX` a byte; a `%` not followed by two hex digits stands for itself.
+fn form_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+                if let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) {
+                    out.push((hi * 16 + lo) as u8);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    out
 }
 
 fn domain(kind: u8) -> Sha256 {
@@ -862,6 +921,63 @@ mod tests {
         assert!(!disjoint.matches(old.combined(), &old.parts()));
         // Garbage parts never match.
         assert!(!new.matches(&[0; 32], b"short"));
+    }
+
+    /// Pins the hardening issue's "reordering `fields` in a deploy turns every retry
+    /// into 422": shared fields are compared as a set, by name.
+    #[test]
+    fn a_reordered_field_list_still_matches() {
+        let (amount, currency, customer) = (json!(100), json!("usd"), json!("c1"));
+        let old = fingerprint(&[("amount", &amount), ("currency", &currency)]);
+        let reordered = fingerprint(&[("currency", &currency), ("amount", &amount)]);
+        assert_ne!(old.combined(), reordered.combined());
+        assert!(reordered.matches(old.combined(), &old.parts()));
+        assert!(old.matches(reordered.combined(), &reordered.parts()));
+        // Reordered and extended.
+        let grown = fingerprint(&[
+            ("customer", &customer),
+            ("currency", &currency),
+            ("amount", &amount),
+        ]);
+        assert!(grown.matches(old.combined(), &old.parts()));
+        // Reordered with one value changed: still a mismatch.
+        let changed = fingerprint(&[("currency", &json!("eur")), ("amount", &amount)]);
+        assert!(!changed.matches(old.combined(), &old.parts()));
+    }
+
+    /// Pins the hardening issue's "the query string is not part of the target".
+    #[test]
+    fn the_query_is_part_of_the_target_canonically() {
+        let build = |query: Option<&str>| {
+            let mut b = Fingerprint::builder("q", "POST", "/q", []);
+            if let Some(query) = query {
+                b.query(query);
+            }
+            b.field("note", &"x").unwrap();
+            b.finish()
+        };
+        let plain = build(None);
+        // No pairs: byte-identical to a target built without a query.
+        for empty in ["", "&", "&&"] {
+            assert_eq!(build(Some(empty)), plain, "{empty:?}");
+        }
+        let one = build(Some("amount=1"));
+        assert_ne!(one, plain);
+        assert_ne!(one, build(Some("amount=2")));
+        assert!(!one.matches(
+            build(Some("amount=2")).combined(),
+            &build(Some("amount=2")).parts()
+        ));
+        assert_eq!(build(Some("a=1&b=x y")), build(Some("b=x+y&a=%31")));
+        assert_eq!(build(Some("b=x%20y&a=1")), build(Some("a=1&b=x+y")));
+        assert_eq!(build(Some("a=%e2%82%AC")), build(Some("a=%E2%82%ac")));
+        // A literal plus and a space differ; a stray percent stands for itself.
+        assert_ne!(build(Some("a=%2B")), build(Some("a=+")));
+        assert_eq!(build(Some("a=%zz%")), build(Some("a=%25zz%25")));
+        // Separators inside names and values stay apart.
+        assert_ne!(build(Some("a=b%26c")), build(Some("a=b&c")));
+        assert_ne!(build(Some("a%3Db=c")), build(Some("a=b%3Dc")));
+        assert_ne!(build(Some("a=1&a=2")), build(Some("a=1")));
     }
 
     #[test]

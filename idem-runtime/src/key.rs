@@ -9,16 +9,26 @@
 //!   grammar, which would refuse the many UUIDs that start with a digit.
 //!
 //! Either way the key itself, after unquoting, is 1 to [`MAX_KEY_LEN`] characters.
+//!
+//! Only header values are sf-strings. A key that is plain text (a body field's value
+//! with `key = field`, a message id given to `Store::run_once`) is read by
+//! [`IdempotencyKey::from_text`]: never unquoted, and never refused for its length or
+//! characters, since a provider's event id cannot be changed by the receiver.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::header::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256};
 
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The longest key accepted, in characters, counted after unquoting.
 pub const MAX_KEY_LEN: usize = 255;
+
+/// The prefix of a plain-text key that was hashed: see [`IdempotencyKey::from_text`].
+pub const HASHED_KEY_PREFIX: &str = "sha256:";
 
 /// A validated idempotency key, as the client meant it (sf-string quotes removed).
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -39,6 +49,31 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong { len: key.len() });
         }
         Ok(Self(key.into_boxed_str()))
+    }
+
+    /// A key that is plain text, not a header value: a body field's value
+    /// (`key = field`) or a message id ([`Store::run_once`](crate::Store::run_once)).
+    ///
+    /// Nothing is unquoted: `"m1"` and `m1` are two keys. Text of 1 to [`MAX_KEY_LEN`]
+    /// visible ASCII characters (0x21–0x7E) is the key as it is. Any other non-empty
+    /// text (longer, or with spaces, control characters or non-ASCII) is hashed to
+    /// `sha256:` followed by the 64 lower-case hex digits of SHA-256 over its UTF-8
+    /// bytes, so every event id a provider can send is a key, and a redelivery maps to
+    /// the same one. Text that already has exactly that hashed form is hashed as well,
+    /// so no two texts share a key. Only empty text is refused ([`KeyError::Empty`]).
+    pub fn from_text(text: &str) -> Result<Self, KeyError> {
+        if text.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        let verbatim = text.len() <= MAX_KEY_LEN
+            && text.bytes().all(|b| (0x21..=0x7e).contains(&b))
+            && !looks_hashed(text);
+        if verbatim {
+            return Ok(Self(text.into()));
+        }
+        let digest = Sha256::digest(text.as_bytes());
+        let hashed = format!("{HASHED_KEY_PREFIX}{}", crate::fingerprint::hex(&digest));
+        Ok(Self(hashed.into_boxed_str()))
     }
 
     /// Reads the key from the `Idempotency-Key` header: `Ok(None)` when it is absent, an
@@ -80,6 +115,42 @@ impl fmt::Debug for IdempotencyKey {
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Whether `text` has the form [`IdempotencyKey::from_text`] gives hashed keys.
+fn looks_hashed(text: &str) -> bool {
+    text.strip_prefix(HASHED_KEY_PREFIX).is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// Where a key was read from. A refused key's message names it, so that a client of a
+/// webhook or of `key = header("..")` is not told about an `Idempotency-Key` it never
+/// sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyOrigin {
+    /// A request header: `Idempotency-Key`, or the one named by `key = header("..")`.
+    Header(Cow<'static, str>),
+    /// A field of the request body (`key = field`).
+    Field,
+    /// The key given to [`Store::run_once`](crate::Store::run_once).
+    Message,
+}
+
+impl KeyOrigin {
+    /// The `Idempotency-Key` header, the default source.
+    pub const IDEMPOTENCY_KEY: Self = Self::Header(Cow::Borrowed("Idempotency-Key"));
+}
+
+impl fmt::Display for KeyOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(name) => write!(f, "the {name} header"),
+            Self::Field => f.write_str("the key field of the request body"),
+            Self::Message => f.write_str("the run_once key"),
+        }
     }
 }
 
@@ -152,34 +223,53 @@ pub enum KeyError {
     },
 }
 
-impl fmt::Display for KeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl KeyError {
+    /// The error's explanation, naming the source the key was read from.
+    pub fn describe(&self, origin: &KeyOrigin) -> String {
         const SPELLINGS: &str = "send 1 to 255 visible ASCII characters (0x21-0x7E), \
                                  or an RFC 8941 quoted string";
-        match self {
-            Self::Missing => write!(f, "this endpoint requires an Idempotency-Key header; {SPELLINGS}"),
-            Self::Repeated => f.write_str("send exactly one Idempotency-Key header"),
-            Self::Empty => write!(f, "the Idempotency-Key is empty; {SPELLINGS}"),
-            Self::TooLong { len } => write!(
-                f,
-                "the Idempotency-Key is {len} characters long; the limit is {MAX_KEY_LEN}"
-            ),
-            Self::InvalidCharacter { at, byte } => write!(
-                f,
-                "the Idempotency-Key has byte 0x{byte:02X} at offset {at}, which is not allowed; {SPELLINGS}"
-            ),
-            Self::BadEscape { at } => write!(
-                f,
-                "the quoted Idempotency-Key has a backslash at offset {at} not followed by '\"' or '\\'"
-            ),
-            Self::UnterminatedString => {
-                f.write_str("the quoted Idempotency-Key has no closing '\"'")
+        let spellings = match origin {
+            KeyOrigin::Header(_) => SPELLINGS,
+            KeyOrigin::Field | KeyOrigin::Message => "send a non-empty key",
+        };
+        match (self, origin) {
+            (Self::Missing, KeyOrigin::Header(name)) => {
+                format!("this endpoint requires the {name} header; {spellings}")
             }
-            Self::TrailingCharacters { at } => write!(
-                f,
-                "the quoted Idempotency-Key has characters after its closing '\"' at offset {at}"
+            (Self::Missing, KeyOrigin::Field) => {
+                "this endpoint reads its idempotency key from a field of the request body, \
+                 and the request has none"
+                    .to_owned()
+            }
+            (Self::Repeated, KeyOrigin::Header(name)) => {
+                format!("send exactly one {name} header")
+            }
+            (Self::Missing | Self::Repeated, _) => format!("{origin} is missing or repeated"),
+            (Self::Empty, _) => format!("{origin} is empty; {spellings}"),
+            (Self::TooLong { len }, _) => {
+                format!("{origin} is {len} characters long; the limit is {MAX_KEY_LEN}")
+            }
+            (Self::InvalidCharacter { at, byte }, _) => format!(
+                "{origin} has byte 0x{byte:02X} at offset {at}, which is not allowed; {spellings}"
+            ),
+            (Self::BadEscape { at }, _) => format!(
+                "{origin} is a quoted string with a backslash at offset {at} not followed by '\"' or '\\'"
+            ),
+            (Self::UnterminatedString, _) => {
+                format!("{origin} is a quoted string without its closing '\"'")
+            }
+            (Self::TrailingCharacters { at }, _) => format!(
+                "{origin} is a quoted string with characters after its closing '\"' at offset {at}"
             ),
         }
+    }
+}
+
+/// The explanation for a key read from the `Idempotency-Key` header; see
+/// [`KeyError::describe`] for other sources.
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(&KeyOrigin::IDEMPOTENCY_KEY))
     }
 }
 
@@ -247,6 +337,65 @@ mod tests {
             IdempotencyKey::parse(b"\"a\x7fb\""),
             Err(KeyError::InvalidCharacter { at: 2, byte: 0x7f })
         );
+    }
+
+    fn text(s: &str) -> Result<String, KeyError> {
+        IdempotencyKey::from_text(s).map(|k| k.as_str().to_owned())
+    }
+
+    /// Pins the hardening issue's "sf-string unquoting is applied to keys that are not
+    /// headers" and "provider event ids over 255 characters, or with spaces or non-ASCII,
+    /// can never be processed".
+    #[test]
+    fn plain_text_keys() {
+        // Not unquoted: two keys.
+        assert_eq!(text("\"m1\"").unwrap(), "\"m1\"");
+        assert_eq!(text("m1").unwrap(), "m1");
+        assert_eq!(text(&"k".repeat(255)).unwrap(), "k".repeat(255));
+        assert_eq!(text(""), Err(KeyError::Empty));
+        // Hashed, stably, into a fixed form.
+        let long = "e".repeat(300);
+        let hashed = text(&long).unwrap();
+        assert_eq!(hashed, text(&long).unwrap());
+        assert!(looks_hashed(&hashed), "{hashed}");
+        assert_eq!(hashed.len(), HASHED_KEY_PREFIX.len() + 64);
+        assert_eq!(
+            text("a b").unwrap(),
+            // printf 'a b' | sha256sum
+            "sha256:c8687a08aa5d6ed2044328fa6a697ab8e96dc34291e8c2034ae8c38e6fcc6d65"
+        );
+        assert_ne!(text("clé").unwrap(), text("cle").unwrap());
+        assert!(looks_hashed(&text("tab\there").unwrap()));
+        // A text that looks hashed is hashed again: no two texts share a key.
+        assert_ne!(text(&hashed).unwrap(), hashed);
+        assert_eq!(text("sha256:short").unwrap(), "sha256:short");
+    }
+
+    /// Pins the hardening issue's "`KeyError` names Idempotency-Key when the key came
+    /// from elsewhere".
+    #[test]
+    fn errors_name_their_source() {
+        let header = KeyOrigin::Header("X-Event-Id".into());
+        assert_eq!(
+            KeyError::Missing.describe(&header),
+            "this endpoint requires the X-Event-Id header; send 1 to 255 visible ASCII \
+             characters (0x21-0x7E), or an RFC 8941 quoted string"
+        );
+        assert!(KeyError::Empty
+            .describe(&header)
+            .starts_with("the X-Event-Id header is empty"));
+        assert!(KeyError::Empty
+            .describe(&KeyOrigin::Field)
+            .starts_with("the key field of the request body is empty"));
+        assert!(KeyError::Empty
+            .describe(&KeyOrigin::Message)
+            .starts_with("the run_once key is empty"));
+        for origin in [header, KeyOrigin::Field, KeyOrigin::Message] {
+            for error in [KeyError::Missing, KeyError::Repeated, KeyError::Empty] {
+                assert!(!error.describe(&origin).contains("Idempotency-Key"));
+            }
+        }
+        assert!(KeyError::Empty.to_string().contains("Idempotency-Key"));
     }
 
     #[test]

@@ -147,7 +147,9 @@ pub use fingerprint::FingerprintError;
 #[doc(inline)]
 pub use idem_macros::idempotent;
 pub use inspect::KeyRecord;
-pub use key::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY, MAX_KEY_LEN};
+pub use key::{
+    IdempotencyKey, KeyError, KeyOrigin, HASHED_KEY_PREFIX, IDEMPOTENCY_KEY, MAX_KEY_LEN,
+};
 pub use observe::Outcome;
 pub use once::{OnceError, RunOnce};
 pub use store::{is_unavailable, BuildError, Store, StoreBuilder};

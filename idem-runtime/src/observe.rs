@@ -2,8 +2,11 @@
 //! `metrics` feature, counters and a latency histogram through the `metrics` facade.
 //!
 //! The span, `idem.request`, carries `scope`, `outcome`, `status` and the timings
-//! `claim_ms`, `handler_ms` and `total_ms`. It never carries a key, a principal or a
-//! body: logs are read by people who must not learn one tenant's keys or payloads.
+//! `claim_ms`, `handler_ms` and `total_ms`; when the request ends, an INFO event in it,
+//! `idem request done`, repeats `outcome`, `status` and `total_ms`, so a plain log
+//! subscriber at the default level shows how every request ended. Neither ever carries
+//! a key, a principal or a body: logs are read by people who must not learn one
+//! tenant's keys or payloads.
 //!
 //! Metrics (feature `metrics`; install any `metrics` recorder, such as
 //! `metrics-exporter-prometheus`, and they appear under these names):
@@ -122,7 +125,16 @@ impl Observation {
         if let Some(status) = status {
             self.span.record("status", status);
         }
-        tracing::debug!(parent: &self.span, outcome = outcome.as_str(), status, "idem request done");
+        // INFO, like the span: an operator at the default level sees how each request
+        // ended (a 422 or a 409 is what a support ticket asks about), without a key, a
+        // principal or a body.
+        tracing::info!(
+            parent: &self.span,
+            outcome = outcome.as_str(),
+            status,
+            total_ms = millis(total),
+            "idem request done"
+        );
         metrics::request(self.scope, outcome, total);
     }
 }

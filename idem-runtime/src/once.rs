@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::engine::{self, Begun, Claim, CommitError, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintError};
-use crate::key::{IdempotencyKey, KeyError};
+use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
 use crate::store::Store;
 use crate::table::Record;
@@ -29,7 +29,9 @@ pub struct RunOnce<'s> {
 impl Store {
     /// Work to run once per (`scope`, `key`): a redelivery of the same key gets the
     /// stored result back without running it. Keys are global to the scope (there is no
-    /// principal). Set the [ttl](RunOnce::ttl) and the [payload](RunOnce::payload), then
+    /// principal). The key is the message's id as plain text
+    /// ([`IdempotencyKey::from_text`]): any non-empty id works, one over 255 characters
+    /// or with spaces or non-ASCII is stored hashed, as `sha256:<64 hex digits>`. Set the [ttl](RunOnce::ttl) and the [payload](RunOnce::payload), then
     /// [run](RunOnce::run) it.
     ///
     /// The work runs inside a transaction that also stores its result: an `Err` rolls
@@ -61,7 +63,9 @@ impl Store {
             store: self,
             payload: Ok(Fingerprint::builder(&scope, "", "", []).finish()),
             scope,
-            key: IdempotencyKey::parse(key.as_bytes()),
+            // A message id is plain text, not a header value: never unquoted, and
+            // hashed rather than refused when it is long or not visible ASCII.
+            key: IdempotencyKey::from_text(key),
             ttl: Duration::from_secs(24 * 60 * 60),
         }
     }
@@ -194,7 +198,7 @@ impl Observation {
 pub enum OnceError<E> {
     /// The work failed; everything it wrote was rolled back; redeliver to retry.
     Work(E),
-    /// The key is malformed (see [`IdempotencyKey`]).
+    /// The key is empty (see [`IdempotencyKey::from_text`]).
     Key(KeyError),
     /// The payload cannot be fingerprinted: its `Serialize` implementation failed.
     Payload(FingerprintError),
@@ -220,7 +224,7 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Work(e) => write!(f, "the work failed and was rolled back: {e}"),
-            Self::Key(e) => write!(f, "bad key: {e}"),
+            Self::Key(e) => write!(f, "bad key: {}", e.describe(&KeyOrigin::Message)),
             Self::Payload(e) => write!(f, "bad payload: {e}"),
             Self::InUse => f.write_str("another delivery of this key is running"),
             Self::Mismatch => f.write_str("this key was used before with another payload"),

@@ -281,13 +281,21 @@ impl IntoResponse for ApiError {
 pub struct NewCharge {
     /// In the currency's smallest unit; positive.
     pub amount: i64,
-    /// Three ASCII letters, such as `usd`.
+    /// Three ASCII letters, such as `usd`; lower-cased as it is read, so that `"USD"`
+    /// and `"usd"` are one fingerprint and a retry that changes the case replays.
+    #[serde(deserialize_with = "lower_case")]
     pub currency: String,
     /// Who is charged.
     pub customer: String,
     /// Free text; not part of the fingerprint, so a retry may change it.
     #[serde(default)]
     pub description: Option<String>,
+}
+
+/// Normalises a code before the fingerprint sees it: what the handler would treat as
+/// one value must be one value in the fingerprint too.
+fn lower_case<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    String::deserialize(deserializer).map(|code| code.to_ascii_lowercase())
 }
 
 /// A charge, as answered.
@@ -332,7 +340,7 @@ async fn create_charge(
     ))
     .bind(&account.0)
     .bind(req.amount)
-    .bind(req.currency.to_ascii_lowercase())
+    .bind(&req.currency)
     .bind(&req.customer)
     .bind(&req.description)
     .fetch_one(&mut *tx)

@@ -11,7 +11,6 @@ use axum::Json;
 use http::request::Parts;
 use http::HeaderMap;
 
-use crate::key::IdempotencyKey;
 use crate::store::Store;
 use crate::web::policy::KeyRead;
 use crate::web::problem::Problems;
@@ -132,17 +131,17 @@ macro_rules! integer_keys {
 
 integer_keys!(u32, u64, i32, i64, u128, i128);
 
-/// The key of `key = field`: a body field's value, as an idempotency key.
+/// The key of `key = field`: a body field's value, as an idempotency key. The value is
+/// plain text, not a header: it is not unquoted, and an id that is too long or not
+/// visible ASCII is hashed rather than refused
+/// ([`IdempotencyKey::from_text`](crate::IdempotencyKey::from_text)).
 pub fn key_of<K: KeySource + ?Sized>(value: &K) -> KeyRead {
-    value
-        .key_text()
-        .map(|text| IdempotencyKey::parse(text.as_bytes()))
-        .transpose()
+    KeyRead::field(value.key_text().as_deref())
 }
 
 /// The key of `key = header("..")`: that header, in either spelling.
 pub fn key_from_header(headers: &HeaderMap, name: &'static str) -> KeyRead {
-    IdempotencyKey::from_header(headers, name)
+    KeyRead::header(headers, name)
 }
 
 /// Takes the value out of the handler's own `principal = Type` extractor.

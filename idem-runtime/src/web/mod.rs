@@ -23,7 +23,6 @@ use serde::Serialize;
 
 use crate::engine::{self, Attempt, Begun, Claim, CommitError, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
-use crate::key::IdempotencyKey;
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
 use crate::store::Store;
@@ -80,6 +79,7 @@ pub struct Guard {
     method: Method,
     route: Option<MatchedPath>,
     params: Option<RawPathParams>,
+    query: Option<String>,
 }
 
 impl<S> FromRequestParts<S> for Guard
@@ -104,22 +104,28 @@ where
         Ok(Self {
             principal: store.resolve_principal(parts),
             // A bad key is answered by `claim`, where the endpoint's key source is known.
-            key: IdempotencyKey::from_headers(&parts.headers),
+            key: KeyRead::idempotency_key(&parts.headers),
             store,
             method: parts.method.clone(),
             route: parts.extensions.get::<MatchedPath>().cloned(),
             params,
+            query: parts.uri.query().map(str::to_owned),
         })
     }
 }
 
 impl Guard {
-    /// Starts the fingerprint with the request's target.
+    /// Starts the fingerprint with the request's target: method, route, path
+    /// parameters and query string.
     pub fn fingerprint(&self, spec: &Spec) -> Fields {
         let route = self.route.as_ref().map_or("", MatchedPath::as_str);
         let params = self.params.iter().flat_map(RawPathParams::iter);
+        let mut builder = Fingerprint::builder(spec.scope, self.method.as_str(), route, params);
+        if let Some(query) = &self.query {
+            builder.query(query);
+        }
         Fields {
-            builder: Fingerprint::builder(spec.scope, self.method.as_str(), route, params),
+            builder,
             error: None,
         }
     }
@@ -139,8 +145,10 @@ impl Guard {
         let problems = Problems::of(&self.store);
         let key = match policy::key(key, self.key, spec.required) {
             Ok(key) => key,
-            Err(error) => {
-                let problem = problems.key_error(&error).into_response();
+            Err(refused) => {
+                let problem = problems
+                    .key_error(&refused.error, &refused.origin)
+                    .into_response();
                 return Err(observation.answer(Outcome::RejectedKey, problem));
             }
         };

@@ -1,22 +1,72 @@
 //! Request policy of an idempotent endpoint: which key a request is claimed under, and
 //! for which principal.
 
-use crate::key::{IdempotencyKey, KeyError};
+use http::HeaderMap;
 
-/// A key as read from one source: absent, present, or malformed.
-pub(crate) type KeyRead = Result<Option<IdempotencyKey>, KeyError>;
+use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
+
+/// A key as read from one source (absent, present, or malformed), and the source, which
+/// a refusal names.
+#[derive(Debug)]
+pub struct KeyRead {
+    origin: KeyOrigin,
+    read: Result<Option<IdempotencyKey>, KeyError>,
+}
+
+impl KeyRead {
+    /// The key of the `Idempotency-Key` header.
+    pub(crate) fn idempotency_key(headers: &HeaderMap) -> Self {
+        Self {
+            origin: KeyOrigin::IDEMPOTENCY_KEY,
+            read: IdempotencyKey::from_headers(headers),
+        }
+    }
+
+    /// The key of another header (`key = header("..")`), by the same rules.
+    pub(crate) fn header(headers: &HeaderMap, name: &'static str) -> Self {
+        Self {
+            origin: KeyOrigin::Header(name.into()),
+            read: IdempotencyKey::from_header(headers, name),
+        }
+    }
+
+    /// The key of a body field (`key = field`): plain text, see
+    /// [`IdempotencyKey::from_text`]; `None` when the field is absent.
+    pub(crate) fn field(text: Option<&str>) -> Self {
+        Self {
+            origin: KeyOrigin::Field,
+            read: text.map(IdempotencyKey::from_text).transpose(),
+        }
+    }
+}
+
+/// A key refused with 400, and where it was read from.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct KeyRefused {
+    pub(crate) origin: KeyOrigin,
+    pub(crate) error: KeyError,
+}
 
 /// The key a request is claimed under.
 ///
 /// The endpoint's own source (`key = field` or `key = header("..")`), when it has one,
 /// decides alone: the `Idempotency-Key` header is then not consulted, so a client cannot
 /// override a webhook's event id. Without a key, an endpoint that requires one refuses
-/// the request ([`KeyError::Missing`]); one with `required = false` runs it unrecorded
-/// (`Ok(None)`).
-pub(crate) fn key(own: Option<KeyRead>, header: KeyRead, required: bool) -> KeyRead {
-    match own.unwrap_or(header)? {
-        None if required => Err(KeyError::Missing),
-        key => Ok(key),
+/// the request ([`KeyError::Missing`], naming the source it expected); one with
+/// `required = false` runs it unrecorded (`Ok(None)`).
+pub(crate) fn key(
+    own: Option<KeyRead>,
+    header: KeyRead,
+    required: bool,
+) -> Result<Option<IdempotencyKey>, KeyRefused> {
+    let KeyRead { origin, read } = own.unwrap_or(header);
+    match read {
+        Ok(None) if required => Err(KeyRefused {
+            origin,
+            error: KeyError::Missing,
+        }),
+        Ok(key) => Ok(key),
+        Err(error) => Err(KeyRefused { origin, error }),
     }
 }
 
@@ -32,11 +82,41 @@ mod tests {
     use super::*;
 
     fn k(text: &str) -> KeyRead {
-        IdempotencyKey::parse(text.as_bytes()).map(Some)
+        read(IdempotencyKey::parse(text.as_bytes()).map(Some))
     }
 
-    fn text(read: KeyRead) -> Result<Option<String>, KeyError> {
+    fn read(read: Result<Option<IdempotencyKey>, KeyError>) -> KeyRead {
+        KeyRead {
+            origin: KeyOrigin::IDEMPOTENCY_KEY,
+            read,
+        }
+    }
+
+    fn text(read: Result<Option<IdempotencyKey>, KeyRefused>) -> Result<Option<String>, KeyError> {
         read.map(|k| k.map(|k| k.as_str().to_owned()))
+            .map_err(|refused| refused.error)
+    }
+
+    #[test]
+    fn a_refusal_names_the_source_that_decided() {
+        let event_id = KeyRead {
+            origin: KeyOrigin::Header("X-Event-Id".into()),
+            read: Ok(None),
+        };
+        assert_eq!(
+            key(Some(event_id), k("hdr"), true),
+            Err(KeyRefused {
+                origin: KeyOrigin::Header("X-Event-Id".into()),
+                error: KeyError::Missing
+            })
+        );
+        assert_eq!(
+            key(Some(KeyRead::field(Some(""))), k("hdr"), true),
+            Err(KeyRefused {
+                origin: KeyOrigin::Field,
+                error: KeyError::Empty
+            })
+        );
     }
 
     #[test]
@@ -47,17 +127,17 @@ mod tests {
         );
         // A malformed header does not matter when the key comes from elsewhere ...
         assert_eq!(
-            text(key(Some(k("evt_1")), Err(KeyError::Repeated), true)),
+            text(key(Some(k("evt_1")), read(Err(KeyError::Repeated)), true)),
             Ok(Some("evt_1".into()))
         );
         // ... and an absent own key is not replaced by the header's.
         assert_eq!(
-            text(key(Some(Ok(None)), k("hdr"), true)),
+            text(key(Some(read(Ok(None))), k("hdr"), true)),
             Err(KeyError::Missing)
         );
-        assert_eq!(text(key(Some(Ok(None)), k("hdr"), false)), Ok(None));
+        assert_eq!(text(key(Some(read(Ok(None))), k("hdr"), false)), Ok(None));
         assert_eq!(
-            text(key(Some(Err(KeyError::Empty)), k("hdr"), true)),
+            text(key(Some(read(Err(KeyError::Empty))), k("hdr"), true)),
             Err(KeyError::Empty)
         );
     }
@@ -65,10 +145,13 @@ mod tests {
     #[test]
     fn the_header_otherwise() {
         assert_eq!(text(key(None, k("hdr"), true)), Ok(Some("hdr".into())));
-        assert_eq!(text(key(None, Ok(None), true)), Err(KeyError::Missing));
-        assert_eq!(text(key(None, Ok(None), false)), Ok(None));
         assert_eq!(
-            text(key(None, Err(KeyError::Repeated), false)),
+            text(key(None, read(Ok(None)), true)),
+            Err(KeyError::Missing)
+        );
+        assert_eq!(text(key(None, read(Ok(None)), false)), Ok(None));
+        assert_eq!(
+            text(key(None, read(Err(KeyError::Repeated)), false)),
             Err(KeyError::Repeated),
             "a malformed key is refused even where keys are optional"
         );

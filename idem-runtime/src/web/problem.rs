@@ -9,7 +9,7 @@ use http::{HeaderValue, StatusCode};
 use serde::Serialize;
 
 use crate::engine::{CommitError, Refusal};
-use crate::key::KeyError;
+use crate::key::{KeyError, KeyOrigin};
 use crate::store::Store;
 use crate::web::response::CaptureError;
 
@@ -25,9 +25,11 @@ pub const DEFAULT_PROBLEM_BASE: &str = "urn:idem:problem:";
 ///
 /// Clients should branch on `type`, not on `title` or `detail`, which are prose.
 pub mod problem_type {
-    /// 400: the endpoint requires an `Idempotency-Key` header and none was sent.
+    /// 400: the endpoint requires a key (the `Idempotency-Key` header, or its own
+    /// source: another header, a body field) and none was sent; the detail names it.
     pub const MISSING_KEY: &str = "missing-key";
-    /// 400: the `Idempotency-Key` header is malformed or repeated.
+    /// 400: the key (the `Idempotency-Key` header, or the endpoint's own source) is
+    /// malformed or repeated; the detail names the source.
     pub const MALFORMED_KEY: &str = "malformed-key";
     /// 409: a request with this key is still running; retry after `Retry-After`.
     pub const KEY_IN_USE: &str = "key-in-use";
@@ -189,11 +191,13 @@ impl<'a> Problems<'a> {
         }
     }
 
-    /// A key that is missing where required, or malformed.
-    pub(crate) fn key_error(self, error: &KeyError) -> Problem {
+    /// A key that is missing where required, or malformed; the detail names where it
+    /// was read from.
+    pub(crate) fn key_error(self, error: &KeyError, origin: &KeyOrigin) -> Problem {
+        let detail = error.describe(origin);
         match error {
-            KeyError::Missing => self.missing_key(error.to_string()),
-            _ => self.malformed_key(error.to_string()),
+            KeyError::Missing => self.missing_key(detail),
+            _ => self.malformed_key(detail),
         }
     }
 

@@ -1,0 +1,373 @@
+//! The hardening issue, one test per item, each failing without its fix: reordered
+//! `fields`, the query string in the target, plain-text keys (no unquoting, long and
+//! non-ASCII ids hashed), refusals that name the key's source, the outcome at INFO, and
+//! the example's currency normalised before it is fingerprinted.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::FromRef;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, OnceError, Store, Tx};
+use idem_tests::{with_test_db, Answer, SpanFields, TestApp, TestDb};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tracing::Subscriber;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    idempotency: Store,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct Order {
+    a: i64,
+    b: String,
+}
+
+/// The endpoint as one deploy declares it ...
+#[idempotent(scope = "orders", fields = [a, b])]
+async fn orders_a_b(_tx: Tx, Json(order): Json<Order>) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::CREATED,
+        Json(json!({ "a": order.a, "deploy": 1 })),
+    )
+}
+
+/// ... and as the next lists the same fields in another order.
+#[idempotent(scope = "orders", fields = [b, a])]
+async fn orders_b_a(_tx: Tx, Json(order): Json<Order>) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::CREATED,
+        Json(json!({ "a": order.a, "deploy": 2 })),
+    )
+}
+
+#[idempotent(scope = "query")]
+async fn query(_tx: Tx, Json(v): Json<Value>) -> (StatusCode, Json<Value>) {
+    (StatusCode::CREATED, Json(v))
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct Event {
+    #[serde(default)]
+    id: Option<String>,
+    n: i64,
+}
+
+#[idempotent(scope = "events", key = id)]
+async fn event(_tx: Tx, Json(event): Json<Event>) -> Json<Value> {
+    Json(json!({ "n": event.n }))
+}
+
+#[idempotent(scope = "by-header", key = header("X-Event-Id"))]
+async fn by_header(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    Json(v)
+}
+
+async fn store(pool: &PgPool) -> Store {
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    store
+}
+
+/// This file's endpoints, on `pool`.
+async fn start(db: &TestDb) -> TestApp {
+    let pool = db.pool(5).await;
+    let app = Router::new()
+        .route("/orders", post(orders_a_b))
+        .route("/q", post(query))
+        .route("/events", post(event))
+        .route("/by-header", post(by_header))
+        .with_state(AppState {
+            idempotency: store(&pool).await,
+        });
+    TestApp::serve(pool, app).await
+}
+
+async fn post_raw(s: &TestApp, path: &str, headers: &[(&str, &str)], body: &Value) -> Answer {
+    s.post_with(path, None, body, headers).await
+}
+
+fn detail(answer: &Answer) -> String {
+    answer.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Item 1: a deploy that only reorders `fields` replays retries of requests the old
+/// deploy answered (it answered 422 before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_that_reorders_fields_replays() {
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let old = Router::new()
+            .route("/orders", post(orders_a_b))
+            .with_state(AppState {
+                idempotency: store(&pool).await,
+            });
+        let new = Router::new()
+            .route("/orders", post(orders_b_a))
+            .with_state(AppState {
+                idempotency: store(&pool).await,
+            });
+        let old = TestApp::serve(pool.clone(), old).await;
+        let new = TestApp::serve(pool, new).await;
+        let body = json!({ "a": 1, "b": "x" });
+
+        let first = old.post("/orders", Some("k1"), &body).await;
+        assert_eq!((first.status, first.replayed()), (201, false));
+        let retry = new.post("/orders", Some("k1"), &body).await;
+        assert_eq!(
+            retry.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&retry.body)
+        );
+        assert!(retry.replayed());
+        assert_eq!(retry.body, first.body);
+        // A shared field that changed is still refused.
+        new.post("/orders", Some("k1"), &json!({ "a": 2, "b": "x" }))
+            .await
+            .assert_problem(422, "key-reused");
+        // And the other way round.
+        let second = new.post("/orders", Some("k2"), &body).await;
+        assert!(!second.replayed());
+        assert!(old.post("/orders", Some("k2"), &body).await.replayed());
+    })
+    .await;
+}
+
+/// Item 2: the query string is part of the target, in canonical form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_query_string_is_part_of_the_target() {
+    with_test_db(async |db| {
+        let s = start(db).await;
+        let body = json!({ "note": "x" });
+        let first = s.post("/q?amount=1&note=a%20b", Some("k1"), &body).await;
+        assert_eq!((first.status, first.replayed()), (201, false));
+        // The same query in another order and spelling: a replay.
+        let same = s.post("/q?note=a+b&amount=%31", Some("k1"), &body).await;
+        assert!(same.replayed(), "{}", String::from_utf8_lossy(&same.body));
+        assert_eq!(same.body, first.body);
+        // Another query, or none, with the same key and body: 422.
+        s.post("/q?amount=2&note=a+b", Some("k1"), &body)
+            .await
+            .assert_problem(422, "key-reused");
+        s.post("/q", Some("k1"), &body)
+            .await
+            .assert_problem(422, "key-reused");
+        // Without a query, and with an empty one, the target is what it always was.
+        assert!(!s.post("/q", Some("k2"), &body).await.replayed());
+        assert!(s.post("/q?", Some("k2"), &body).await.replayed());
+        assert_eq!(s.keys().await, 2);
+    })
+    .await;
+}
+
+/// Item 3: a body field's value is plain text: `"m1"` and `m1` are two keys, and ids
+/// that are long, have spaces or are not ASCII are processed once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn field_keys_are_plain_text() {
+    with_test_db(async |db| {
+        let s = start(db).await;
+        let quoted = post_raw(&s, "/events", &[], &json!({ "id": "\"m1\"", "n": 1 })).await;
+        let bare = post_raw(&s, "/events", &[], &json!({ "id": "m1", "n": 2 })).await;
+        assert_eq!((quoted.status, quoted.replayed()), (200, false));
+        assert_eq!(
+            (bare.status, bare.replayed()),
+            (200, false),
+            "{}",
+            String::from_utf8_lossy(&bare.body)
+        );
+        assert_eq!(s.keys().await, 2);
+
+        let long = "e".repeat(300);
+        for id in [long.as_str(), "evt 42", "évènement-1"] {
+            let body = json!({ "id": id, "n": 3 });
+            let first = post_raw(&s, "/events", &[], &body).await;
+            assert_eq!(
+                (first.status, first.replayed()),
+                (200, false),
+                "{id}: {}",
+                String::from_utf8_lossy(&first.body)
+            );
+            let again = post_raw(&s, "/events", &[], &body).await;
+            assert!(again.replayed(), "{id}");
+        }
+        assert_eq!(s.keys().await, 5);
+        assert_eq!(
+            s.count("idempotency_keys WHERE key ~ '^sha256:[0-9a-f]{64}$'")
+                .await,
+            3
+        );
+        // An empty id is still refused.
+        post_raw(&s, "/events", &[], &json!({ "id": "", "n": 4 }))
+            .await
+            .assert_problem(400, "malformed-key");
+    })
+    .await;
+}
+
+/// Item 3, without HTTP: `run_once` keys are plain text too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_keys_are_plain_text() {
+    with_test_db(async |db| {
+        let pool = db.pool(3).await;
+        let store = store(&pool).await;
+        let runs = Arc::new(Mutex::new(0));
+        let run = |key: String| {
+            let runs = runs.clone();
+            let store = store.clone();
+            async move {
+                store
+                    .run_once("messages", &key)
+                    .payload(&1)
+                    .run(async |_tx| {
+                        *runs.lock().unwrap() += 1;
+                        Ok::<_, std::io::Error>(7_i64)
+                    })
+                    .await
+            }
+        };
+        let long = "m".repeat(300);
+        for key in ["\"m1\"", "m1", &long, "message 1", "message 1", &long, "m1"] {
+            assert_eq!(run(key.to_owned()).await.unwrap(), 7, "{key}");
+        }
+        assert_eq!(*runs.lock().unwrap(), 4);
+        match run(String::new()).await {
+            Err(error @ OnceError::Key(_)) => {
+                let text = error.to_string();
+                assert!(text.contains("run_once key is empty"), "{text}");
+                assert!(!text.contains("Idempotency-Key"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+}
+
+/// Item 4: a refused key's 400 names where the key was read from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_refusals_name_their_source() {
+    with_test_db(async |db| {
+        let s = start(db).await;
+        let body = json!({ "n": 1 });
+        // `key = header("X-Event-Id")`; an Idempotency-Key is not a substitute.
+        let missing = s.post("/by-header", Some("k1"), &body).await;
+        missing.assert_problem(400, "missing-key");
+        // Header names are case-insensitive; the macro hands idem the lower-cased name.
+        let named = |a: &Answer| detail(a).to_ascii_lowercase();
+        assert!(
+            named(&missing).contains("the x-event-id header"),
+            "{}",
+            detail(&missing)
+        );
+        assert!(!detail(&missing).contains("Idempotency-Key"));
+        let malformed = post_raw(&s, "/by-header", &[("X-Event-Id", "a b")], &body).await;
+        malformed.assert_problem(400, "malformed-key");
+        assert!(named(&malformed).starts_with("the x-event-id header has byte 0x20"));
+
+        // `key = id`.
+        let missing = s.post("/events", Some("k1"), &body).await;
+        missing.assert_problem(400, "missing-key");
+        assert!(detail(&missing).contains("field of the request body"));
+        assert!(!detail(&missing).contains("Idempotency-Key"));
+        let empty = post_raw(&s, "/events", &[], &json!({ "id": "", "n": 1 })).await;
+        empty.assert_problem(400, "malformed-key");
+        assert!(detail(&empty).starts_with("the key field of the request body is empty"));
+
+        // The `Idempotency-Key` header is still named as before.
+        let header = s.post("/q", None, &body).await;
+        header.assert_problem(400, "missing-key");
+        assert!(detail(&header).contains("Idempotency-Key header"));
+    })
+    .await;
+}
+
+/// Collects every event's level and fields.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<SpanFields>>>);
+
+impl<S: Subscriber> Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = SpanFields::default();
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields);
+    }
+}
+
+/// Item 5: how a request ended is logged at INFO (it was DEBUG), without its key.
+/// On a current-thread runtime, so the thread's own subscriber sees the server too.
+#[tokio::test]
+async fn the_outcome_is_logged_at_info() {
+    let events = Events::default();
+    let subscriber =
+        tracing_subscriber::registry().with(events.clone().with_filter(LevelFilter::INFO));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    with_test_db(async |db| {
+        let s = start(db).await;
+        let secret = "secret-key-91c2";
+        let fresh = s.post("/q", Some(secret), &json!({ "n": 1 })).await;
+        assert_eq!(fresh.status, 201);
+        let reused = s.post("/q", Some(secret), &json!({ "n": 2 })).await;
+        assert_eq!(reused.status, 422);
+    })
+    .await;
+    let events = events.0.lock().unwrap().clone();
+    let done: Vec<_> = events
+        .iter()
+        .filter(|e| e.get("message") == Some("idem request done"))
+        .collect();
+    let outcomes: Vec<_> = done
+        .iter()
+        .map(|e| (e.get("outcome"), e.get("status")))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (Some("fresh"), Some("201")),
+            (Some("mismatch"), Some("422"))
+        ]
+    );
+    for event in &events {
+        assert!(
+            event.0.values().all(|v| !v.contains("secret-key-91c2")),
+            "no keys in events: {event:?}"
+        );
+    }
+}
+
+/// Item 6: the example lower-cases the currency before fingerprinting it, so a retry
+/// that changes its case replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_currency_is_normalised_before_the_fingerprint() {
+    with_test_db(async |db| {
+        let s = TestApp::charges(db, 5, charges::Config::default()).await;
+        let charge =
+            |currency: &str| json!({ "amount": 500, "currency": currency, "customer": "c1" });
+        let auth = [("authorization", "Bearer acct_1")];
+        let first = s
+            .post_with("/charges", Some("k1"), &charge("USD"), &auth)
+            .await;
+        assert_eq!(
+            first.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        assert_eq!(first.json()["currency"], "usd");
+        let retry = s
+            .post_with("/charges", Some("k1"), &charge("usd"), &auth)
+            .await;
+        assert!(retry.replayed(), "{}", String::from_utf8_lossy(&retry.body));
+        assert_eq!(retry.body, first.body);
+        assert_eq!(s.count("charges").await, 1);
+    })
+    .await;
+}
