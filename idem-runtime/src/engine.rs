@@ -25,7 +25,7 @@ use sqlx::{Postgres, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{is_unavailable, Store};
-use crate::table::{self, Found, Record, StoredRow};
+use crate::table::{self, Found, Record, StoredRow, Timeouts};
 use crate::tx::{KeyInScope, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -203,11 +203,16 @@ async fn claim_row(
         fingerprint,
         ..
     } = claim;
+    let timeouts = Timeouts {
+        ttl: *ttl,
+        wait,
+        statement: store.inner.statement_timeout,
+    };
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     for _ in 0..4 {
         let found = match table
-            .claim(tx, key, fingerprint, *ttl, wait)
+            .claim(tx, key, fingerprint, timeouts)
             .await
             .map_err(classify)?
         {
@@ -224,7 +229,7 @@ async fn claim_row(
             found => return Ok(found),
         }
         if table
-            .reclaim(tx, key, fingerprint, *ttl, wait)
+            .reclaim(tx, key, fingerprint, timeouts)
             .await
             .map_err(classify)?
         {

@@ -49,11 +49,14 @@ pub enum Outcome {
     /// idem could not complete the request: a database error that is not about
     /// reachability, or a handler that ended the transaction itself: 500.
     Failed,
+    /// The request was dropped before it finished: the client went away, or a timeout
+    /// layer gave up on it. Everything was rolled back.
+    Cancelled,
 }
 
 impl Outcome {
     /// The label value: `fresh`, `replayed`, `conflict`, `mismatch`, `rolled_back`,
-    /// `rejected_key`, `unavailable`, `unkeyed` or `failed`.
+    /// `rejected_key`, `unavailable`, `unkeyed`, `failed` or `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fresh => "fresh",
@@ -65,6 +68,7 @@ impl Outcome {
             Self::Unavailable => "unavailable",
             Self::Unkeyed => "unkeyed",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -75,12 +79,14 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// One request under observation.
+/// One request under observation. Dropped without [`Observation::finish`] (its future
+/// was dropped), it records [`Outcome::Cancelled`].
 pub(crate) struct Observation {
     span: Span,
     scope: Cow<'static, str>,
     started: Instant,
     claimed: Option<Instant>,
+    finished: bool,
 }
 
 impl Observation {
@@ -99,6 +105,7 @@ impl Observation {
             scope,
             started: Instant::now(),
             claimed: None,
+            finished: false,
         }
     }
 
@@ -114,7 +121,12 @@ impl Observation {
     }
 
     /// Records how the request ended; `status` is the HTTP status of an HTTP request.
-    pub(crate) fn finish(self, outcome: Outcome, status: Option<u16>) {
+    pub(crate) fn finish(mut self, outcome: Outcome, status: Option<u16>) {
+        self.record(outcome, status);
+    }
+
+    fn record(&mut self, outcome: Outcome, status: Option<u16>) {
+        self.finished = true;
         let now = Instant::now();
         let total = now - self.started;
         if let Some(claimed) = self.claimed {
@@ -135,7 +147,15 @@ impl Observation {
             total_ms = millis(total),
             "idem request done"
         );
-        metrics::request(self.scope, outcome, total);
+        metrics::request(self.scope.clone(), outcome, total);
+    }
+}
+
+impl Drop for Observation {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.record(Outcome::Cancelled, None);
+        }
     }
 }
 

@@ -52,6 +52,7 @@ pub(crate) struct Settings {
     pub(crate) table_name: TableName,
     pub(crate) acquire_timeout: Duration,
     pub(crate) conflict_wait: Duration,
+    pub(crate) statement_timeout: Option<Duration>,
     pub(crate) principal: Option<Box<PrincipalResolver>>,
     pub(crate) retry_after: Duration,
     pub(crate) max_response_bytes: usize,
@@ -74,6 +75,7 @@ impl Store {
             principal: None,
             acquire_timeout: Duration::from_secs(3),
             conflict_wait: Duration::from_millis(1),
+            statement_timeout: None,
             retry_after: Duration::from_secs(1),
             max_response_bytes: 1 << 20,
             problem_base: None,
@@ -123,6 +125,7 @@ impl fmt::Debug for Store {
             .field("principal_resolver", &self.inner.principal.is_some())
             .field("acquire_timeout", &self.inner.acquire_timeout)
             .field("conflict_wait", &self.inner.conflict_wait)
+            .field("statement_timeout", &self.inner.statement_timeout)
             .field("max_response_bytes", &self.inner.max_response_bytes)
             .finish_non_exhaustive()
     }
@@ -139,6 +142,7 @@ pub struct StoreBuilder {
     principal: Option<Box<PrincipalResolver>>,
     acquire_timeout: Duration,
     conflict_wait: Duration,
+    statement_timeout: Option<Duration>,
     retry_after: Duration,
     max_response_bytes: usize,
     replay_headers: Vec<HeaderName>,
@@ -217,6 +221,17 @@ impl StoreBuilder {
         self
     }
 
+    /// The longest any statement of a keyed request's handler may run (PostgreSQL's
+    /// `statement_timeout`, set by the claim for that transaction only; default: the
+    /// session's own). Set it to what your timeout layer allows a request: when a layer
+    /// (or a client that disconnects) drops a request, its transaction is rolled back,
+    /// but a statement already sent keeps running on the server and keeps the key's row
+    /// locked, so duplicates get 409 until it ends. This bounds that time.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = Some(timeout);
+        self
+    }
+
     /// The `Retry-After` of 409 and 503 answers, in whole seconds, rounded up (default
     /// 1 s).
     pub fn retry_after(mut self, after: Duration) -> Self {
@@ -238,6 +253,9 @@ impl StoreBuilder {
         if self.acquire_timeout.is_zero() {
             return Err(BuildError::ZeroAcquireTimeout);
         }
+        if self.statement_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(BuildError::ZeroStatementTimeout);
+        }
         Ok(self.settings(table))
     }
 
@@ -249,6 +267,7 @@ impl StoreBuilder {
                 table_name,
                 acquire_timeout: self.acquire_timeout,
                 conflict_wait: self.conflict_wait,
+                statement_timeout: self.statement_timeout,
                 principal: self.principal,
                 retry_after: self.retry_after,
                 max_response_bytes: self.max_response_bytes,
@@ -268,6 +287,8 @@ pub enum BuildError {
     TableName(String),
     /// An acquire timeout of zero would answer every request 503.
     ZeroAcquireTimeout,
+    /// A statement timeout of zero would cancel every statement of every handler.
+    ZeroStatementTimeout,
 }
 
 impl fmt::Display for BuildError {
@@ -280,6 +301,9 @@ impl fmt::Display for BuildError {
             Self::ZeroAcquireTimeout => {
                 f.write_str("the acquire timeout is zero: every request would be answered 503")
             }
+            Self::ZeroStatementTimeout => f.write_str(
+                "the statement timeout is zero: every statement of every handler would be cancelled",
+            ),
         }
     }
 }
@@ -327,6 +351,11 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(error, BuildError::ZeroAcquireTimeout);
+        let error = Store::builder(lazy_pool())
+            .statement_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(error, BuildError::ZeroStatementTimeout);
         let store = Store::builder(lazy_pool())
             .table("ops.keys")
             .build()

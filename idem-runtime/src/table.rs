@@ -75,7 +75,9 @@ pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// conflicting row was committed after this statement's snapshot began (we waited for
 /// it), neither branch returns a row and [`READ`] follows.
 ///
-/// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 ttl in seconds, $7 lock timeout.
+/// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 ttl in seconds, $7 lock timeout,
+/// $8 the request's statement timeout (NULL: the session's own). The statement timeout
+/// stays set for the rest of the transaction: it bounds the handler's statements.
 const CLAIM: &str = "\
 WITH claimed AS (
     INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
@@ -83,7 +85,8 @@ WITH claimed AS (
       FROM (SELECT set_config('idem.lock_timeout',
                               coalesce(nullif(current_setting('idem.lock_timeout', true), ''),
                                        current_setting('lock_timeout')), true),
-                   set_config('lock_timeout', $7, true)) AS wait
+                   set_config('lock_timeout', $7, true),
+                   set_config('statement_timeout', coalesce($8, current_setting('statement_timeout')), true)) AS wait
     ON CONFLICT (scope, principal, key) DO NOTHING
     RETURNING 1
 )
@@ -116,7 +119,8 @@ UPDATE {table}
   FROM (SELECT set_config('idem.lock_timeout',
                           coalesce(nullif(current_setting('idem.lock_timeout', true), ''),
                                    current_setting('lock_timeout')), true),
-               set_config('lock_timeout', $7, true)) AS wait
+               set_config('lock_timeout', $7, true),
+               set_config('statement_timeout', coalesce($8, current_setting('statement_timeout')), true)) AS wait
  WHERE scope = $1 AND principal = $2 AND key = $3
    AND (expires_at <= now() OR status IS NULL)
 RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
@@ -340,10 +344,9 @@ impl Table {
         conn: &mut PgConnection,
         key: &KeyInScope,
         fingerprint: &Fingerprint,
-        ttl: Duration,
-        wait: Duration,
+        timeouts: Timeouts,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let query = claiming(&self.claim, key, fingerprint, ttl, wait);
+        let query = claiming(&self.claim, key, fingerprint, timeouts);
         decode_found(query.fetch_optional(conn).await?)
     }
 
@@ -363,10 +366,9 @@ impl Table {
         conn: &mut PgConnection,
         key: &KeyInScope,
         fingerprint: &Fingerprint,
-        ttl: Duration,
-        wait: Duration,
+        timeouts: Timeouts,
     ) -> Result<bool, sqlx::Error> {
-        let query = claiming(&self.reclaim, key, fingerprint, ttl, wait);
+        let query = claiming(&self.reclaim, key, fingerprint, timeouts);
         Ok(query.fetch_optional(conn).await?.is_some())
     }
 
@@ -437,8 +439,8 @@ impl Table {
     }
 }
 
-/// The `lock_timeout` bound to a claim: whole milliseconds, at least 1, since 0 would
-/// mean "wait forever".
+/// A timeout as bound to a claim (`lock_timeout`, `statement_timeout`): whole
+/// milliseconds, at least 1, since 0 would mean "no limit".
 pub(crate) fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128))
 }
@@ -451,19 +453,30 @@ fn keyed<'q>(sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArgumen
         .bind(key.key.as_str())
 }
 
+/// The durations a claim binds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// How long the record lives.
+    pub(crate) ttl: Duration,
+    /// How long the claim waits for another request's lock on the key.
+    pub(crate) wait: Duration,
+    /// The bound on each of the handler's statements; `None` for the session's own.
+    pub(crate) statement: Option<Duration>,
+}
+
 /// [`CLAIM`] and [`RECLAIM`], bound.
 fn claiming<'q>(
     sql: &'q str,
     key: &'q KeyInScope,
     fingerprint: &'q Fingerprint,
-    ttl: Duration,
-    wait: Duration,
+    timeouts: Timeouts,
 ) -> Query<'q, Postgres, PgArguments> {
     keyed(sql, key)
         .bind(fingerprint.combined().as_slice())
         .bind(fingerprint.parts())
-        .bind(ttl.as_secs_f64())
-        .bind(lock_timeout(wait))
+        .bind(timeouts.ttl.as_secs_f64())
+        .bind(lock_timeout(timeouts.wait))
+        .bind(timeouts.statement.map(lock_timeout))
 }
 
 fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {
@@ -526,10 +539,10 @@ mod tests {
                 .map(|(i, _)| &lower[i + 12..])
                 .collect();
             assert!(
-                settings
-                    .iter()
-                    .all(|s| s.starts_with("lock_timeout'") || s.starts_with("idem.lock_timeout'")),
-                "only lock_timeout is ever set: {statement}"
+                settings.iter().all(|s| s.starts_with("lock_timeout'")
+                    || s.starts_with("idem.lock_timeout'")
+                    || s.starts_with("statement_timeout'")),
+                "only lock_timeout and statement_timeout are ever set: {statement}"
             );
             assert!(!statement.contains('{'), "unrendered: {statement}");
         }

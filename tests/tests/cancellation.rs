@@ -1,0 +1,96 @@
+//! Regression: a request that axum or tower cancelled (a timeout layer dropped its
+//! future) kept its key answering 409 until PostgreSQL finished the abandoned
+//! statement, and nothing was logged or counted. With the store's `statement_timeout`
+//! the server ends that statement, the key is free again, and the span says
+//! `cancelled`. One test in its own binary: it installs the process-wide subscriber.
+
+use std::time::Duration;
+
+use axum::extract::{FromRef, Request};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Store, Tx};
+use idem_tests::{with_test_db, RequestSpans, TestApp};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tracing_subscriber::prelude::*;
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    store: Store,
+}
+
+#[derive(Deserialize, Serialize)]
+struct Job {
+    id: i64,
+    sleep: bool,
+}
+
+/// Sleeps in PostgreSQL when asked: a statement that outlives the request.
+#[idempotent(scope = "jobs", fields = [id])]
+async fn run_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String> {
+    if job.sleep {
+        sqlx::query("SELECT pg_sleep(5)")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(StatusCode::CREATED)
+}
+
+/// What `tower_http::timeout::TimeoutLayer` does: drop the request's future after a
+/// deadline and answer for it.
+async fn deadline(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(Duration::from_millis(150), next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => StatusCode::GATEWAY_TIMEOUT.into_response(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_frees_its_key_and_is_recorded() {
+    let spans = RequestSpans::default();
+    tracing_subscriber::registry().with(spans.clone()).init();
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::builder(pool.clone())
+            .statement_timeout(Duration::from_millis(400))
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let app = Router::new()
+            .route("/jobs", post(run_job))
+            .layer(middleware::from_fn(deadline))
+            .with_state(AppState { store });
+        let s = TestApp::serve(pool, app).await;
+
+        let first = s
+            .post("/jobs", Some("k1"), &json!({ "id": 1, "sleep": true }))
+            .await;
+        assert_eq!(first.status, 504, "the layer gave up on it");
+        // Past the statement timeout, the abandoned pg_sleep has been cancelled and the
+        // transaction rolled back: the retry runs instead of answering 409 for 5 s.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let retry = s
+            .post("/jobs", Some("k1"), &json!({ "id": 1, "sleep": false }))
+            .await;
+        assert_eq!(
+            retry.status,
+            201,
+            "body: {}",
+            String::from_utf8_lossy(&retry.body)
+        );
+        assert!(!retry.replayed());
+
+        let outcomes: Vec<String> = spans
+            .take()
+            .iter()
+            .filter_map(|span| span.get("outcome").map(str::to_owned))
+            .collect();
+        assert_eq!(outcomes, ["cancelled", "fresh"], "spans: {outcomes:?}");
+    })
+    .await;
+}
