@@ -115,7 +115,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
         quote_spanned! {ty.span()=>
             ::idem::__private::before_the_body(
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_param()
+                (&&&::idem::__private::Probe::<#ty>::new()).__idem_head()
             );
         }
     });
@@ -214,7 +214,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             ::idem::__private::whole_body(
                 &mut __idem_fields,
                 &#arg,
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
+                (&&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
             );
         },
         _ => quote!(),
@@ -249,8 +249,10 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
             #[allow(unused_imports)]
             use ::idem::__private::{
-                BodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _, OtherLevel as _,
-                ResponseLevel as _, ResultLevel as _, SerializeLevel as _, UnserializableBodyLevel as _,
+                BodyLevel as _, KnownBodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _,
+                OtherHeadLevel as _, OtherLevel as _, PartsLevel as _, ReadsBodyLevel as _,
+                ResponseLevel as _, ResultLevel as _, SerializeLevel as _,
+                UnfingerprintedBodyLevel as _, UnserializableBodyLevel as _,
             };
             static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
                 scope: #scope,
