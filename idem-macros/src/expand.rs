@@ -153,6 +153,15 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         _ => (None, quote!(::core::option::Option::None)),
     };
+    // A signed body's key must be signed too: not a header's.
+    let header_key = match (key_source, extracted.last()) {
+        (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
+            ::idem::__private::header_key(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            );
+        },
+        _ => quote!(),
+    };
     let conflict_wait = match args.wait() {
         Some(wait) => {
             let millis = u64_at(wait.millis, wait.lit.span());
@@ -251,8 +260,8 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             use ::idem::__private::{
                 BodyLevel as _, KnownBodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _,
                 OtherHeadLevel as _, OtherLevel as _, PartsLevel as _, ReadsBodyLevel as _,
-                ResponseLevel as _, ResultLevel as _, SerializeLevel as _,
-                UnfingerprintedBodyLevel as _, UnserializableBodyLevel as _,
+                ResponseLevel as _, ResultLevel as _, SerializeLevel as _, SignedLevel as _,
+                UnfingerprintedBodyLevel as _, UnserializableBodyLevel as _, UnsignedLevel as _,
             };
             static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
                 scope: #scope,
@@ -261,6 +270,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 conflict_wait: #conflict_wait,
             };
             #(#not_bodies)*
+            #header_key
             #(#unwrap)*
             let __idem_principal = #principal;
             let __idem_key = #key;

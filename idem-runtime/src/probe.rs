@@ -364,3 +364,52 @@ impl<B> WholeBody<B> for OtherParam {
 pub fn whole_body<B, Tag: WholeBody<B>>(fields: &mut Fields, body: &B, tag: Tag) {
     tag.add(fields, body);
 }
+
+/// A body whose bytes a signature covers, such as [`Signed<T>`](crate::webhook::Signed):
+/// its idempotency key must come from the body itself (`key = field`). A key from a
+/// header the signature does not cover would let whoever captured one delivery replay
+/// it under fresh keys, each running the effect again.
+pub trait SignedBody {}
+
+#[cfg(feature = "webhook")]
+impl<T> SignedBody for crate::webhook::Signed<T> {}
+
+/// A signed body.
+pub struct SignedTag;
+
+/// Any other parameter.
+pub struct UnsignedTag;
+
+/// First choice: a signed body.
+pub trait SignedLevel {
+    /// The tag.
+    fn __idem_signed(&self) -> SignedTag {
+        SignedTag
+    }
+}
+
+impl<T: SignedBody> SignedLevel for &Probe<T> {}
+
+/// Otherwise.
+pub trait UnsignedLevel {
+    /// The tag.
+    fn __idem_signed(&self) -> UnsignedTag {
+        UnsignedTag
+    }
+}
+
+impl<T> UnsignedLevel for Probe<T> {}
+
+/// A key may come from a header only when the body is not signed.
+#[diagnostic::on_unimplemented(
+    message = "a key from a header the signature does not cover lets a captured delivery run again: take the key from the signed body with `key = field`",
+    label = "the body is signed, this header is not",
+    note = "name the event's id in the signed body, such as `key = id` or `key = meta.event_id`"
+)]
+pub trait HeaderKey {}
+
+impl HeaderKey for UnsignedTag {}
+
+/// Asserts that `key = header(..)` does not key a signed body; `tag` comes from probing
+/// the last parameter.
+pub fn header_key<Tag: HeaderKey>(_: Tag) {}
