@@ -162,6 +162,19 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         },
         _ => quote!(),
     };
+    // A handler without `Tx` is warned about (a deprecated item's use, the one warning a
+    // proc macro can raise on stable), on its name; the handler's own `allow`s, such as
+    // `#[allow(deprecated)]`, go on the statement so that they silence it.
+    let without_tx = if handler.tx.is_none() {
+        let allows = func.attrs.iter().filter(|a| a.path().is_ident("allow"));
+        let call = quote_spanned!(name.span()=> ::idem::__private::handler_without_tx());
+        quote! {
+            #(#allows)*
+            let () = #call;
+        }
+    } else {
+        quote!()
+    };
     let conflict_wait = match args.wait() {
         Some(wait) => {
             let millis = u64_at(wait.millis, wait.lit.span());
@@ -271,6 +284,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             };
             #(#not_bodies)*
             #header_key
+            #without_tx
             #(#unwrap)*
             let __idem_principal = #principal;
             let __idem_key = #key;

@@ -413,3 +413,12 @@ impl HeaderKey for UnsignedTag {}
 /// Asserts that `key = header(..)` does not key a signed body; `tag` comes from probing
 /// the last parameter.
 pub fn header_key<Tag: HeaderKey>(_: Tag) {}
+
+/// Used, and so warned about, by every handler that takes no `Tx`: its writes through
+/// a pool of its own (`State<PgPool>`) commit apart from the key, so a retry after a
+/// failure repeats them. `#[allow(deprecated)]` on a handler that writes nothing (or
+/// nothing it must not repeat) silences it.
+#[deprecated(
+    note = "this `#[idempotent]` handler takes no `Tx`: writes through a pool of its own (`State<PgPool>`) commit apart from the key, and a retry repeats them; take `mut tx: Tx` and write through it, or put `#[allow(deprecated)]` on a handler that writes nothing"
+)]
+pub const fn handler_without_tx() {}

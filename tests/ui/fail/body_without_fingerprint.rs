@@ -2,7 +2,7 @@
 //! fingerprint, a reused key with another payload would replay the first answer.
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use idem::idempotent;
+use idem::{idempotent, Tx};
 
 struct Csv(Vec<String>);
 
@@ -16,7 +16,7 @@ impl<S: Send + Sync> FromRequest<S> for Csv {
 }
 
 #[idempotent(scope = "imports")]
-async fn import(Csv(rows): Csv) -> String {
+async fn import(_tx: Tx, Csv(rows): Csv) -> String {
     rows.len().to_string()
 }
 

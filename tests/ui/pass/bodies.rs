@@ -35,12 +35,12 @@ async fn query(Path(id): Path<i64>, _tx: Tx, Query(charge): Query<Charge>) -> St
 }
 
 #[idempotent(scope = "option")]
-async fn option(charge: Option<Json<Charge>>) -> String {
+async fn option(_tx: Tx, charge: Option<Json<Charge>>) -> String {
     charge.map_or_else(|| "none".into(), |Json(c)| c.amount.to_string())
 }
 
 #[idempotent(scope = "result")]
-async fn result(charge: Result<Json<Charge>, JsonRejection>) -> String {
+async fn result(_tx: Tx, charge: Result<Json<Charge>, JsonRejection>) -> String {
     match charge {
         Ok(Json(c)) => c.amount.to_string(),
         Err(rejection) => rejection.body_text(),
@@ -68,7 +68,7 @@ impl FingerprintBody for Text {
 }
 
 #[idempotent(scope = "own")]
-async fn own(Text(text): Text) -> String {
+async fn own(_tx: Tx, Text(text): Text) -> String {
     text
 }
 
@@ -83,7 +83,7 @@ async fn state(_tx: Tx, State(pool): State<PgPool>) -> String {
 }
 
 #[idempotent(scope = "headers")]
-async fn headers(headers: HeaderMap) -> String {
+async fn headers(_tx: Tx, headers: HeaderMap) -> String {
     headers.len().to_string()
 }
 
