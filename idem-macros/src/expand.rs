@@ -115,7 +115,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
         quote_spanned! {ty.span()=>
             ::idem::__private::before_the_body(
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_param()
+                (&&&::idem::__private::Probe::<#ty>::new()).__idem_head()
             );
         }
     });
@@ -152,6 +152,28 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             )
         }
         _ => (None, quote!(::core::option::Option::None)),
+    };
+    // A signed body's key must be signed too: not a header's.
+    let header_key = match (key_source, extracted.last()) {
+        (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
+            ::idem::__private::header_key(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            );
+        },
+        _ => quote!(),
+    };
+    // A handler without `Tx` is warned about (a deprecated item's use, the one warning a
+    // proc macro can raise on stable), on its name; the handler's own `allow`s, such as
+    // `#[allow(deprecated)]`, go on the statement so that they silence it.
+    let without_tx = if handler.tx.is_none() {
+        let allows = func.attrs.iter().filter(|a| a.path().is_ident("allow"));
+        let call = quote_spanned!(name.span()=> ::idem::__private::handler_without_tx());
+        quote! {
+            #(#allows)*
+            let () = #call;
+        }
+    } else {
+        quote!()
     };
     let conflict_wait = match args.wait() {
         Some(wait) => {
@@ -214,7 +236,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             ::idem::__private::whole_body(
                 &mut __idem_fields,
                 &#arg,
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
+                (&&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
             );
         },
         _ => quote!(),
@@ -249,8 +271,10 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
             #[allow(unused_imports)]
             use ::idem::__private::{
-                BodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _, OtherLevel as _,
-                ResponseLevel as _, ResultLevel as _, SerializeLevel as _, UnserializableBodyLevel as _,
+                BodyLevel as _, KnownBodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _,
+                OtherHeadLevel as _, OtherLevel as _, PartsLevel as _, ReadsBodyLevel as _,
+                ResponseLevel as _, ResultLevel as _, SerializeLevel as _, SignedLevel as _,
+                UnfingerprintedBodyLevel as _, UnserializableBodyLevel as _, UnsignedLevel as _,
             };
             static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
                 scope: #scope,
@@ -259,6 +283,8 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 conflict_wait: #conflict_wait,
             };
             #(#not_bodies)*
+            #header_key
+            #without_tx
             #(#unwrap)*
             let __idem_principal = #principal;
             let __idem_key = #key;

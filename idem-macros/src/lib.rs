@@ -79,6 +79,24 @@ use proc_macro::TokenStream;
 /// list and its body extractor last. It may return any `IntoResponse`, or a `Result` of
 /// two: `Ok` below 500 commits and is replayed, `Err` rolls back.
 ///
+/// The body, the last parameter, identifies the request: without `fields`, its whole
+/// value is fingerprinted. `Json<T>`, `Form<T>`, a `Query<T>` as the payload, `String`,
+/// `Bytes`, an `Option` or `Result` of one, and any extractor implementing
+/// `idem::FingerprintBody` are; a last parameter that reads the body and is none of
+/// these is a compile error, since a payload left out would let a reused key with
+/// another payload replay the first answer. A last parameter that reads the request's
+/// head only (`Path`, `State`, `HeaderMap`) means the handler has no body: its method
+/// and path identify it.
+///
+/// A handler without `Tx` gets a warning (a `deprecated` one, the only kind a macro can
+/// raise on stable): its writes through a pool of its own commit apart from the key, and
+/// a retry repeats them. On a handler that writes nothing, `#[allow(deprecated)]`
+/// silences it.
+///
+/// A signed body (`idem::webhook::Signed<T>`) takes its key from itself, `key = id`:
+/// `key = header(..)` is a compile error there, since a header the signature does not
+/// cover would let a captured delivery run again under fresh ids.
+///
 /// Lints see the handler as you wrote it: the expansion allows none on your code. A
 /// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)
 /// says so; allow it on the handler if you lint with the pedantic group.

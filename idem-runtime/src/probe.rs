@@ -3,7 +3,8 @@
 //! back), whether a field or a body is `Serialize`, which parameter is the body.
 //!
 //! A [`Probe<T>`] holds no value. Method resolution on `&&Probe<T>` picks the first
-//! level whose bounds hold (autoref specialization), and the tag it returns decides
+//! level whose bounds hold (autoref specialization: tried as `&Probe`, `&&Probe`,
+//! `Probe`; on `&&&Probe<T>`, as `&&Probe`, `&&&Probe`, `&Probe`, `Probe`), and the tag it returns decides
 //! which impl of the next trait applies; a tag with no impl is a compile error, whose
 //! `#[diagnostic::on_unimplemented]` message names the user's mistake. Whether the
 //! handler returned `Ok` or `Err` is thus decided by type, not by spotting `Result` in
@@ -11,6 +12,7 @@
 
 use std::marker::PhantomData;
 
+use axum::extract::{FromRequest, FromRequestParts};
 use axum::response::IntoResponse;
 use serde::Serialize;
 
@@ -173,8 +175,59 @@ pub struct BodyParam;
 /// A body extractor whose value is not `Serialize`.
 pub struct UnserializableBodyParam;
 
-/// Any other parameter.
+/// An extractor that reads the request body but that idem cannot fingerprint: left out,
+/// a reused key with another payload would replay the first answer instead of 422.
+pub struct UnfingerprintedBodyParam;
+
+/// Any other parameter: one that reads the request's head only (`Path`, `HeaderMap`,
+/// `State`), so that a handler whose last parameter it is has no body.
 pub struct OtherParam;
+
+/// What the last parameter adds to the fingerprint when the endpoint names no fields:
+/// the value of a [`FingerprintBody`] whose value is `Serialize`; for `Option` and
+/// `Result` of such a body, that value, or a mark that no body (`None`, `Err`) came,
+/// under a name no field can have, so it tells apart from every present value.
+pub trait FingerprintWhole {
+    /// Adds the body.
+    fn add_whole(&self, fields: &mut Fields);
+}
+
+impl<B> FingerprintWhole for B
+where
+    B: FingerprintBody,
+    B::Value: Serialize,
+{
+    fn add_whole(&self, fields: &mut Fields) {
+        fields.add(crate::fingerprint::WHOLE_BODY, self.fingerprint_value());
+    }
+}
+
+// `Option` and `Result` are not `FingerprintBody`: a missing body has no value for
+// `fields = [...]` to read. No crate but this one can make them so (orphan rule), which
+// keeps these impls apart from the one above.
+impl<B: FingerprintWhole> FingerprintWhole for Option<B> {
+    fn add_whole(&self, fields: &mut Fields) {
+        match self {
+            Some(body) => body.add_whole(fields),
+            None => fields.add(NO_BODY, &()),
+        }
+    }
+}
+
+impl<B: FingerprintWhole, E> FingerprintWhole for Result<B, E> {
+    fn add_whole(&self, fields: &mut Fields) {
+        match self {
+            Ok(body) => body.add_whole(fields),
+            Err(_) => fields.add(REJECTED_BODY, &()),
+        }
+    }
+}
+
+/// The field an absent body (`None`) adds; not a Rust path, so no `fields = [...]` entry.
+const NO_BODY: &str = "<no body>";
+
+/// The field a rejected body (`Err`) adds.
+const REJECTED_BODY: &str = "<rejected body>";
 
 /// First choice: a body that can be fingerprinted whole.
 pub trait BodyLevel {
@@ -184,14 +237,9 @@ pub trait BodyLevel {
     }
 }
 
-impl<T> BodyLevel for &Probe<T>
-where
-    T: FingerprintBody,
-    T::Value: Serialize,
-{
-}
+impl<T: FingerprintWhole> BodyLevel for &&Probe<T> {}
 
-/// Second choice: a body that cannot.
+/// Second choice: a body that cannot, as its value is not `Serialize`.
 pub trait UnserializableBodyLevel {
     /// The tag.
     fn __idem_param(&self) -> UnserializableBodyParam {
@@ -199,7 +247,20 @@ pub trait UnserializableBodyLevel {
     }
 }
 
-impl<T: FingerprintBody> UnserializableBodyLevel for &&Probe<T> {}
+impl<T: FingerprintBody> UnserializableBodyLevel for &&&Probe<T> {}
+
+/// Third choice: an extractor that reads the body and is no [`FingerprintBody`].
+///
+/// Only state-independent extractors are seen here (the probe has no state type):
+/// every body extractor of axum's, and the user's own written for any state.
+pub trait UnfingerprintedBodyLevel {
+    /// The tag.
+    fn __idem_param(&self) -> UnfingerprintedBodyParam {
+        UnfingerprintedBodyParam
+    }
+}
+
+impl<T: FromRequest<()>> UnfingerprintedBodyLevel for &Probe<T> {}
 
 /// Last choice: not a body.
 pub trait OtherLevel {
@@ -211,6 +272,50 @@ pub trait OtherLevel {
 
 impl<T> OtherLevel for Probe<T> {}
 
+/// An extractor that reads the request's head only: `Path`, `Query`, `HeaderMap` ...
+pub struct PartsParam;
+
+/// First choice for a parameter before the last: it reads the head only (a `Query` is a
+/// [`FingerprintBody`] too, but reads no body).
+pub trait PartsLevel {
+    /// The tag.
+    fn __idem_head(&self) -> PartsParam {
+        PartsParam
+    }
+}
+
+impl<T: FromRequestParts<()>> PartsLevel for &&Probe<T> {}
+
+/// Second choice: it reads the body, state-independently.
+pub trait ReadsBodyLevel {
+    /// The tag.
+    fn __idem_head(&self) -> UnfingerprintedBodyParam {
+        UnfingerprintedBodyParam
+    }
+}
+
+impl<T: FromRequest<()>> ReadsBodyLevel for &&&Probe<T> {}
+
+/// Third choice: a body idem knows (`Signed<T>` needs the state, so the second misses it).
+pub trait KnownBodyLevel {
+    /// The tag.
+    fn __idem_head(&self) -> BodyParam {
+        BodyParam
+    }
+}
+
+impl<T: FingerprintBody> KnownBodyLevel for &Probe<T> {}
+
+/// Last choice: nothing says it reads the body.
+pub trait OtherHeadLevel {
+    /// The tag.
+    fn __idem_head(&self) -> OtherParam {
+        OtherParam
+    }
+}
+
+impl<T> OtherHeadLevel for Probe<T> {}
+
 /// Parameters before the last one must not read the body.
 #[diagnostic::on_unimplemented(
     message = "the request body must be the handler's last parameter",
@@ -219,13 +324,15 @@ impl<T> OtherLevel for Probe<T> {}
 )]
 pub trait BeforeTheBody {}
 
+impl BeforeTheBody for PartsParam {}
 impl BeforeTheBody for OtherParam {}
 
 /// Asserts that a parameter other than the last does not read the body.
 pub fn before_the_body<Tag: BeforeTheBody>(_: Tag) {}
 
 /// Fingerprints the whole body, when an endpoint names no fields and its last
-/// parameter is a body; other last parameters add nothing.
+/// parameter is a body; a last parameter that reads the head only adds nothing (the
+/// target, its method and path, identifies such a request).
 #[diagnostic::on_unimplemented(
     message = "the body `{B}` cannot be fingerprinted whole: its value does not implement `serde::Serialize`",
     label = "without `fields = [...]`, the whole body identifies the request",
@@ -236,14 +343,17 @@ pub trait WholeBody<B> {
     fn add(self, fields: &mut Fields, body: &B);
 }
 
-impl<B> WholeBody<B> for BodyParam
-where
-    B: FingerprintBody,
-    B::Value: Serialize,
-{
+impl<B: FingerprintWhole> WholeBody<B> for BodyParam {
     fn add(self, fields: &mut Fields, body: &B) {
-        fields.add(crate::fingerprint::WHOLE_BODY, body.fingerprint_value());
+        body.add_whole(fields);
     }
+}
+
+// The bound fails, with `FingerprintBody`'s own message on the user's type: a body
+// idem cannot fingerprint is a compile error, not a payload silently left out. (Were it
+// met, the first probe level would have been chosen.)
+impl<B: FingerprintBody> WholeBody<B> for UnfingerprintedBodyParam {
+    fn add(self, _: &mut Fields, _: &B) {}
 }
 
 impl<B> WholeBody<B> for OtherParam {
@@ -254,3 +364,61 @@ impl<B> WholeBody<B> for OtherParam {
 pub fn whole_body<B, Tag: WholeBody<B>>(fields: &mut Fields, body: &B, tag: Tag) {
     tag.add(fields, body);
 }
+
+/// A body whose bytes a signature covers, such as [`Signed<T>`](crate::webhook::Signed):
+/// its idempotency key must come from the body itself (`key = field`). A key from a
+/// header the signature does not cover would let whoever captured one delivery replay
+/// it under fresh keys, each running the effect again.
+pub trait SignedBody {}
+
+#[cfg(feature = "webhook")]
+impl<T> SignedBody for crate::webhook::Signed<T> {}
+
+/// A signed body.
+pub struct SignedTag;
+
+/// Any other parameter.
+pub struct UnsignedTag;
+
+/// First choice: a signed body.
+pub trait SignedLevel {
+    /// The tag.
+    fn __idem_signed(&self) -> SignedTag {
+        SignedTag
+    }
+}
+
+impl<T: SignedBody> SignedLevel for &Probe<T> {}
+
+/// Otherwise.
+pub trait UnsignedLevel {
+    /// The tag.
+    fn __idem_signed(&self) -> UnsignedTag {
+        UnsignedTag
+    }
+}
+
+impl<T> UnsignedLevel for Probe<T> {}
+
+/// A key may come from a header only when the body is not signed.
+#[diagnostic::on_unimplemented(
+    message = "a key from a header the signature does not cover lets a captured delivery run again: take the key from the signed body with `key = field`",
+    label = "the body is signed, this header is not",
+    note = "name the event's id in the signed body, such as `key = id` or `key = meta.event_id`"
+)]
+pub trait HeaderKey {}
+
+impl HeaderKey for UnsignedTag {}
+
+/// Asserts that `key = header(..)` does not key a signed body; `tag` comes from probing
+/// the last parameter.
+pub fn header_key<Tag: HeaderKey>(_: Tag) {}
+
+/// Used, and so warned about, by every handler that takes no `Tx`: its writes through
+/// a pool of its own (`State<PgPool>`) commit apart from the key, so a retry after a
+/// failure repeats them. `#[allow(deprecated)]` on a handler that writes nothing (or
+/// nothing it must not repeat) silences it.
+#[deprecated(
+    note = "this `#[idempotent]` handler takes no `Tx`: writes through a pool of its own (`State<PgPool>`) commit apart from the key, and a retry repeats them; take `mut tx: Tx` and write through it, or put `#[allow(deprecated)]` on a handler that writes nothing"
+)]
+pub const fn handler_without_tx() {}

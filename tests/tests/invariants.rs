@@ -131,6 +131,7 @@ async fn key_echo(tx: Tx) -> Json<Value> {
 
 /// No `Tx`, a plain return type: the key row still commits alone.
 #[idempotent(scope = "plain", ttl = "90s")]
+#[allow(deprecated)] // writes nothing
 async fn plain(Json(req): Json<Effect>) -> String {
     format!("hello {}", req.note)
 }

@@ -5,9 +5,9 @@
 use std::borrow::Cow;
 
 use axum::body::Bytes;
-use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Query, Request};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Form, Json};
 use http::request::Parts;
 use http::HeaderMap;
 
@@ -20,14 +20,19 @@ use crate::web::problem::Problems;
 ///
 /// With `fields = [...]` the named fields are read from [`fingerprint_value`] (and only
 /// they need to be `Serialize`); without, the whole value is fingerprinted and must be
-/// `Serialize`. Implemented for [`Json<T>`], [`String`] and [`Bytes`]; implement it for
-/// your own body extractors.
+/// `Serialize`. Implemented for [`Json<T>`], [`Form<T>`], [`Query<T>`] (a query string
+/// as the payload), [`String`] and [`Bytes`]; an `Option` or `Result` of one of these
+/// (`Option<Json<T>>`, `Result<Json<T>, JsonRejection>`) is fingerprinted whole too, an
+/// absent or rejected body apart from every present one. Implement it for your own body
+/// extractors: a last parameter that reads the body and is none of these is a compile
+/// error, since a payload left out of the fingerprint would let a reused key with
+/// another payload replay the first answer.
 ///
 /// [`fingerprint_value`]: FingerprintBody::fingerprint_value
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a request body idem can fingerprint",
-    label = "`fields = [...]` reads its fields from this parameter",
-    note = "make the last parameter a JSON body, such as `Json<T>`, or implement `idem::FingerprintBody` for it"
+    label = "idem fingerprints this parameter, to tell a retry from another request under the same key",
+    note = "implement `idem::FingerprintBody` for it, then name `fields = [...]` or let its whole value identify the request; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
 )]
 pub trait FingerprintBody {
     /// The value whose fields are fingerprinted.
@@ -38,6 +43,22 @@ pub trait FingerprintBody {
 }
 
 impl<T> FingerprintBody for Json<T> {
+    type Value = T;
+
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> FingerprintBody for Form<T> {
+    type Value = T;
+
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> FingerprintBody for Query<T> {
     type Value = T;
 
     fn fingerprint_value(&self) -> &T {

@@ -1,5 +1,5 @@
 use axum::Json;
-use idem::idempotent;
+use idem::{idempotent, Tx};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -13,7 +13,7 @@ struct Payment {
 }
 
 #[idempotent(scope = "payments", fields = [card])]
-async fn pay(Json(req): Json<Payment>) -> String {
+async fn pay(_tx: Tx, Json(req): Json<Payment>) -> String {
     req.card.number
 }
 

@@ -1,5 +1,5 @@
 use axum::Json;
-use idem::idempotent;
+use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]
@@ -8,7 +8,7 @@ struct Event {
 }
 
 #[idempotent(scope = "events", key = evnt_id)]
-async fn receive(Json(event): Json<Event>) -> String {
+async fn receive(_tx: Tx, Json(event): Json<Event>) -> String {
     event.event_id
 }
 

@@ -1,5 +1,5 @@
 use axum::Json;
-use idem::idempotent;
+use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]
@@ -8,7 +8,7 @@ struct Reading {
 }
 
 #[idempotent(scope = "readings", key = value)]
-async fn receive(Json(reading): Json<Reading>) -> String {
+async fn receive(_tx: Tx, Json(reading): Json<Reading>) -> String {
     reading.value.to_string()
 }
 

@@ -42,7 +42,7 @@ async fn create(_tx: Tx, Validated(req): Validated<NewCharge>) -> String {
 }
 
 #[idempotent(scope = "whole")]
-async fn whole(Validated(req): Validated<NewCharge>) -> String {
+async fn whole(_tx: Tx, Validated(req): Validated<NewCharge>) -> String {
     req.memo
 }
 

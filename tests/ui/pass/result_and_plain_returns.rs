@@ -26,7 +26,7 @@ async fn plain(_tx: Tx, Json(v): Json<Value>) -> StatusCode {
 }
 
 #[idempotent(scope = "d")]
-async fn opaque(Json(v): Json<Value>) -> impl IntoResponse {
+async fn opaque(_tx: Tx, Json(v): Json<Value>) -> impl IntoResponse {
     Json(v)
 }
 

@@ -31,7 +31,7 @@ async fn receive(_tx: Tx, Signed(event): Signed<Event>) -> Json<u32> {
 }
 
 #[idempotent(scope = "deliveries", key = header("Delivery-Id"), concurrency = reject)]
-async fn by_header(Json(v): Json<serde_json::Value>) -> Json<serde_json::Value> {
+async fn by_header(_tx: Tx, Json(v): Json<serde_json::Value>) -> Json<serde_json::Value> {
     Json(v)
 }
 

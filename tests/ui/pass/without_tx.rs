@@ -1,5 +1,8 @@
 //! A handler without `Tx`: the key row still commits alone. Whole-body fingerprints of
-//! `Json<T>`, `String` and `Bytes` bodies, and a handler without a body.
+//! `Json<T>`, `String` and `Bytes` bodies, and a handler without a body. Each is warned
+//! about (its writes would escape the transaction) unless, writing nothing, it says
+//! `#[allow(deprecated)]`.
+#![deny(deprecated)]
 use axum::body::Bytes;
 use axum::extract::FromRef;
 use axum::routing::post;
@@ -13,21 +16,25 @@ struct AppState {
 }
 
 #[idempotent(scope = "json")]
+#[allow(deprecated)]
 async fn json(Json(v): Json<Value>) -> Json<Value> {
     Json(v)
 }
 
 #[idempotent(scope = "text")]
+#[allow(deprecated)]
 async fn text(body: String) -> String {
     body
 }
 
 #[idempotent(scope = "bytes")]
+#[allow(deprecated)]
 async fn bytes(body: Bytes) -> Bytes {
     body
 }
 
 #[idempotent(scope = "nothing")]
+#[allow(deprecated)]
 async fn nothing() -> &'static str {
     "done"
 }
