@@ -256,6 +256,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         ::idem::__private::in_span(
             ::idem::__private::assert_send(#name(#(#call_args),*)),
             __idem_span,
+            ::core::stringify!(#name),
         )
         .await
     };

@@ -155,6 +155,7 @@ pub use once::{OnceError, RunOnce};
 pub use store::{is_unavailable, BuildError, Store, StoreBuilder};
 pub use table::{DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
+pub use web::escape::warn_on_escaping_writes;
 pub use web::extract::{FingerprintBody, Principal};
 pub use web::problem::{problem_type, Problem, DEFAULT_PROBLEM_BASE, PROBLEM_JSON};
 pub use web::response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};

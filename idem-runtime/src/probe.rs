@@ -25,12 +25,14 @@ pub fn assert_send<F: std::future::Future + Send>(future: F) -> F {
     future
 }
 
-/// Runs the handler's future inside the request's span.
+/// Runs the handler's future inside the request's span, and, in debug builds, with its
+/// name where [`crate::warn_on_escaping_writes`] finds it.
 pub fn in_span<F: std::future::Future>(
     future: F,
     span: tracing::Span,
-) -> tracing::instrument::Instrumented<F> {
-    tracing::Instrument::instrument(future, span)
+    handler: &'static str,
+) -> impl std::future::Future<Output = F::Output> {
+    tracing::Instrument::instrument(crate::web::escape::running(handler, future), span)
 }
 
 /// A type-level stand-in for a value of type `T`; `Send` and `Sync` whatever `T` is, so

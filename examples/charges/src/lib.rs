@@ -77,7 +77,8 @@ pub async fn connect(database_url: &str) -> Result<PgPool, sqlx::Error> {
 }
 
 async fn connect_with_size(database_url: &str, size: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
+    // Debug builds warn when a handler writes around its `Tx`.
+    idem::warn_on_escaping_writes(PgPoolOptions::new())
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(2))
         .connect(database_url)

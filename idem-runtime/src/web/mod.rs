@@ -6,6 +6,7 @@
 //! [`Answer`] to [`Claimed::finish`]. This module alone decides what the engine's
 //! outcomes look like to a client (with [`problem`]) and records them ([`Observation`]).
 
+pub(crate) mod escape;
 pub(crate) mod extract;
 pub(crate) mod policy;
 pub(crate) mod problem;
