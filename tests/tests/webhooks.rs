@@ -15,13 +15,15 @@ use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-const SECRET: &[u8] = b"whsec_current";
-const PREVIOUS: &[u8] = b"whsec_previous";
+const SECRET: &[u8] = b"whsec_current_0123456789";
+const PREVIOUS: &[u8] = b"whsec_previous_0123456789";
 
 /// The charges example with the two secrets, its webhook taking `webhook_delay`.
 async fn start(db: &TestDb, webhook_delay: Duration) -> TestApp {
     let config = Config {
-        webhook_secrets: vec![SECRET.to_vec(), PREVIOUS.to_vec()],
+        webhooks: WebhookVerifier::new(SECRET)
+            .and_then(|v| v.with_secret(PREVIOUS))
+            .unwrap(),
         webhook_delay,
         ..Config::default()
     };
@@ -54,7 +56,9 @@ fn now() -> u64 {
 }
 
 fn sign(secret: &[u8], timestamp: u64, body: &str) -> String {
-    WebhookVerifier::new(secret).sign(timestamp, body.as_bytes())
+    WebhookVerifier::new(secret)
+        .unwrap()
+        .sign(timestamp, body.as_bytes())
 }
 
 fn event(id: &str) -> String {
@@ -168,7 +172,7 @@ async fn forged_stale_and_malformed_signatures_leave_nothing() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
         let body = event("evt_3");
-        s.deliver(&body, &sign(b"guessed", now(), &body))
+        s.deliver(&body, &sign(b"whsec_guessed_0123456789", now(), &body))
             .await
             .assert_problem(401, "invalid-signature");
         // A genuine signature over another body.
@@ -215,7 +219,7 @@ async fn rotated_secrets_verify_on_both_sides() {
         let t = now();
         let both = format!(
             "{},{}",
-            sign(b"whsec_next", t, &body),
+            sign(b"whsec_next_0123456789", t, &body),
             sign(SECRET, t, &body).split_once(',').unwrap().1
         );
         assert_eq!(s.deliver(&body, &both).await.status, 200);
@@ -239,6 +243,115 @@ async fn an_empty_event_id_is_refused() {
         assert_eq!(s.count("webhook_events").await, 0);
     })
     .await;
+}
+
+/// Pins the CPU denial of service of signature checks: a header with thousands of (empty)
+/// `v1` values cost one MAC over the whole body each. Hostile headers are now refused
+/// before the body is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_signature_headers_are_refused_before_the_body_is_read() {
+    with_test_db(async |db| {
+        let s = start(db, Duration::ZERO).await;
+        let t = now();
+        let body = event("evt_hostile");
+        let good = sign(SECRET, t, &body);
+        let sig = good.split_once(",v1=").unwrap().1;
+        let zeros = "0".repeat(64);
+        let megabyte = format!(r#"{{"id":"evt_big","pad":"{}"}}"#, "x".repeat(1 << 20));
+        let hostile = [
+            (format!("t={t}{}", ",v1=".repeat(5_000)), megabyte.clone()),
+            (format!("t={t},v1="), body.clone()),
+            (format!("t={t},v1={}", &sig[..63]), body.clone()),
+            (format!("t={t},v1={}", &sig[..62]), body.clone()),
+            (format!("t={t},v1={sig}ab"), body.clone()),
+            (
+                format!("{good}{}", format!(",v1={zeros}").repeat(8)),
+                body.clone(),
+            ),
+            // Larger than the body limit: a 400 for the header, not a 413 for the body,
+            // shows that the body was never read.
+            (
+                format!("t={t},v1="),
+                format!(r#"{{"id":"evt_huge","pad":"{}"}}"#, "x".repeat(3 << 20)),
+            ),
+        ];
+        for (header, body) in &hostile {
+            s.deliver(body, header)
+                .await
+                .assert_problem(400, "malformed-signature");
+        }
+        assert_eq!(
+            (
+                s.count("webhook_events").await,
+                s.count("idempotency_keys").await
+            ),
+            (0, 0),
+            "nothing claimed"
+        );
+        // Eight values, the genuine one among them: accepted, in upper case too.
+        let eight = format!(
+            "t={t}{},v1={}{}",
+            format!(",v1={zeros}").repeat(3),
+            sig.to_uppercase(),
+            format!(",v1={zeros}").repeat(4)
+        );
+        assert_eq!(s.deliver(&body, &eight).await.status, 200);
+        assert_eq!(s.count("webhook_events").await, 1);
+    })
+    .await;
+}
+
+/// Pins the empty-key bug: `WEBHOOK_SECRET=` made the example verify deliveries signed
+/// with the empty key. It now refuses to start.
+#[test]
+fn the_example_refuses_an_empty_or_short_webhook_secret() {
+    let refused = |current: Option<&str>, previous: Option<&str>| {
+        charges::webhook_verifier(current.map(Into::into), previous.map(Into::into)).unwrap_err()
+    };
+    assert_eq!(
+        refused(Some(""), None),
+        "WEBHOOK_SECRET: the webhook secret is empty; it must be at least 16 bytes"
+    );
+    assert_eq!(
+        refused(Some("whsec_short"), None),
+        "WEBHOOK_SECRET: the webhook secret is 11 bytes long; it must be at least 16 bytes"
+    );
+    assert_eq!(
+        refused(Some("whsec_current_0123456789"), Some("")),
+        "WEBHOOK_SECRET_PREVIOUS: the webhook secret is empty; it must be at least 16 bytes"
+    );
+    assert!(charges::webhook_verifier(Some("whsec_current_0123456789".into()), None).is_ok());
+    // Unset: a random secret, with a warning.
+    assert!(charges::webhook_verifier(None, None).is_ok());
+
+    // The real binary stops at once with that message, before it connects.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+        .env("WEBHOOK_SECRET", "")
+        .env_remove("WEBHOOK_SECRET_PREVIOUS")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the service started with an empty WEBHOOK_SECRET");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("WEBHOOK_SECRET: the webhook secret is empty"),
+        "{stderr}"
+    );
 }
 
 // The wait policy's limit, a key from another header, and a missing payload key, with

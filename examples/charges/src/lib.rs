@@ -12,6 +12,7 @@
 
 pub mod consumer;
 
+use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use idem::webhook::{Signed, WebhookVerifier};
+use idem::webhook::{Signed, WebhookSecretError, WebhookVerifier};
 use idem::{idempotent, Problem, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -34,15 +35,18 @@ pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
 /// The base of this service's own problem `type` URIs.
 pub const PROBLEM_BASE: &str = "https://example.com/problems/";
 
+/// The webhook secret of [`Config::default`], for tests and a local try-out.
+pub const TEST_WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef";
+
 /// Settings read from the environment by the binary.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long the charge handler waits inside its transaction after writing the
     /// charge, standing in for a call to a payment processor (`PROCESSOR_DELAY_MS`).
     pub processor_delay: Duration,
-    /// The webhook signing secrets, current first (`WEBHOOK_SECRET`, then
-    /// `WEBHOOK_SECRET_PREVIOUS` while rotating); their raw bytes are the HMAC keys.
-    pub webhook_secrets: Vec<Vec<u8>>,
+    /// Checks the signatures of webhook deliveries; the binary makes it with
+    /// [`webhook_verifier`] from `WEBHOOK_SECRET` and `WEBHOOK_SECRET_PREVIOUS`.
+    pub webhooks: WebhookVerifier,
     /// How long the webhook handler works on an event (tests use it to overlap
     /// deliveries).
     pub webhook_delay: Duration,
@@ -52,7 +56,8 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             processor_delay: Duration::ZERO,
-            webhook_secrets: vec![b"whsec_test".to_vec()],
+            webhooks: WebhookVerifier::new(TEST_WEBHOOK_SECRET)
+                .expect("the test secret is long enough"),
             webhook_delay: Duration::ZERO,
         }
     }
@@ -103,17 +108,11 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
 
-    let mut webhook_secrets = Vec::new();
-    match std::env::var_os("WEBHOOK_SECRET") {
-        Some(secret) => webhook_secrets.push(secret.into_encoded_bytes()),
-        None => {
-            tracing::warn!("WEBHOOK_SECRET is not set: no webhook delivery will verify");
-            webhook_secrets.push(unguessable_secret()?);
-        }
-    }
-    if let Some(previous) = std::env::var_os("WEBHOOK_SECRET_PREVIOUS") {
-        webhook_secrets.push(previous.into_encoded_bytes());
-    }
+    // Before connecting: a bad secret stops the service at once, with one message.
+    let webhooks = webhook_verifier(
+        std::env::var_os("WEBHOOK_SECRET"),
+        std::env::var_os("WEBHOOK_SECRET_PREVIOUS"),
+    )?;
 
     let pool = connect_with_size(&database_url, pool_size).await?;
     migrate(&pool).await?;
@@ -123,7 +122,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
         pool,
         Config {
             processor_delay: Duration::from_millis(delay_ms),
-            webhook_secrets,
+            webhooks,
             webhook_delay: Duration::ZERO,
         },
     );
@@ -135,6 +134,34 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     Ok(())
+}
+
+/// The webhook verifier of `WEBHOOK_SECRET` (`current`) and, while rotating,
+/// `WEBHOOK_SECRET_PREVIOUS` (`previous`); their raw bytes are the HMAC keys.
+///
+/// Unset, `WEBHOOK_SECRET` is a random secret, so that no delivery verifies. Set, it
+/// must be at least [`MIN_SECRET_LEN`](idem::webhook::MIN_SECRET_LEN) bytes: an empty
+/// `WEBHOOK_SECRET=` would otherwise verify deliveries signed with the empty key.
+pub fn webhook_verifier(
+    current: Option<OsString>,
+    previous: Option<OsString>,
+) -> Result<WebhookVerifier, String> {
+    let refused = |name: &str, error: WebhookSecretError| format!("{name}: {error}");
+    let current = match current {
+        Some(secret) => secret.into_encoded_bytes(),
+        None => {
+            tracing::warn!("WEBHOOK_SECRET is not set: no webhook delivery will verify");
+            unguessable_secret().map_err(|error| format!("no random secret: {error}"))?
+        }
+    };
+    let verifier =
+        WebhookVerifier::new(current).map_err(|error| refused("WEBHOOK_SECRET", error))?;
+    match previous {
+        Some(secret) => verifier
+            .with_secret(secret.into_encoded_bytes())
+            .map_err(|error| refused("WEBHOOK_SECRET_PREVIOUS", error)),
+        None => Ok(verifier),
+    }
 }
 
 /// 32 random bytes, so that an unconfigured service accepts no webhook at all.
@@ -164,11 +191,7 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .build()
         .expect("the default store settings are valid");
-    let mut secrets = config.webhook_secrets.iter();
-    let mut webhooks = WebhookVerifier::new(secrets.next().cloned().unwrap_or_default());
-    for previous in secrets {
-        webhooks = webhooks.with_secret(previous.clone());
-    }
+    let webhooks = config.webhooks.clone();
     let state = AppState {
         idempotency,
         pool,

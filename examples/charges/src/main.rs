@@ -3,7 +3,8 @@
 //! Environment: `BIND_ADDR` (default `127.0.0.1:3000`), `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`, a local trust-auth PostgreSQL),
 //! `PROCESSOR_DELAY_MS` (default 0), `WEBHOOK_SECRET` (the HMAC key of webhook
-//! signatures; `WEBHOOK_SECRET_PREVIOUS` is also accepted while rotating),
+//! signatures, at least 16 bytes: empty or shorter, the service refuses to start;
+//! `WEBHOOK_SECRET_PREVIOUS` is also accepted while rotating),
 //! `DB_POOL_SIZE` (default 20), `RUST_LOG` (default `info`).
 
 #[tokio::main]

@@ -41,7 +41,7 @@ fn app(pool: sqlx::PgPool) -> Router {
         .route("/deliveries", post(by_header))
         .with_state(AppState {
             idempotency: Store::new(pool),
-            webhooks: WebhookVerifier::new("whsec"),
+            webhooks: WebhookVerifier::new("whsec_0123456789abcdef").expect("16 bytes or more"),
         })
 }
 
