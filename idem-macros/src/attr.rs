@@ -23,14 +23,19 @@ pub mod kw {
     syn::custom_keyword!(principal);
     syn::custom_keyword!(required);
     syn::custom_keyword!(concurrency);
+    syn::custom_keyword!(isolation);
 
     // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
     syn::custom_keyword!(header);
     syn::custom_keyword!(reject);
     syn::custom_keyword!(wait);
+    syn::custom_keyword!(read_committed);
+    syn::custom_keyword!(repeatable_read);
+    syn::custom_keyword!(serializable);
 }
 
-const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required` or `concurrency`";
+const OPTIONS: &str =
+    "`scope`, `ttl`, `fields`, `key`, `principal`, `required`, `concurrency` or `isolation`";
 
 /// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
 pub struct Args {
@@ -44,6 +49,16 @@ pub struct Args {
     pub required: Option<(kw::required, LitBool)>,
     /// `concurrency = ...`: what a duplicate of a request in flight gets.
     pub concurrency: Option<(kw::concurrency, Concurrency)>,
+    /// `isolation = serializable`: the transaction's isolation level.
+    pub isolation: Option<(kw::isolation, Isolation)>,
+}
+
+/// `isolation = read_committed` (the default), `repeatable_read` or `serializable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
 }
 
 /// `key = event_id` (a body field) or `key = header("Webhook-Id")`.
@@ -113,6 +128,7 @@ enum Arg {
     Principal(kw::principal, Result<Type, Expr>),
     Required(kw::required, Expr),
     Concurrency(kw::concurrency, Expr),
+    Isolation(kw::isolation, Expr),
     /// Not an option; its value is read only to go on to the next.
     Unknown(Ident),
 }
@@ -140,6 +156,8 @@ impl Parse for Arg {
             option(input).map(|(k, v)| Self::Required(k, v))
         } else if input.peek(kw::concurrency) {
             option(input).map(|(k, v)| Self::Concurrency(k, v))
+        } else if input.peek(kw::isolation) {
+            option(input).map(|(k, v)| Self::Isolation(k, v))
         } else {
             let name = input.call(Ident::parse_any)?;
             equals(input, &name)?;
@@ -202,6 +220,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let mut principal = None;
     let mut required = None;
     let mut concurrency = None;
+    let mut isolation = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg {
@@ -224,6 +243,9 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
             }
             Arg::Concurrency(k, value) => {
                 set_once(&mut concurrency, k, parse_concurrency(&value, errors), errors);
+            }
+            Arg::Isolation(k, value) => {
+                set_once(&mut isolation, k, parse_isolation(&value, errors), errors);
             }
             Arg::Unknown(name) => errors.at(
                 name.span(),
@@ -249,7 +271,25 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
         principal,
         required,
         concurrency,
+        isolation,
     })
+}
+
+/// `isolation = read_committed | repeatable_read | serializable`.
+fn parse_isolation(value: &Expr, errors: &Errors) -> Option<Isolation> {
+    if is::<kw::read_committed>(value) {
+        Some(Isolation::ReadCommitted)
+    } else if is::<kw::repeatable_read>(value) {
+        Some(Isolation::RepeatableRead)
+    } else if is::<kw::serializable>(value) {
+        Some(Isolation::Serializable)
+    } else {
+        errors.at(
+            value.span(),
+            "`isolation` takes `read_committed` (the default), `repeatable_read` or `serializable`",
+        );
+        None
+    }
 }
 
 /// Whether `value` is exactly the word `K`, such as `reject`.

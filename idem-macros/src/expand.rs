@@ -182,6 +182,11 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let isolation = match args.isolation.as_ref().map(|(_, level)| *level) {
+        None | Some(attr::Isolation::ReadCommitted) => quote!(ReadCommitted),
+        Some(attr::Isolation::RepeatableRead) => quote!(RepeatableRead),
+        Some(attr::Isolation::Serializable) => quote!(Serializable),
+    };
 
     let (principal_param, principal) = match &args.principal {
         Some((_, path)) => (
@@ -282,6 +287,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 ttl: #ttl,
                 required: #required,
                 conflict_wait: #conflict_wait,
+                isolation: ::idem::__private::Isolation::#isolation,
             };
             #(#not_bodies)*
             #header_key

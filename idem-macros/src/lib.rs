@@ -52,6 +52,7 @@ use proc_macro::TokenStream;
 /// | `principal = Tenant` | an extractor implementing `idem::Principal`; default: the store's resolver |
 /// | `required = false` | a request without a key runs, in its transaction, unrecorded, and is answered with `Idempotent-Recorded: false`; a malformed key is still refused. Default `true`: a request without a key gets 400 |
 /// | `concurrency = reject` or `concurrency = wait("30s")` | what a duplicate of a request still in flight gets. `reject` (the default): 409 at once, after the store's own `conflict_wait` (1 ms unless configured). `wait("30s")`: it waits up to that long for the first to finish and gets its replay, 409 only past the wait; `ms`, `s`, `m` or `h`, more than zero and at most an hour |
+/// | `isolation = serializable` | the transaction's isolation level: `read_committed` (the default, PostgreSQL's own), `repeatable_read` or `serializable`. The claim runs at that level too. A commit that cannot be serialized (40001) rolls back and answers 503 with `Retry-After`; map your own statements' such errors the same way with `idem::is_serialization_failure`. `SET TRANSACTION` inside the handler cannot work: the claim is already the transaction's first statement |
 ///
 /// `fields` and `key = field` read the body, so the handler needs one as its last
 /// parameter. A webhook, for instance, keys on the event's own id, and a redelivery that

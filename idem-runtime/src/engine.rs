@@ -24,8 +24,8 @@ use std::time::Duration;
 use sqlx::{Postgres, Transaction};
 
 use crate::fingerprint::Fingerprint;
-use crate::store::{is_unavailable, Store};
-use crate::table::{self, Found, Record, StoredRow, Timeouts};
+use crate::store::{is_serialization_failure, is_unavailable, Store};
+use crate::table::{Found, Isolation, Record, StoredRow, Timeouts};
 use crate::tx::{KeyInScope, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -82,6 +82,10 @@ pub(crate) enum CommitError {
     /// The database could not be reached; whether COMMIT happened is unknown only when
     /// the failure was COMMIT's own, and a retry finds out.
     Unavailable(sqlx::Error),
+    /// The transaction could not be serialized with concurrent ones (40001, or a
+    /// deadlock, 40P01): nothing was committed, and the same request can simply run
+    /// again.
+    Serialization(sqlx::Error),
     /// Any other database error.
     Database(sqlx::Error),
 }
@@ -90,6 +94,8 @@ impl CommitError {
     fn from_database(error: sqlx::Error) -> Self {
         if is_unavailable(&error) {
             Self::Unavailable(error)
+        } else if is_serialization_failure(&error) {
+            Self::Serialization(error)
         } else {
             Self::Database(error)
         }
@@ -116,7 +122,11 @@ pub(crate) struct Attempt {
 const EXPIRY_WAIT: Duration = Duration::from_secs(1);
 
 /// Opens the transaction and, with a claim, claims its key.
-pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, Refusal> {
+pub(crate) async fn begin(
+    store: &Store,
+    claim: Option<Claim>,
+    isolation: Isolation,
+) -> Result<Begun, Refusal> {
     let settings = &store.inner;
     let mut wait = claim
         .as_ref()
@@ -131,7 +141,7 @@ pub(crate) async fn begin(store: &Store, claim: Option<Claim>) -> Result<Begun, 
     let mut checked_expiry = false;
     loop {
         round += 1;
-        let begin = settings.pool.begin_with(table::BEGIN);
+        let begin = settings.pool.begin_with(isolation.begin());
         let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
             Ok(Ok(tx)) => tx,
             Ok(Err(e)) => return Err(Refusal::from_database(e)),
@@ -192,6 +202,10 @@ async fn claim_row(
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
         sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => ClaimError::InUse,
+        // Above READ COMMITTED, a claim that waited for a concurrent request's row fails
+        // with 40001 when that request commits: the key is (or was just) in use, and a
+        // new transaction, with a new snapshot, sees what it committed.
+        sqlx::Error::Database(e) if e.code().as_deref() == Some("40001") => ClaimError::InUse,
         // A unique violation of the key's own primary key: a concurrent request won.
         // Any other unique violation is not ours to interpret.
         _ if table.is_key_conflict(&error) => ClaimError::InUse,
@@ -378,7 +392,12 @@ mod tests {
         }
 
         async fn begin(&self, key: &str, payload: &str) -> Result<Begun, Refusal> {
-            begin(&self.store, self.claim(key, payload)).await
+            begin(
+                &self.store,
+                self.claim(key, payload),
+                Isolation::ReadCommitted,
+            )
+            .await
         }
 
         async fn notes(&self) -> i64 {
@@ -449,11 +468,11 @@ mod tests {
         for name in ["user", "order"] {
             let store = Store::builder(pool.clone()).table(name).build().unwrap();
             store.migrate().await.unwrap();
-            run(begin(&store, db.claim("k1", "a")).await)
+            run(begin(&store, db.claim("k1", "a"), Isolation::ReadCommitted).await)
                 .commit(&record("done"))
                 .await
                 .unwrap();
-            let replayed = begin(&store, db.claim("k1", "a")).await;
+            let replayed = begin(&store, db.claim("k1", "a"), Isolation::ReadCommitted).await;
             assert!(matches!(replayed, Ok(Begun::Replay(_))));
         }
         pool.close().await;
@@ -506,6 +525,40 @@ mod tests {
         assert!(matches!(db.begin("k1", "a").await, Err(Refusal::InUse)));
         first.commit(&record("first")).await.unwrap();
         assert!(matches!(db.begin("k1", "a").await, Ok(Begun::Replay(_))));
+        db.drop_schema().await;
+    }
+
+    /// `isolation = serializable`: the transaction runs at that level, and a commit that
+    /// could not be serialized is a retryable [`CommitError::Serialization`], not a 500.
+    #[tokio::test]
+    async fn a_serialization_failure_at_commit_is_retryable() {
+        let db = Db::new().await;
+        let serializable = |key| begin(&db.store, db.claim(key, "a"), Isolation::Serializable);
+        let mut first = run(serializable("k1").await);
+        let mut second = run(serializable("k2").await);
+        let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+            .fetch_one(&mut *first.tx())
+            .await
+            .unwrap();
+        assert_eq!(level, "serializable");
+        // Write skew: each reads what the other writes.
+        for attempt in [&mut first, &mut second] {
+            let sql = format!("SELECT count(*) FROM {}.notes", db.schema);
+            sqlx::query(&sql).execute(&mut *attempt.tx()).await.unwrap();
+        }
+        db.write(&mut first).await;
+        db.write(&mut second).await;
+        first.commit(&record("first")).await.unwrap();
+        assert!(matches!(
+            second.commit(&record("second")).await,
+            Err(CommitError::Serialization(_))
+        ));
+        // Nothing of the second was kept: its retry runs afresh.
+        run(serializable("k2").await)
+            .commit(&record("second"))
+            .await
+            .unwrap();
+        assert_eq!(db.notes().await, 1);
         db.drop_schema().await;
     }
 
@@ -566,7 +619,7 @@ mod tests {
     #[tokio::test]
     async fn without_a_claim_the_attempt_records_nothing() {
         let db = Db::new().await;
-        let mut attempt = run(begin(&db.store, None).await);
+        let mut attempt = run(begin(&db.store, None, Isolation::ReadCommitted).await);
         assert!(attempt.key().is_none());
         db.write(&mut attempt).await;
         attempt.commit_unrecorded().await.unwrap();

@@ -13,7 +13,7 @@ use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
 use crate::store::Store;
-use crate::table::Record;
+use crate::table::{Isolation, Record};
 use crate::tx::{KeyInScope, Tx};
 
 /// One piece of work to run once per key; see [`Store::run_once`].
@@ -118,7 +118,9 @@ impl RunOnce<'_> {
             fingerprint,
             conflict_wait: None,
         };
-        let mut attempt = match engine::begin(self.store, Some(claim)).await {
+        let mut attempt = match engine::begin(self.store, Some(claim), Isolation::ReadCommitted)
+            .await
+        {
             Ok(Begun::Run(attempt)) => attempt,
             Ok(Begun::Replay(record)) => {
                 return match serde_json::from_slice(&record.body) {
@@ -177,6 +179,7 @@ impl RunOnce<'_> {
                     CommitError::Unavailable(e) => {
                         (Outcome::Unavailable, OnceError::Unavailable(e))
                     }
+                    CommitError::Serialization(e) => (Outcome::RolledBack, OnceError::Database(e)),
                     CommitError::Database(e) => (Outcome::Failed, OnceError::Database(e)),
                 };
                 Err(observation.refuse(outcome, error))

@@ -328,6 +328,15 @@ pub fn is_unavailable(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether a database error is a serialization failure (SQLSTATE 40001) or a deadlock
+/// (40P01): the transaction conflicted with a concurrent one and can simply run again.
+/// idem answers these at commit with 503 and `Retry-After`; a handler of an endpoint
+/// with `isolation = repeatable_read` or `serializable` should answer its own
+/// statements' such errors the same way (an `Err`, so nothing is stored).
+pub fn is_serialization_failure(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("40001" | "40P01")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,9 +66,31 @@ const DDL: &str = "-- idem: the idempotency table, for users who run their own m
 CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
 ";
 
-/// Explicit READ COMMITTED: a database whose default is REPEATABLE READ would otherwise
-/// fail the read after a blocked claim with 40001 (invariant 4).
-pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+/// The isolation level of a request's transaction (`#[idempotent(isolation = ..)]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// PostgreSQL's default, and idem's (invariant 4).
+    #[default]
+    ReadCommitted,
+    /// One snapshot for the whole handler.
+    RepeatableRead,
+    /// Serializable snapshot isolation: a transaction that could not have run serially
+    /// fails with 40001, answered 503 with `Retry-After`.
+    Serializable,
+}
+
+impl Isolation {
+    /// The statement that opens a transaction at this level. Always explicit: a database
+    /// whose default is REPEATABLE READ would otherwise fail the read after a blocked
+    /// claim with 40001 (invariant 4).
+    pub(crate) fn begin(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Self::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            Self::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        }
+    }
+}
 
 /// One statement: insert the claim, or return the stored row. `ON CONFLICT DO NOTHING`
 /// takes no lock on a live row, so concurrent replays do not serialize. When the
@@ -505,7 +527,10 @@ mod tests {
     #[test]
     fn request_sql_stays_portable() {
         let table = Table::new(&TableName::default());
-        assert_eq!(BEGIN, "BEGIN ISOLATION LEVEL READ COMMITTED");
+        assert_eq!(
+            Isolation::default().begin(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED"
+        );
         // The request path; purge and inspect run outside it.
         for statement in [
             &table.claim,

@@ -371,3 +371,61 @@ async fn the_examples_currency_is_normalised_before_the_fingerprint() {
     })
     .await;
 }
+
+/// The transaction's isolation level, as the handler sees it.
+async fn isolation_level(tx: &mut Tx<'_>) -> Result<Json<Value>, StatusCode> {
+    let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok(Json(json!({ "level": level })))
+}
+
+#[idempotent(scope = "level-default")]
+async fn default_level(mut tx: Tx, Json(_): Json<Value>) -> Result<Json<Value>, StatusCode> {
+    isolation_level(&mut tx).await
+}
+
+#[idempotent(scope = "level-serializable", isolation = serializable)]
+async fn serializable_level(mut tx: Tx, Json(_): Json<Value>) -> Result<Json<Value>, StatusCode> {
+    isolation_level(&mut tx).await
+}
+
+#[idempotent(scope = "level-repeatable", isolation = repeatable_read)]
+async fn repeatable_level(mut tx: Tx, Json(_): Json<Value>) -> Result<Json<Value>, StatusCode> {
+    isolation_level(&mut tx).await
+}
+
+/// Regression: the isolation level was forced to READ COMMITTED, and `SET TRANSACTION`
+/// inside the handler fails (the claim already ran). An endpoint asks for its level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_chooses_its_isolation_level() {
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let app = Router::new()
+            .route("/default", post(default_level))
+            .route("/serializable", post(serializable_level))
+            .route("/repeatable", post(repeatable_level))
+            .with_state(IsolationState { store });
+        let s = TestApp::serve(pool, app).await;
+        for (path, level) in [
+            ("/default", "read committed"),
+            ("/serializable", "serializable"),
+            ("/repeatable", "repeatable read"),
+        ] {
+            let answer = s.post(path, Some("k1"), &json!({})).await;
+            assert_eq!(answer.status, 200, "{path}");
+            assert_eq!(answer.json()["level"], level, "{path}");
+            let replay = s.post(path, Some("k1"), &json!({})).await;
+            assert!(replay.replayed(), "{path}: the claim works at this level");
+        }
+    })
+    .await;
+}
+
+#[derive(Clone, FromRef)]
+struct IsolationState {
+    store: Store,
+}

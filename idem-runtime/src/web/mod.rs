@@ -27,6 +27,7 @@ use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
 use crate::store::Store;
+use crate::table::Isolation;
 use crate::tx::{KeyInScope, Tx};
 use policy::KeyRead;
 use problem::Problems;
@@ -44,6 +45,8 @@ pub struct Spec {
     /// `concurrency = wait("..")`: how long a duplicate waits for the request in flight;
     /// `None` for the store's setting.
     pub conflict_wait: Option<Duration>,
+    /// The transaction's isolation level.
+    pub isolation: Isolation,
 }
 
 /// What a handler answered, and whether it may commit: `Ok` below 500 commits and is
@@ -171,7 +174,7 @@ impl Guard {
                 conflict_wait: spec.conflict_wait,
             }),
         };
-        claimed(self.store, claim, observation).await
+        claimed(self.store, claim, spec.isolation, observation).await
     }
 }
 
@@ -179,9 +182,10 @@ impl Guard {
 async fn claimed(
     store: Store,
     claim: Option<Claim>,
+    isolation: Isolation,
     mut observation: Observation,
 ) -> Result<Claimed, Response> {
-    match engine::begin(&store, claim).await {
+    match engine::begin(&store, claim, isolation).await {
         Ok(Begun::Run(attempt)) => {
             observation.claimed();
             Ok(Claimed {
@@ -335,6 +339,10 @@ fn commit_failed(store: &Store, observation: Observation, error: &CommitError) -
         CommitError::Unavailable(error) => {
             tracing::warn!(parent: observation.span(), %error, "idem: database unavailable");
             Outcome::Unavailable
+        }
+        CommitError::Serialization(error) => {
+            tracing::info!(parent: observation.span(), %error, "idem: serialization failure at commit; rolled back");
+            Outcome::RolledBack
         }
         CommitError::Database(error) => {
             tracing::error!(parent: observation.span(), %error, "idem: database error");

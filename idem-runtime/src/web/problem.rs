@@ -37,6 +37,9 @@ pub mod problem_type {
     pub const KEY_REUSED: &str = "key-reused";
     /// 503: the database cannot be reached; nothing ran; retry after `Retry-After`.
     pub const UNAVAILABLE: &str = "unavailable";
+    /// 503: the transaction could not be serialized with a concurrent one (SQLSTATE
+    /// 40001 or 40P01 at commit); nothing was committed; retry after `Retry-After`.
+    pub const SERIALIZATION_FAILURE: &str = "serialization-failure";
     /// 500: the handler's transaction was ended by the handler itself; nothing stored.
     pub const TRANSACTION_ESCAPED: &str = "transaction-escaped";
     /// 500: the response exceeds the stored-response size cap; nothing committed.
@@ -167,6 +170,16 @@ impl<'a> Problems<'a> {
                     "the handler committed or rolled back idem's transaction itself; nothing was stored",
                 ),
             CommitError::Unavailable(_) => self.unavailable(),
+            CommitError::Serialization(_) => self
+                .problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    problem_type::SERIALIZATION_FAILURE,
+                    "Concurrent update",
+                )
+                .with_detail(
+                    "the transaction conflicted with a concurrent one and was rolled back; nothing was done; retry",
+                )
+                .with_retry_after(self.retry_after),
             CommitError::Database(_) => {
                 self.internal("a database error occurred; nothing was committed")
             }
