@@ -54,6 +54,7 @@ pub(crate) struct Settings {
     pub(crate) conflict_wait: Duration,
     pub(crate) statement_timeout: Option<Duration>,
     pub(crate) principal: Option<Box<PrincipalResolver>>,
+    pub(crate) require_principal: bool,
     pub(crate) retry_after: Duration,
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
@@ -73,6 +74,7 @@ impl Store {
             pool,
             table: DEFAULT_TABLE.to_owned(),
             principal: None,
+            require_principal: false,
             acquire_timeout: Duration::from_secs(3),
             conflict_wait: Duration::from_millis(1),
             statement_timeout: None,
@@ -140,6 +142,7 @@ pub struct StoreBuilder {
     pool: PgPool,
     table: String,
     principal: Option<Box<PrincipalResolver>>,
+    require_principal: bool,
     acquire_timeout: Duration,
     conflict_wait: Duration,
     statement_timeout: Option<Duration>,
@@ -202,6 +205,16 @@ impl StoreBuilder {
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
         self.principal = Some(Box::new(resolve));
+        self
+    }
+
+    /// Strict mode for multi-tenant services: a keyed request for which neither the
+    /// handler's `principal = ...` nor the [resolver](StoreBuilder::principal) names a
+    /// principal is refused with 401 (`missing-principal`) instead of running with keys
+    /// global to its scope, so a missing authentication layer cannot make one tenant's
+    /// key replay another's response.
+    pub fn require_principal(mut self) -> Self {
+        self.require_principal = true;
         self
     }
 
@@ -269,6 +282,7 @@ impl StoreBuilder {
                 conflict_wait: self.conflict_wait,
                 statement_timeout: self.statement_timeout,
                 principal: self.principal,
+                require_principal: self.require_principal,
                 retry_after: self.retry_after,
                 max_response_bytes: self.max_response_bytes,
                 replay_headers: self.replay_headers,

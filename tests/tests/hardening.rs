@@ -429,3 +429,39 @@ async fn an_endpoint_chooses_its_isolation_level() {
 struct IsolationState {
     store: Store,
 }
+
+/// Regression: a principal resolver that found nobody silently made keys global to the
+/// scope. With `require_principal`, such a keyed request is refused 401 and nothing is
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_store_refuses_a_request_without_a_principal() {
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::builder(pool.clone())
+            .principal(|parts| {
+                let tenant = parts.headers.get("x-tenant")?;
+                tenant.to_str().ok().map(str::to_owned)
+            })
+            .require_principal()
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let app = Router::new()
+            .route("/default", post(default_level))
+            .with_state(IsolationState { store });
+        let s = TestApp::serve(pool, app).await;
+        let anonymous = s.post("/default", Some("k1"), &json!({})).await;
+        anonymous.assert_problem(401, "missing-principal");
+        assert_eq!(s.count("idempotency_keys").await, 0, "nothing stored");
+        let tenant = s
+            .post_with("/default", Some("k1"), &json!({}), &[("x-tenant", "t1")])
+            .await;
+        assert_eq!(tenant.status, 200);
+        assert_eq!(
+            s.count("idempotency_keys WHERE principal = 't1'").await,
+            1,
+            "keyed per tenant"
+        );
+    })
+    .await;
+}

@@ -156,6 +156,24 @@ impl Guard {
                 return Err(observation.answer(Outcome::RejectedKey, problem));
             }
         };
+        let principal = match &key {
+            None => String::new(),
+            Some(_) => match policy::principal(
+                principal,
+                self.principal,
+                self.store.inner.require_principal,
+            ) {
+                Some(principal) => principal,
+                None => {
+                    tracing::warn!(
+                        scope = spec.scope,
+                        "idem: no principal for a keyed request; refused"
+                    );
+                    let problem = problems.missing_principal().into_response();
+                    return Err(observation.answer(Outcome::RejectedKey, problem));
+                }
+            },
+        };
         let claim = match (key, fields.error) {
             (None, _) => None,
             (Some(_), Some(error)) => {
@@ -166,7 +184,7 @@ impl Guard {
             (Some(key), None) => Some(Claim {
                 key: KeyInScope {
                     scope: spec.scope.into(),
-                    principal: policy::principal(principal, self.principal),
+                    principal,
                     key,
                 },
                 ttl: spec.ttl,

@@ -72,9 +72,16 @@ pub(crate) fn key(
 
 /// The principal a key is claimed for: the handler's own `principal = Type` wins over
 /// the store's resolver; with neither, the empty principal, which makes keys global to
-/// their scope.
-pub(crate) fn principal(own: Option<String>, resolved: Option<String>) -> String {
-    own.or(resolved).unwrap_or_default()
+/// their scope, unless the store requires a principal (`None`: refuse the request).
+pub(crate) fn principal(
+    own: Option<String>,
+    resolved: Option<String>,
+    required: bool,
+) -> Option<String> {
+    match own.or(resolved) {
+        None if required => None,
+        principal => Some(principal.unwrap_or_default()),
+    }
 }
 
 #[cfg(test)]
@@ -159,8 +166,15 @@ mod tests {
 
     #[test]
     fn the_handlers_principal_wins() {
-        assert_eq!(principal(Some("t1".into()), Some("acct".into())), "t1");
-        assert_eq!(principal(None, Some("acct".into())), "acct");
-        assert_eq!(principal(None, None), "");
+        assert_eq!(
+            principal(Some("t1".into()), Some("acct".into()), false).as_deref(),
+            Some("t1")
+        );
+        assert_eq!(
+            principal(None, Some("acct".into()), true).as_deref(),
+            Some("acct")
+        );
+        assert_eq!(principal(None, None, false).as_deref(), Some(""));
+        assert_eq!(principal(None, None, true), None, "strict: no global keys");
     }
 }

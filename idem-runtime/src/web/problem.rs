@@ -31,6 +31,9 @@ pub mod problem_type {
     /// 400: the key (the `Idempotency-Key` header, or the endpoint's own source) is
     /// malformed or repeated; the detail names the source.
     pub const MALFORMED_KEY: &str = "malformed-key";
+    /// 401: the store requires a principal (`StoreBuilder::require_principal`) and the
+    /// request has none: authentication did not run, or found nobody.
+    pub const MISSING_PRINCIPAL: &str = "missing-principal";
     /// 409: a request with this key is still running; retry after `Retry-After`.
     pub const KEY_IN_USE: &str = "key-in-use";
     /// 422: this key was used for a request with a different payload or target.
@@ -69,6 +72,9 @@ pub struct Problem {
     status: StatusCode,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
+    /// An extractor's own JSON rejection, kept as JSON (an RFC 9457 extension member).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<serde_json::Value>,
     #[serde(skip)]
     retry_after: Option<Duration>,
 }
@@ -89,6 +95,7 @@ impl Problem {
             title: title.into(),
             status,
             detail: None,
+            errors: None,
             retry_after: None,
         }
     }
@@ -202,6 +209,19 @@ impl<'a> Problems<'a> {
                 self.internal("the response body could not be read; nothing was committed")
             }
         }
+    }
+
+    /// A keyed request for which neither the handler nor the store's resolver named a
+    /// principal, on a store that requires one.
+    pub(crate) fn missing_principal(self) -> Problem {
+        self.problem(
+            StatusCode::UNAUTHORIZED,
+            problem_type::MISSING_PRINCIPAL,
+            "Principal required",
+        )
+        .with_detail(
+            "this service keys idempotent requests per principal, and none was found for this request: authenticate first",
+        )
     }
 
     /// A key that is missing where required, or malformed; the detail names where it
@@ -338,8 +358,22 @@ impl<'a> Problems<'a> {
         };
         let title = status.canonical_reason().unwrap_or("Invalid request");
         let mut problem = self.problem(status, problem_type::INVALID_REQUEST, title);
-        if !text.is_empty() {
-            problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
+        let is_json = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json") || v.contains("+json"));
+        match serde_json::from_slice::<serde_json::Value>(&text) {
+            // A JSON rejection stays JSON, under `errors`, instead of a string of JSON in
+            // `detail`.
+            Ok(errors) if is_json => {
+                problem = problem.with_detail("the request was rejected; see `errors`");
+                problem.errors = Some(errors);
+            }
+            _ if !text.is_empty() => {
+                problem = problem.with_detail(String::from_utf8_lossy(&text).into_owned());
+            }
+            _ => {}
         }
         let mut response = problem.into_response();
         // Keep what the extractor said beyond its body (`Allow`, `WWW-Authenticate` ...).
@@ -419,6 +453,22 @@ mod tests {
             PROBLEMS.rejection(wrong_shape).await.status(),
             StatusCode::BAD_REQUEST
         );
+
+        // Regression: a custom extractor's JSON rejection was double-encoded into
+        // `detail`.
+        let json_rejection = (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({ "field": "amount", "error": "negative" })),
+        )
+            .into_response();
+        let response = PROBLEMS.rejection(json_rejection).await;
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["errors"]["field"], "amount");
+        assert!(!json["detail"].as_str().unwrap().contains('{'));
 
         let already = PROBLEMS.key_reused().into_response();
         let passed = PROBLEMS.rejection(already).await;
