@@ -4,7 +4,7 @@
 //! handler), with a `Tx` borrowed from the claim.
 
 use proc_macro2::{Literal, Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
@@ -188,7 +188,22 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         Some(attr::Isolation::Serializable) => quote!(Serializable),
     };
 
+    // A principal type the handler also takes as a parameter is extracted once: its
+    // value serves both (an extractor may be costly, or not idempotent itself).
+    let same_type = |ty: &Type, path: &Type| {
+        ty.to_token_stream().to_string() == path.to_token_stream().to_string()
+    };
     let (principal_param, principal) = match &args.principal {
+        Some((_, path)) if extracted.iter().any(|(_, ty)| same_type(ty, path)) => {
+            let arg = extracted
+                .iter()
+                .find(|(_, ty)| same_type(ty, path))
+                .map(|(arg, _)| arg);
+            (
+                None,
+                quote_spanned!(path.span()=> ::idem::__private::principal_of(&#arg)),
+            )
+        }
         Some((_, path)) => (
             Some((
                 quote_spanned!(path.span()=> __idem_principal),

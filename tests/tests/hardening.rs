@@ -465,3 +465,72 @@ async fn a_strict_store_refuses_a_request_without_a_principal() {
     })
     .await;
 }
+
+/// How many times `Tenant` was extracted.
+static TENANT_EXTRACTIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A principal from the `x-tenant` header that counts its extractions.
+struct Tenant(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
+    type Rejection = StatusCode;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, StatusCode> {
+        TENANT_EXTRACTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let tenant = parts
+            .headers
+            .get("x-tenant")
+            .ok_or(StatusCode::UNAUTHORIZED)?;
+        Ok(Self(
+            tenant
+                .to_str()
+                .map_err(|_| StatusCode::BAD_REQUEST)?
+                .to_owned(),
+        ))
+    }
+}
+
+impl idem::Principal for Tenant {
+    fn principal_id(&self) -> String {
+        self.0.clone()
+    }
+}
+
+#[idempotent(scope = "tenant-notes", principal = Tenant)]
+async fn tenant_note(
+    mut tx: Tx,
+    tenant: Tenant,
+    Json(_): Json<Value>,
+) -> Result<Json<Value>, StatusCode> {
+    isolation_level(&mut tx).await?;
+    Ok(Json(json!({ "tenant": tenant.0 })))
+}
+
+/// Regression: the principal extractor ran twice when it was also a handler parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_that_is_also_a_parameter_is_extracted_once() {
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let app = Router::new()
+            .route("/notes", post(tenant_note))
+            .with_state(IsolationState { store });
+        let s = TestApp::serve(pool, app).await;
+        let before = TENANT_EXTRACTIONS.load(std::sync::atomic::Ordering::SeqCst);
+        let answer = s
+            .post_with("/notes", Some("k1"), &json!({}), &[("x-tenant", "t1")])
+            .await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.json()["tenant"], "t1");
+        assert_eq!(
+            TENANT_EXTRACTIONS.load(std::sync::atomic::Ordering::SeqCst) - before,
+            1
+        );
+        assert_eq!(s.count("idempotency_keys WHERE principal = 't1'").await, 1);
+    })
+    .await;
+}
