@@ -505,7 +505,7 @@ async fn tenant_note(
     tenant: Tenant,
     Json(_): Json<Value>,
 ) -> Result<Json<Value>, StatusCode> {
-    isolation_level(&mut tx).await?;
+    let _level = isolation_level(&mut tx).await?;
     Ok(Json(json!({ "tenant": tenant.0 })))
 }
 
