@@ -24,6 +24,7 @@ pub mod kw {
     syn::custom_keyword!(required);
     syn::custom_keyword!(concurrency);
     syn::custom_keyword!(isolation);
+    syn::custom_keyword!(statement_timeout);
 
     // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
     syn::custom_keyword!(header);
@@ -34,8 +35,8 @@ pub mod kw {
     syn::custom_keyword!(serializable);
 }
 
-const OPTIONS: &str =
-    "`scope`, `ttl`, `fields`, `key`, `principal`, `required`, `concurrency` or `isolation`";
+const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required`, `concurrency`, \
+                       `isolation` or `statement_timeout`";
 
 /// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
 pub struct Args {
@@ -51,6 +52,8 @@ pub struct Args {
     pub concurrency: Option<(kw::concurrency, Concurrency)>,
     /// `isolation = serializable`: the transaction's isolation level.
     pub isolation: Option<(kw::isolation, Isolation)>,
+    /// `statement_timeout = "5s"`: the bound on each statement of the handler.
+    pub statement_timeout: Option<(kw::statement_timeout, DurationLit)>,
 }
 
 /// `isolation = read_committed` (the default), `repeatable_read` or `serializable`.
@@ -129,6 +132,7 @@ enum Arg {
     Required(kw::required, Expr),
     Concurrency(kw::concurrency, Expr),
     Isolation(kw::isolation, Expr),
+    StatementTimeout(kw::statement_timeout, Expr),
     /// Not an option; its value is read only to go on to the next.
     Unknown(Ident),
 }
@@ -158,6 +162,8 @@ impl Parse for Arg {
             option(input).map(|(k, v)| Self::Concurrency(k, v))
         } else if input.peek(kw::isolation) {
             option(input).map(|(k, v)| Self::Isolation(k, v))
+        } else if input.peek(kw::statement_timeout) {
+            option(input).map(|(k, v)| Self::StatementTimeout(k, v))
         } else {
             let name = input.call(Ident::parse_any)?;
             equals(input, &name)?;
@@ -221,6 +227,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let mut required = None;
     let mut concurrency = None;
     let mut isolation = None;
+    let mut statement_timeout = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg {
@@ -247,6 +254,10 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
             Arg::Isolation(k, value) => {
                 set_once(&mut isolation, k, parse_isolation(&value, errors), errors);
             }
+            Arg::StatementTimeout(k, value) => {
+                let timeout = parse_statement_timeout(&value, errors);
+                set_once(&mut statement_timeout, k, timeout, errors);
+            }
             Arg::Unknown(name) => errors.at(
                 name.span(),
                 format!("unknown option `{name}`; valid options are {OPTIONS}"),
@@ -272,7 +283,26 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
         required,
         concurrency,
         isolation,
+        statement_timeout,
     })
+}
+
+/// `statement_timeout = "5s"`: more than zero, at most a day.
+fn parse_statement_timeout(value: &Expr, errors: &Errors) -> Option<DurationLit> {
+    let lit = string_literal(value, "statement_timeout = \"...\"", errors)?;
+    match duration(&lit.value(), true) {
+        Some(millis) if millis > 0 && millis <= 86_400_000 => Some(DurationLit {
+            lit: lit.clone(),
+            millis,
+        }),
+        _ => {
+            errors.at(
+                lit.span(),
+                "`statement_timeout` must look like \"500ms\", \"5s\" or \"2m\": more than zero and at most a day",
+            );
+            None
+        }
+    }
 }
 
 /// `isolation = read_committed | repeatable_read | serializable`.

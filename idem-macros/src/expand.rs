@@ -182,6 +182,13 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
+    let statement_timeout = match &args.statement_timeout {
+        Some((_, timeout)) => {
+            let millis = u64_at(timeout.millis, timeout.lit.span());
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
     let isolation = match args.isolation.as_ref().map(|(_, level)| *level) {
         None | Some(attr::Isolation::ReadCommitted) => quote!(ReadCommitted),
         Some(attr::Isolation::RepeatableRead) => quote!(RepeatableRead),
@@ -303,6 +310,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 required: #required,
                 conflict_wait: #conflict_wait,
                 isolation: ::idem::__private::Isolation::#isolation,
+                statement_timeout: #statement_timeout,
             };
             #(#not_bodies)*
             #header_key

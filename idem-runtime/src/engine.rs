@@ -36,6 +36,8 @@ pub(crate) struct Claim {
     pub(crate) fingerprint: Fingerprint,
     /// How long to wait for a request in flight with this key; `None` for the store's.
     pub(crate) conflict_wait: Option<Duration>,
+    /// The bound on each statement of the work; `None` for the store's.
+    pub(crate) statement_timeout: Option<Duration>,
 }
 
 /// How a claim began.
@@ -220,7 +222,7 @@ async fn claim_row(
     let timeouts = Timeouts {
         ttl: *ttl,
         wait,
-        statement: store.inner.statement_timeout,
+        statement: claim.statement_timeout.or(store.inner.statement_timeout),
     };
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
@@ -388,6 +390,7 @@ mod tests {
                 ttl: Duration::from_secs(60),
                 fingerprint: fingerprint.finish(),
                 conflict_wait: None,
+                statement_timeout: None,
             })
         }
 

@@ -117,6 +117,7 @@ impl RunOnce<'_> {
             ttl: self.ttl,
             fingerprint,
             conflict_wait: None,
+            statement_timeout: None,
         };
         let mut attempt = match engine::begin(self.store, Some(claim), Isolation::ReadCommitted)
             .await

@@ -41,6 +41,18 @@ async fn run_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String>
     Ok(StatusCode::CREATED)
 }
 
+/// The same, bounded by the endpoint itself instead of the store.
+#[idempotent(scope = "own-jobs", fields = [id], statement_timeout = "400ms")]
+async fn run_own_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String> {
+    if job.sleep {
+        sqlx::query("SELECT pg_sleep(5)")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(StatusCode::CREATED)
+}
+
 /// What `tower_http::timeout::TimeoutLayer` does: drop the request's future after a
 /// deadline and answer for it.
 async fn deadline(request: Request, next: Next) -> Response {
@@ -85,12 +97,38 @@ async fn a_cancelled_request_frees_its_key_and_is_recorded() {
         );
         assert!(!retry.replayed());
 
+        // An endpoint's own `statement_timeout`, on a store without one.
+        let plain = Store::new(s.pool.clone());
+        let own = Router::new()
+            .route("/jobs", post(run_own_job))
+            .layer(middleware::from_fn(deadline))
+            .with_state(AppState { store: plain });
+        let o = TestApp::serve(s.pool.clone(), own).await;
+        let first = o
+            .post("/jobs", Some("k2"), &json!({ "id": 2, "sleep": true }))
+            .await;
+        assert_eq!(first.status, 504);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let retry = o
+            .post("/jobs", Some("k2"), &json!({ "id": 2, "sleep": false }))
+            .await;
+        assert_eq!(
+            retry.status,
+            201,
+            "body: {}",
+            String::from_utf8_lossy(&retry.body)
+        );
+
         let outcomes: Vec<String> = spans
             .take()
             .iter()
             .filter_map(|span| span.get("outcome").map(str::to_owned))
             .collect();
-        assert_eq!(outcomes, ["cancelled", "fresh"], "spans: {outcomes:?}");
+        assert_eq!(
+            outcomes,
+            ["cancelled", "fresh", "cancelled", "fresh"],
+            "spans: {outcomes:?}"
+        );
     })
     .await;
 }

@@ -47,6 +47,9 @@ pub struct Spec {
     pub conflict_wait: Option<Duration>,
     /// The transaction's isolation level.
     pub isolation: Isolation,
+    /// `statement_timeout = ".."`: the bound on each of the handler's statements; `None`
+    /// for the store's setting.
+    pub statement_timeout: Option<Duration>,
 }
 
 /// What a handler answered, and whether it may commit: `Ok` below 500 commits and is
@@ -190,6 +193,7 @@ impl Guard {
                 ttl: spec.ttl,
                 fingerprint: fields.builder.finish(),
                 conflict_wait: spec.conflict_wait,
+                statement_timeout: spec.statement_timeout,
             }),
         };
         claimed(self.store, claim, spec.isolation, observation).await
