@@ -30,27 +30,43 @@ struct Job {
 }
 
 /// Sleeps in PostgreSQL when asked: a statement that outlives the request.
-#[idempotent(scope = "jobs", fields = [id])]
-async fn run_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String> {
+async fn work(tx: &mut Tx<'_>, job: &Job) -> Result<StatusCode, String> {
     if job.sleep {
         sqlx::query("SELECT pg_sleep(5)")
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .map_err(|e| e.to_string())?;
     }
     Ok(StatusCode::CREATED)
 }
 
-/// The same, bounded by the endpoint itself instead of the store.
+/// Bounded by the store's `statement_timeout`.
+#[idempotent(scope = "jobs", fields = [id])]
+async fn run_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String> {
+    work(&mut tx, &job).await
+}
+
+/// Bounded by the endpoint itself, on a store without a statement timeout.
 #[idempotent(scope = "own-jobs", fields = [id], statement_timeout = "400ms")]
 async fn run_own_job(mut tx: Tx, Json(job): Json<Job>) -> Result<StatusCode, String> {
-    if job.sleep {
-        sqlx::query("SELECT pg_sleep(5)")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(StatusCode::CREATED)
+    work(&mut tx, &job).await
+}
+
+/// A request the layer drops mid-statement, then its retry past the statement timeout:
+/// the abandoned `pg_sleep` has been cancelled and the transaction rolled back, so the
+/// retry runs (201) instead of answering 409 for 5 s.
+async fn dropped_then_retried(s: &TestApp, key: &str, id: i64) {
+    let first = s
+        .post("/jobs", Some(key), &json!({ "id": id, "sleep": true }))
+        .await;
+    assert_eq!(first.status, 504, "the layer gave up on it");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let retry = s
+        .post("/jobs", Some(key), &json!({ "id": id, "sleep": false }))
+        .await;
+    let body = String::from_utf8_lossy(&retry.body);
+    assert_eq!(retry.status, 201, "body: {body}");
+    assert!(!retry.replayed());
 }
 
 /// What `tower_http::timeout::TimeoutLayer` does: drop the request's future after a
@@ -79,23 +95,7 @@ async fn a_cancelled_request_frees_its_key_and_is_recorded() {
             .with_state(AppState { store });
         let s = TestApp::serve(pool, app).await;
 
-        let first = s
-            .post("/jobs", Some("k1"), &json!({ "id": 1, "sleep": true }))
-            .await;
-        assert_eq!(first.status, 504, "the layer gave up on it");
-        // Past the statement timeout, the abandoned pg_sleep has been cancelled and the
-        // transaction rolled back: the retry runs instead of answering 409 for 5 s.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let retry = s
-            .post("/jobs", Some("k1"), &json!({ "id": 1, "sleep": false }))
-            .await;
-        assert_eq!(
-            retry.status,
-            201,
-            "body: {}",
-            String::from_utf8_lossy(&retry.body)
-        );
-        assert!(!retry.replayed());
+        dropped_then_retried(&s, "k1", 1).await;
 
         // An endpoint's own `statement_timeout`, on a store without one.
         let plain = Store::new(s.pool.clone());
@@ -104,20 +104,7 @@ async fn a_cancelled_request_frees_its_key_and_is_recorded() {
             .layer(middleware::from_fn(deadline))
             .with_state(AppState { store: plain });
         let o = TestApp::serve(s.pool.clone(), own).await;
-        let first = o
-            .post("/jobs", Some("k2"), &json!({ "id": 2, "sleep": true }))
-            .await;
-        assert_eq!(first.status, 504);
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let retry = o
-            .post("/jobs", Some("k2"), &json!({ "id": 2, "sleep": false }))
-            .await;
-        assert_eq!(
-            retry.status,
-            201,
-            "body: {}",
-            String::from_utf8_lossy(&retry.body)
-        );
+        dropped_then_retried(&o, "k2", 2).await;
 
         let outcomes: Vec<String> = spans
             .take()
