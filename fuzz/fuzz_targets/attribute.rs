@@ -39,7 +39,9 @@ fuzz_target!(|data: &[u8]| {
             .unwrap_or_else(|e| panic!("{e}: the expansion of {text:?} is not Rust items:\n{out}"));
         let name = &func.sig.ident;
         assert!(
-            file.items.iter().any(|item| matches!(item, syn::Item::Fn(f) if f.sig.ident == *name)),
+            file.items
+                .iter()
+                .any(|item| matches!(item, syn::Item::Fn(f) if f.sig.ident == *name)),
             "the expansion of {text:?} lost the function `{name}`:\n{out}"
         );
     }

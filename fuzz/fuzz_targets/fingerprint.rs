@@ -15,7 +15,9 @@ const MAX_DEPTH: u32 = 5;
 const MAX_LEN: usize = 6;
 
 /// A few short strings, so that equal and nearly equal keys and values are common.
-const WORDS: &[&str] = &["", "a", "b", "ab", "\"", "\\", ".", "a\"b", "é", "\0", "1", "null"];
+const WORDS: &[&str] = &[
+    "", "a", "b", "ab", "\"", "\\", ".", "a\"b", "é", "\0", "1", "null",
+];
 
 fn string(u: &mut Unstructured<'_>) -> Result<String> {
     if u.ratio(3, 4)? {
@@ -45,7 +47,11 @@ fn value(u: &mut Unstructured<'_>, depth: u32) -> Result<Value> {
         6 => Value::String(string(u)?),
         7 => {
             let len = u.int_in_range(0..=MAX_LEN)?;
-            Value::Array((0..len).map(|_| value(u, depth + 1)).collect::<Result<_>>()?)
+            Value::Array(
+                (0..len)
+                    .map(|_| value(u, depth + 1))
+                    .collect::<Result<_>>()?,
+            )
         }
         _ => {
             let len = u.int_in_range(0..=MAX_LEN)?;
@@ -95,7 +101,9 @@ fn replace(value: &mut Value, n: &mut usize, with: &Value) -> bool {
 
 fn fingerprint(value: &Value) -> Fingerprint {
     let mut builder = Fingerprint::builder("fuzz", "POST", "/fuzz/{id}", [("id", "1")]);
-    builder.whole_body(value).expect("a JSON value always serializes");
+    builder
+        .whole_body(value)
+        .expect("a JSON value always serializes");
     builder.finish()
 }
 

@@ -39,7 +39,13 @@ fn mac(secret: &[u8], timestamp: &str, body: &[u8]) -> [u8; 32] {
 fn hex(bytes: &[u8], upper: bool) -> String {
     bytes
         .iter()
-        .map(|b| if upper { format!("{b:02X}") } else { format!("{b:02x}") })
+        .map(|b| {
+            if upper {
+                format!("{b:02X}")
+            } else {
+                format!("{b:02x}")
+            }
+        })
         .collect()
 }
 
@@ -146,7 +152,10 @@ fn built(body: &[u8], skew: i16, t_at: u8, parts: &[Part]) {
                 format!("v1={}", hex(&mac(SECRET, &ts, &longer), false))
             }
             Part::OtherTimestamp => {
-                format!("v1={}", hex(&mac(SECRET, &(t + 1).to_string(), body), false))
+                format!(
+                    "v1={}",
+                    hex(&mac(SECRET, &(t + 1).to_string(), body), false)
+                )
             }
             Part::OtherSecret => format!("v1={}", hex(&mac(OTHER_SECRET, &ts, body), false)),
             Part::OtherScheme { ref name, value } => {
