@@ -10,6 +10,7 @@ use syn::{Attribute, Ident, ItemFn, Type};
 
 use crate::attr::{self, Args, FieldPath, KeySource};
 use crate::errors::Errors;
+use crate::openapi;
 use crate::valid::{self, Handler};
 
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -85,11 +86,67 @@ fn elide_tx_lifetimes(sig: &mut syn::Signature) {
     }
 }
 
+/// Attributes that describe the axum handler, not the body: `#[utoipa::path]` (the
+/// operation, which idem completes) and `#[axum::debug_handler]` (which checks the
+/// handler axum sees). They go on the wrapper.
+fn is_handler_attr(attr: &Attribute) -> bool {
+    openapi::is_utoipa_path(attr) || openapi::is_debug_handler(attr)
+}
+
+/// The wrapper's attributes: docs, `cfg`, the completed `#[utoipa::path]`, and
+/// `#[axum::debug_handler]`, given the state type of the handler's `State<T>` when it
+/// names none (the wrapper's extractors work for any state that holds the store, so
+/// the check needs one).
+fn wrapper_attrs(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> Vec<TokenStream> {
+    func.attrs
+        .iter()
+        .filter_map(|attr| {
+            if is_wrapper_attr(attr) {
+                Some(quote!(#attr))
+            } else if openapi::is_utoipa_path(attr) {
+                Some(match openapi::document(attr, args) {
+                    Ok(attr) => quote!(#attr),
+                    Err(e) => e.to_compile_error(),
+                })
+            } else if openapi::is_debug_handler(attr) {
+                let state = handler.extracted().find_map(|(_, param)| state_type(&param.ty));
+                match (&attr.meta, state) {
+                    (syn::Meta::Path(path), Some(state)) => {
+                        Some(quote!(#[#path(state = #state)]))
+                    }
+                    _ => Some(quote!(#attr)),
+                }
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// `T` of a `State<T>` parameter.
+fn state_type(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "State" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    }
+}
+
 fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let name = &func.sig.ident;
     let vis = &func.vis;
-    let wrapper_attrs = func.attrs.iter().filter(|a| is_wrapper_attr(a));
-    let inner_attrs = func.attrs.iter().filter(|a| !a.path().is_ident("doc"));
+    let wrapper_attrs = wrapper_attrs(func, args, handler);
+    let inner_attrs = func
+        .attrs
+        .iter()
+        .filter(|a| !a.path().is_ident("doc") && !is_handler_attr(a));
     let mut inner_sig = func.sig.clone();
     elide_tx_lifetimes(&mut inner_sig);
     let block = &func.block;

@@ -4,6 +4,7 @@
 mod attr;
 mod errors;
 mod expand;
+mod openapi;
 mod valid;
 
 use proc_macro::TokenStream;

@@ -133,6 +133,9 @@ mod inspect;
 mod key;
 mod observe;
 mod once;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 mod probe;
 mod store;
 mod table;
