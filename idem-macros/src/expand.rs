@@ -109,11 +109,11 @@ fn wrapper_attrs(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> Vec<Token
                     Err(e) => e.to_compile_error(),
                 })
             } else if openapi::is_debug_handler(attr) {
-                let state = handler.extracted().find_map(|(_, param)| state_type(&param.ty));
+                let state = handler
+                    .extracted()
+                    .find_map(|(_, param)| state_type(&param.ty));
                 match (&attr.meta, state) {
-                    (syn::Meta::Path(path), Some(state)) => {
-                        Some(quote!(#[#path(state = #state)]))
-                    }
+                    (syn::Meta::Path(path), Some(state)) => Some(quote!(#[#path(state = #state)])),
                     _ => Some(quote!(#attr)),
                 }
             } else {

@@ -128,7 +128,8 @@ fn responses(group: &Group) -> Group {
             let mut fields = split_top_level(tuple.stream());
             let replayed = quote!((
                 "Idempotent-Replayed" = ::std::string::String,
-                description = "`true` when this is the replay of the first response to this idempotency key."
+                description =
+                    "`true` when this is the replay of the first response to this idempotency key."
             ));
             let mut has_headers = false;
             for field in &mut fields {

@@ -102,7 +102,9 @@ impl PartialSchema for Problem {
                 "errors",
                 ObjectBuilder::new()
                     .schema_type(SchemaType::AnyValue)
-                    .description(Some("An extractor's own rejection, as JSON, when it has one.")),
+                    .description(Some(
+                        "An extractor's own rejection, as JSON, when it has one.",
+                    )),
             )
             .into()
     }
@@ -121,8 +123,12 @@ mod tests {
     #[test]
     fn a_problem_conforms_to_its_schema() {
         let schema = serde_json::to_value(Problem::schema()).expect("a schema");
-        let problem = Problem::new(http::StatusCode::CONFLICT, "urn:idem:problem:key-in-use", "Key in use")
-            .with_detail("retry later");
+        let problem = Problem::new(
+            http::StatusCode::CONFLICT,
+            "urn:idem:problem:key-in-use",
+            "Key in use",
+        )
+        .with_detail("retry later");
         let value = serde_json::to_value(&problem).expect("a problem");
         let properties = schema["properties"].as_object().expect("properties");
         for (name, _) in value.as_object().expect("an object") {

@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::{problem_type, Account, ApiError, Config};
 
 /// The body of `POST /charges`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct NewCharge {
     /// In the currency's smallest unit; positive.
     pub amount: i64,
@@ -36,7 +36,7 @@ fn lower_case<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Strin
 }
 
 /// A charge, as answered.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Charge {
     id: String,
     account: String,
@@ -52,6 +52,8 @@ const CHARGE_COLUMNS: &str = "id, account, amount, currency, customer, descripti
 
 /// Creates a charge. The key, the charge row and this response commit together.
 #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer])]
+#[utoipa::path(post, path = "/charges", request_body = NewCharge, security(("bearer" = [])), responses(
+    (status = 201, description = "The charge", body = Charge, headers(("Location" = String))), crate::openapi::Unauthenticated))]
 pub(crate) async fn create_charge(
     State(config): State<Arc<Config>>,
     Extension(account): Extension<Account>,
@@ -96,6 +98,8 @@ pub(crate) async fn create_charge(
 }
 
 /// Reads one charge of the caller's account.
+#[utoipa::path(get, path = "/charges/{id}", params(("id" = String, Path)), security(("bearer" = [])), responses(
+    (status = 200, description = "The charge", body = Charge), crate::openapi::Unauthenticated, crate::openapi::NotFound))]
 pub(crate) async fn get_charge(
     State(pool): State<PgPool>,
     Extension(account): Extension<Account>,
@@ -114,14 +118,14 @@ pub(crate) async fn get_charge(
 }
 
 /// The body of `POST /charges/{id}/refunds`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct NewRefund {
     /// Positive, at most what remains of the charge.
     pub amount: i64,
 }
 
 /// A refund, as answered.
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Refund {
     id: String,
     charge_id: String,
@@ -132,6 +136,8 @@ pub struct Refund {
 /// Refunds part of a charge. The charge id is part of the fingerprint (a path
 /// parameter), so one key used on another charge is refused with 422.
 #[idempotent(scope = "refunds", ttl = "24h", fields = [amount])]
+#[utoipa::path(post, path = "/charges/{id}/refunds", params(("id" = String, Path)), request_body = NewRefund, security(("bearer" = [])), responses(
+    (status = 201, description = "The refund", body = Refund), crate::openapi::Unauthenticated, crate::openapi::NotFound))]
 pub(crate) async fn create_refund(
     Extension(account): Extension<Account>,
     Path(charge_id): Path<String>,

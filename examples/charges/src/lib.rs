@@ -12,6 +12,7 @@
 
 mod charge;
 pub mod consumer;
+pub mod openapi;
 mod webhook;
 
 pub use charge::{Charge, NewCharge, NewRefund, Refund};
@@ -172,7 +173,9 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .layer(middleware::from_fn(authenticate));
     // The signature authenticates a webhook; the bearer middleware does not apply.
     let webhooks = Router::new().route("/webhooks/payments", post(webhook::payment_event));
-    api.merge(webhooks).with_state(state)
+    api.merge(webhooks)
+        .route("/openapi.json", get(openapi::document))
+        .with_state(state)
 }
 
 /// `Authorization: Bearer <account>`, or 401. Runs before idem, so idem's principal

@@ -48,7 +48,7 @@ fn unguessable_secret() -> std::io::Result<Vec<u8>> {
 }
 
 /// An event from the payment provider.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct PaymentEvent {
     /// The provider's event id: the idempotency key.
     pub id: String,
@@ -64,6 +64,8 @@ pub struct PaymentEvent {
 /// one racing the first, waits for it and gets its 200, so the provider stops; the same
 /// event id with a different payload is a 422 and a warning in the log.
 #[idempotent(scope = "payment_events", ttl = "7d", key = id, concurrency = wait("30s"))]
+#[utoipa::path(post, path = "/webhooks/payments", request_body = PaymentEvent, responses(
+    (status = 200, description = "The event was taken", body = Object), crate::openapi::Unauthenticated))]
 pub(crate) async fn payment_event(
     State(config): State<Arc<Config>>,
     mut tx: Tx,
