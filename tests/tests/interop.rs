@@ -34,18 +34,25 @@ async fn count(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
 /// Writes three rows through the three forms, then fails when the body says so, after
 /// the writes: everything must roll back together.
 #[idempotent(scope = "charges")]
-async fn create(mut tx: Tx, Json(req): Json<Value>) -> Result<(StatusCode, Json<Value>), String> {
+async fn create(
+    mut tx: Tx,
+    Json(req): Json<Value>,
+) -> Result<(StatusCode, Json<Value>), (StatusCode, String)> {
+    let fail = |e: sqlx::Error| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     let amount = req["amount"].as_i64().unwrap_or(1);
     sqlx::query("INSERT INTO charges (amount) VALUES ($1)")
         .bind(amount)
         .execute(&mut tx)
         .await
-        .map_err(|e| e.to_string())?;
-    insert(&mut tx, amount).await.map_err(|e| e.to_string())?;
-    insert(&mut *tx, amount).await.map_err(|e| e.to_string())?;
-    let seen = count(&mut tx).await.map_err(|e| e.to_string())?;
+        .map_err(fail)?;
+    insert(&mut tx, amount).await.map_err(fail)?;
+    insert(&mut *tx, amount).await.map_err(fail)?;
+    let seen = count(&mut tx).await.map_err(fail)?;
     if req["fail"] == true {
-        return Err(format!("failing after {seen} rows"));
+        return Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failing after {seen} rows"),
+        ));
     }
     Ok((StatusCode::CREATED, Json(json!({ "seen": seen }))))
 }
@@ -88,7 +95,7 @@ async fn writes_through_every_form_roll_back_together() {
         let failed = app
             .post("/charges", Some("k2"), &json!({"amount": 5, "fail": true}))
             .await;
-        assert!(failed.status >= 400, "{failed:?}");
+        assert_eq!(failed.status, 500, "{failed:?}");
         assert_eq!(app.count("charges").await, 0);
         assert_eq!(app.keys().await, 0);
     })
