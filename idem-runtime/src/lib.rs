@@ -131,6 +131,7 @@ mod expiry;
 mod fingerprint;
 mod inspect;
 mod key;
+mod migrate;
 mod observe;
 mod once;
 #[cfg(feature = "utoipa")]
@@ -153,6 +154,7 @@ pub use inspect::KeyRecord;
 pub use key::{
     IdempotencyKey, KeyError, KeyOrigin, HASHED_KEY_PREFIX, IDEMPOTENCY_KEY, MAX_KEY_LEN,
 };
+pub use migrate::{VerifyError, MIGRATIONS};
 pub use observe::Outcome;
 pub use once::{OnceError, RunOnce};
 pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};

@@ -219,11 +219,16 @@ impl TableName {
         })
     }
 
+    /// The table's own name, without its schema.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// As written in SQL: `"schema"."name"`, or `"name"` unqualified (the default, as in
     /// [`SCHEMA_SQL`], so it lands in the connection's default schema). Always quoted, so
     /// that a name that is also a keyword (`user`, `order`) works; the names are
     /// lowercase, so quoting does not change which table they name.
-    fn qualified(&self) -> String {
+    pub(crate) fn qualified(&self) -> String {
         match &self.schema {
             Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
             None => format!("\"{}\"", self.name),

@@ -3,21 +3,50 @@
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
 use sha2::{Digest, Sha256};
-use sqlx::PgConnection;
+use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Describe, Either, Execute, PgConnection, Postgres};
 
 use crate::fingerprint::hex;
 use crate::key::IdempotencyKey;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
 ///
-/// It derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx executor:
+/// A handler receives it only through `#[idempotent]`: the attribute opens the
+/// transaction, claims the key and lends the `Tx` to the handler. Without the attribute,
+/// axum has nothing to extract it from.
+///
+/// `&mut tx` is an sqlx [`Executor`](sqlx::Executor), and `Tx` derefs to the
+/// transaction's [`PgConnection`], so `&mut *tx` works as well. Code you already have
+/// takes either form:
 ///
 /// ```
+/// use sqlx::{PgConnection, PgExecutor};
+///
+/// async fn insert(db: impl PgExecutor<'_>, amount: i64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(db).await?;
+///     Ok(())
+/// }
+///
+/// async fn count(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+///     sqlx::query_scalar("SELECT count(*) FROM charges").fetch_one(conn).await
+/// }
+///
 /// # async fn f(mut tx: idem::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
-/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
+/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut tx).await?;
+/// insert(&mut tx, amount).await?;
+/// insert(&mut *tx, amount).await?;
+/// let _n = count(&mut tx).await?;
 /// # Ok(()) }
 /// ```
+///
+/// A function that takes `&mut Transaction<'_, Postgres>` cannot be given a `Tx`: a
+/// `Transaction` can commit, and idem owns the commit. Change its parameter to
+/// `&mut PgConnection` (or `impl PgExecutor<'_>`): its body keeps working, since it used
+/// the transaction through `&mut **tx` or `&mut *tx`, and its other callers pass
+/// `&mut *transaction`.
 ///
 /// idem owns the transaction: the claim of the key, the handler's writes and the stored
 /// response commit together, or not at all. `Tx` is therefore only a borrow. It has no
@@ -84,6 +113,52 @@ impl Deref for Tx<'_> {
 impl DerefMut for Tx<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         self.conn
+    }
+}
+
+/// `&mut tx` as an executor: every call goes to the transaction's connection, as with
+/// `&mut *tx`.
+impl<'c> sqlx::Executor<'c> for &'c mut Tx<'_> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        self.conn.fetch_many(query)
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        self.conn.fetch_optional(query)
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.conn.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(self, sql: &'q str) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.conn.describe(sql)
     }
 }
 

@@ -1,0 +1,227 @@
+//! The idempotency table's migrations, and [`Store::verify`], the startup check that the
+//! table is there and up to date.
+//!
+//! # Three ways to create the table
+//!
+//! - [`Store::migrate`] at startup: creates the table and its index if missing.
+//! - **sqlx migrations**: copy `idem-runtime/migrations/20261123000000_idempotency_keys.sql`
+//!   (also [`MIGRATIONS`]) into your own `migrations/` directory. One directory, one
+//!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
+//!   `#[sqlx::test(migrations = "migrations")]` all create the table with your own tables.
+//! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
+//!
+//! sqlx 0.8 records every migrator's versions in one table, `_sqlx_migrations` (its name
+//! cannot be changed), and a migrator that finds a version it does not know stops with
+//! `VersionMissing`. Two migrators, yours and a second one for idem, work only if both
+//! call `Migrator::set_ignore_missing(true)`, which also hides a migration that really went
+//! missing. That is why idem ships files for your directory and not a migrator of its own.
+//!
+//! # Upgrades across idem versions
+//!
+//! A release of idem that changes the table adds a new file to `migrations/`, named with a
+//! later version, never edits a shipped one (sqlx refuses a changed checksum), and writes
+//! it so that it is safe to run again, e.g.
+//! `ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS ...`. [`Store::migrate`] runs the
+//! same statements, and [`Store::verify`] then also checks the new column, so a service
+//! deployed with the new idem before its migration ran says so at startup.
+
+use std::fmt;
+
+use crate::store::Store;
+
+/// The migrations of the idempotency table, oldest first, as `(file name, SQL)`: the files
+/// in `idem-runtime/migrations/`, for users who write them out themselves.
+pub const MIGRATIONS: &[(&str, &str)] = &[(
+    "20261123000000_idempotency_keys.sql",
+    include_str!("../migrations/20261123000000_idempotency_keys.sql"),
+)];
+
+/// The columns idem reads and writes, with the types it accepts for each, as PostgreSQL's
+/// `format_type` names them.
+const COLUMNS: &[(&str, &[&str])] = &[
+    ("scope", &["text"]),
+    ("principal", &["text", "uuid", "bigint"]),
+    ("key", &["text"]),
+    ("fingerprint", &["bytea"]),
+    ("field_hashes", &["bytea"]),
+    ("status", &["smallint"]),
+    ("headers", &["bytea"]),
+    ("body", &["bytea"]),
+    ("created_at", &["timestamp with time zone"]),
+    ("expires_at", &["timestamp with time zone"]),
+];
+
+/// Why [`Store::verify`] failed. Each message names the table and what is wrong with it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The database could not be asked.
+    Database(sqlx::Error),
+    /// The table does not exist.
+    MissingTable {
+        /// The table, as configured.
+        table: String,
+    },
+    /// The table lacks a column this version of idem uses: a migration has not run.
+    MissingColumn {
+        /// The table, as configured.
+        table: String,
+        /// The missing column.
+        column: &'static str,
+    },
+    /// A column has a type idem cannot use.
+    WrongType {
+        /// The table, as configured.
+        table: String,
+        /// The column.
+        column: &'static str,
+        /// Its type in the database.
+        found: String,
+        /// The types idem accepts for it.
+        expected: &'static [&'static str],
+    },
+    /// The primary key idem's claim relies on is missing or named differently.
+    MissingPrimaryKey {
+        /// The table, as configured.
+        table: String,
+        /// The constraint idem expects.
+        constraint: String,
+    },
+}
+
+const FIX: &str = "run `Store::migrate()` at startup, or add idem's migrations \
+                   (`idem::MIGRATIONS`, idem-runtime/migrations/) to your own";
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Database(e) => write!(f, "cannot check the idempotency table: {e}"),
+            Self::MissingTable { table } => {
+                write!(f, "the idempotency table `{table}` does not exist: {FIX}")
+            }
+            Self::MissingColumn { table, column } => write!(
+                f,
+                "the idempotency table `{table}` has no column `{column}` (it is older than \
+                 this version of idem): {FIX}"
+            ),
+            Self::WrongType {
+                table,
+                column,
+                found,
+                expected,
+            } => write!(
+                f,
+                "column `{column}` of the idempotency table `{table}` is `{found}`, \
+                 expected {}",
+                expected.join(" or ")
+            ),
+            Self::MissingPrimaryKey { table, constraint } => write!(
+                f,
+                "the idempotency table `{table}` lacks its primary key `{constraint}` on \
+                 (scope, principal, key): {FIX}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for VerifyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Database(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<sqlx::Error> for VerifyError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl Store {
+    /// Checks that this store's table exists with every column this version of idem uses,
+    /// of a usable type, and its primary key: call it at startup after your migrations, so
+    /// that a missing or outdated table stops the service with a message naming it,
+    /// instead of failing its first idempotent request. Reads the catalog only.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), Box<dyn std::error::Error>> {
+    /// store.verify().await?; // "the idempotency table `idempotency_keys` does not exist: ..."
+    /// # Ok(()) }
+    /// ```
+    pub async fn verify(&self) -> Result<(), VerifyError> {
+        let name = &self.inner.table_name;
+        let table = name.to_string();
+        let qualified = name.qualified();
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&qualified)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        if !exists {
+            return Err(VerifyError::MissingTable { table });
+        }
+        let found: Vec<(String, String)> = sqlx::query_as(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
+             FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+        )
+        .bind(&qualified)
+        .fetch_all(&self.inner.pool)
+        .await?;
+        for &(column, expected) in COLUMNS {
+            match found.iter().find(|(name, _)| name == column) {
+                None => {
+                    return Err(VerifyError::MissingColumn { table, column });
+                }
+                Some((_, ty)) if !expected.contains(&ty.as_str()) => {
+                    return Err(VerifyError::WrongType {
+                        table,
+                        column,
+                        found: ty.clone(),
+                        expected,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let constraint = format!("{}_pkey", name.name());
+        let has_key: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_constraint \
+             WHERE conrelid = to_regclass($1) AND contype = 'p' AND conname = $2)",
+        )
+        .bind(&qualified)
+        .bind(&constraint)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        if !has_key {
+            return Err(VerifyError::MissingPrimaryKey { table, constraint });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_migration_is_the_schema_store_migrate_runs() {
+        let [(_, sql)] = MIGRATIONS else {
+            panic!("one migration so far")
+        };
+        assert_eq!(*sql, crate::SCHEMA_SQL);
+    }
+
+    #[test]
+    fn every_shipped_file_is_listed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("migrations/")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        files.sort();
+        let listed: Vec<&str> = MIGRATIONS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(files, listed);
+    }
+}

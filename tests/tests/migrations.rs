@@ -1,0 +1,139 @@
+//! The idempotency table the sqlx way: idem's shipped migrations run by sqlx's own
+//! `Migrator` and `#[sqlx::test(migrations = ..)]`, and `Store::verify` naming what is
+//! wrong with a missing or outdated table, against a real PostgreSQL.
+
+use std::path::Path;
+
+use axum::extract::FromRef;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use idem::{idempotent, Store, Tx, VerifyError, MIGRATIONS, SCHEMA_SQL};
+use idem_tests::{with_test_db, TestApp};
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+
+/// idem's migrations, as a user's `#[sqlx::test]` names its own `migrations/` directory.
+#[sqlx::test(migrations = "../idem-runtime/migrations")]
+async fn sqlx_test_with_idems_migrations_serves_idempotent_requests(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    store.verify().await.expect("the migrated table verifies");
+
+    #[derive(Clone, FromRef)]
+    struct AppState {
+        idempotency: Store,
+    }
+    #[idempotent(scope = "notes")]
+    async fn create(mut tx: Tx) -> Result<StatusCode, String> {
+        sqlx::query("SELECT 1")
+            .execute(&mut tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(StatusCode::CREATED)
+    }
+    let app = Router::new()
+        .route("/notes", post(create))
+        .with_state(AppState { idempotency: store });
+    let app = TestApp::serve(pool, app).await;
+    let first = app.post("/notes", Some("k"), &serde_json::json!({})).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = app.post("/notes", Some("k"), &serde_json::json!({})).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(app.keys().await, 1);
+}
+
+/// A user's `migrations/` directory with idem's file copied in beside their own: one
+/// sqlx migrator creates both, and `Store::migrate` afterwards changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn idems_file_in_a_users_migrations_directory() {
+    with_test_db(async |db| {
+        let dir = std::env::temp_dir().join(format!("idem-migrations-{}", db.name));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(
+            dir.join("20250101000000_orders.sql"),
+            "CREATE TABLE orders (id bigserial PRIMARY KEY);",
+        )
+        .expect("write");
+        for (name, sql) in MIGRATIONS {
+            std::fs::write(dir.join(name), sql).expect("write");
+        }
+        let pool = db.pool(2).await;
+        let migrator = Migrator::new(Path::new(&dir)).await.expect("read dir");
+        migrator.run(&pool).await.expect("run migrations");
+        std::fs::remove_dir_all(&dir).ok();
+
+        let store = Store::new(pool.clone());
+        store.verify().await.expect("verifies");
+        store.migrate().await.expect("migrate after the migrator");
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        assert_eq!(applied, 2);
+    })
+    .await;
+}
+
+/// `verify` on `setup`'s table.
+async fn verify_after(setup: &str) -> Result<(), VerifyError> {
+    let mut outcome = None;
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        sqlx::raw_sql(setup).execute(&pool).await.expect("setup");
+        outcome = Some(Store::new(pool).verify().await);
+    })
+    .await;
+    outcome.expect("ran")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_table_is_named() {
+    let error = verify_after("SELECT 1").await.expect_err("no table");
+    assert!(matches!(error, VerifyError::MissingTable { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains("`idempotency_keys` does not exist") && message.contains("migrate"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_column_is_named() {
+    let setup = format!("{SCHEMA_SQL}\nALTER TABLE idempotency_keys DROP COLUMN field_hashes;");
+    let error = verify_after(&setup).await.expect_err("no column");
+    assert!(
+        matches!(error, VerifyError::MissingColumn { column: "field_hashes", .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("no column `field_hashes`"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_of_the_wrong_type_is_named() {
+    let setup = SCHEMA_SQL.replace("status       smallint", "status       text");
+    let error = verify_after(&setup).await.expect_err("wrong type");
+    match &error {
+        VerifyError::WrongType { column, found, .. } => {
+            assert_eq!((*column, found.as_str()), ("status", "text"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(error.to_string().contains("expected smallint"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_primary_key_is_named() {
+    let setup =
+        format!("{SCHEMA_SQL}\nALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey;");
+    let error = verify_after(&setup).await.expect_err("no primary key");
+    assert!(matches!(error, VerifyError::MissingPrimaryKey { .. }), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_principal_of_type_uuid_or_bigint_verifies() {
+    for ty in ["uuid", "bigint", "text"] {
+        let setup = SCHEMA_SQL.replace("principal    text", &format!("principal    {ty}"));
+        assert!(setup.contains(&format!("principal    {ty}")));
+        verify_after(&setup).await.unwrap_or_else(|e| panic!("{ty}: {e}"));
+    }
+}
