@@ -224,33 +224,44 @@ async fn claim_row(
         wait,
         statement: claim.statement_timeout.or(store.inner.statement_timeout),
     };
+    // Portable mode only: the waits by `SET LOCAL`, for the whole claim.
+    table.set_waits(tx, timeouts).await.map_err(classify)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
-    for _ in 0..4 {
-        let found = match table
-            .claim(tx, key, fingerprint, timeouts)
-            .await
-            .map_err(classify)?
-        {
-            Some(found) => found,
-            // The conflicting row committed after the claim's snapshot began (the claim
-            // waited for it): a new statement sees it.
-            None => match table.read(tx, key).await.map_err(classify)? {
+    let claimed = 'rounds: {
+        for _ in 0..4 {
+            let found = match table
+                .claim(tx, key, fingerprint, timeouts)
+                .await
+                .map_err(classify)?
+            {
                 Some(found) => found,
-                None => continue,
-            },
-        };
-        match found {
-            Found::Stored(row) if row.expired || row.status.is_none() => {}
-            found => return Ok(found),
+                // The conflicting row committed after the claim's snapshot began (the claim
+                // waited for it): a new statement sees it.
+                None => match table.read(tx, key).await.map_err(classify)? {
+                    Some(found) => found,
+                    None => continue,
+                },
+            };
+            match found {
+                Found::Stored(row) if row.expired || row.status.is_none() => {}
+                Found::Claimed => break 'rounds true,
+                found => return Ok(found),
+            }
+            if table
+                .reclaim(tx, key, fingerprint, timeouts)
+                .await
+                .map_err(classify)?
+            {
+                break 'rounds true;
+            }
         }
-        if table
-            .reclaim(tx, key, fingerprint, timeouts)
-            .await
-            .map_err(classify)?
-        {
-            return Ok(Found::Claimed);
-        }
+        false
+    };
+    if claimed {
+        // Portable mode only: the handler does not inherit the claim's wait.
+        table.restore_wait(tx).await.map_err(classify)?;
+        return Ok(Found::Claimed);
     }
     Err(ClaimError::InUse)
 }

@@ -158,7 +158,7 @@ pub use migrate::{VerifyError, MIGRATIONS};
 pub use observe::Outcome;
 pub use once::{OnceError, RunOnce};
 pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};
-pub use table::{DEFAULT_TABLE, SCHEMA_SQL};
+pub use table::{Pooler, PrincipalType, DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
 pub use web::escape::warn_on_escaping_writes;
 pub use web::extract::{FingerprintBody, Principal};

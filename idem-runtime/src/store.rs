@@ -10,7 +10,7 @@ use http::header::{self, HeaderName};
 use http::request::Parts;
 use sqlx::PgPool;
 
-use crate::table::{Table, TableName, DEFAULT_TABLE};
+use crate::table::{Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_TABLE};
 
 /// How a store finds the principal of a request.
 type PrincipalResolver = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -60,6 +60,7 @@ pub(crate) struct Settings {
     pub(crate) replay_headers: Vec<HeaderName>,
     /// `None` for [`DEFAULT_PROBLEM_BASE`](crate::DEFAULT_PROBLEM_BASE).
     pub(crate) problem_base: Option<String>,
+    pub(crate) dialect: Dialect,
 }
 
 impl Store {
@@ -81,6 +82,7 @@ impl Store {
             retry_after: Duration::from_secs(1),
             max_response_bytes: 1 << 20,
             problem_base: None,
+            dialect: Dialect::default(),
             replay_headers: vec![
                 header::CONTENT_TYPE,
                 header::CONTENT_LANGUAGE,
@@ -129,6 +131,9 @@ impl fmt::Debug for Store {
             .field("conflict_wait", &self.inner.conflict_wait)
             .field("statement_timeout", &self.inner.statement_timeout)
             .field("max_response_bytes", &self.inner.max_response_bytes)
+            .field("pooler", &self.inner.dialect.pooler)
+            .field("portable", &self.inner.dialect.portable)
+            .field("principal_type", &self.inner.dialect.principal_type)
             .finish_non_exhaustive()
     }
 }
@@ -150,9 +155,47 @@ pub struct StoreBuilder {
     max_response_bytes: usize,
     replay_headers: Vec<HeaderName>,
     problem_base: Option<String>,
+    dialect: Dialect,
 }
 
 impl StoreBuilder {
+    /// What sits between the service and PostgreSQL (default [`Pooler::Session`]: nothing,
+    /// or a pooler in session mode). Behind a pooler in transaction mode (PgBouncer's
+    /// `pool_mode = transaction`), set [`Pooler::Transaction`]: idem then prepares
+    /// nothing that outlives a statement, at the cost of one more parse per statement,
+    /// and wraps the few statements it sends outside a request (sweeper, inspection) in
+    /// a transaction. Build the pool with
+    /// `PgConnectOptions::statement_cache_capacity(0)` too, so that your handlers'
+    /// statements are not named either. See the README's "Running in production".
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.dialect.pooler = pooler;
+        self
+    }
+
+    /// Portable mode, for engines that run a statement on other nodes than the one the
+    /// session is connected to (Citus first). idem then depends on no custom setting,
+    /// sets the claim's `lock_timeout` (and `statement_timeout`) with `SET LOCAL` (one
+    /// more statement per request, and one more after a fresh claim to give the handler
+    /// the session's default `lock_timeout` back), and sweeps without row locks.
+    /// [`Store::schema_sql`] then ends with the distribution statements, as comments.
+    /// On Citus, set `citus.propagate_set_commands = 'local'` for the service's database
+    /// or role, or the wait applies on the coordinator only and duplicates wait for the
+    /// request in flight instead of being answered 409. Plain PostgreSQL runs it too.
+    pub fn portable(mut self) -> Self {
+        self.dialect.portable = true;
+        self
+    }
+
+    /// The SQL type of the `principal` column (default [`PrincipalType::Text`]): the
+    /// type of your tenant column, so that a distributed engine can colocate idem's table
+    /// with your tables. The [resolver](StoreBuilder::principal) still answers text: a
+    /// UUID in its usual form, or a decimal integer. Set it before [`Store::migrate`]
+    /// creates the table; it does not change an existing one.
+    pub fn principal_type(mut self, principal_type: PrincipalType) -> Self {
+        self.dialect.principal_type = principal_type;
+        self
+    }
+
     /// The table idem keeps its records in: `name` or `schema.name` (default
     /// `idempotency_keys` in the connection's default schema), each part 1 to 48
     /// characters of lowercase ASCII letters, digits and `_`, not starting with a digit.
@@ -276,7 +319,7 @@ impl StoreBuilder {
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,
-                table: Table::new(&table_name),
+                table: Table::new(&table_name, self.dialect),
                 table_name,
                 acquire_timeout: self.acquire_timeout,
                 conflict_wait: self.conflict_wait,
@@ -287,6 +330,7 @@ impl StoreBuilder {
                 max_response_bytes: self.max_response_bytes,
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
+                dialect: self.dialect,
             }),
         }
     }

@@ -22,9 +22,10 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::tx::KeyInScope;
@@ -38,7 +39,7 @@ pub const DEFAULT_TABLE: &str = "idempotency_keys";
 /// [`Store::schema_sql`](crate::Store::schema_sql) gives it for any.
 pub const SCHEMA_SQL: &str = include_str!("../sql/idempotency_keys.sql");
 
-/// The DDL, with `{create_schema}`, `{table}`, `{name}` to fill in.
+/// The DDL, with `{create_schema}`, `{table}`, `{name}`, `{principal_type}` to fill in.
 const DDL: &str = "-- idem: the idempotency table, for users who run their own migrations.
 -- `Store::migrate` runs exactly this; it is safe to run again.
 --
@@ -47,7 +48,7 @@ const DDL: &str = "-- idem: the idempotency table, for users who run their own m
 -- NULL only while that transaction is open, so a committed row is always complete.
 {create_schema}CREATE TABLE IF NOT EXISTS {table} (
     scope        text        NOT NULL,
-    principal    text        NOT NULL,
+    principal    {principal_type} NOT NULL,
     key          text        NOT NULL,
     -- SHA-256 of the request's canonical fingerprint
     fingerprint  bytea       NOT NULL,
@@ -103,7 +104,7 @@ impl Isolation {
 const CLAIM: &str = "\
 WITH claimed AS (
     INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
-    SELECT $1, $2, $3, $4, $5, now() + $6::float8 * interval '1 second'
+    SELECT $1, {p2}, $3, $4, $5, now() + $6::float8 * interval '1 second'
       FROM (SELECT set_config('idem.lock_timeout',
                               coalesce(nullif(current_setting('idem.lock_timeout', true), ''),
                                        current_setting('lock_timeout')), true),
@@ -121,7 +122,7 @@ UNION ALL
 SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= now(),
        set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
   FROM {table}
- WHERE scope = $1 AND principal = $2 AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
 
 /// The row a claim waited for, read by a new statement, which sees it committed.
 const READ: &str = "\
@@ -129,7 +130,7 @@ SELECT false AS fresh, fingerprint, field_hashes, status, headers, body,
        expires_at <= now() AS expired,
        set_config('lock_timeout', current_setting('idem.lock_timeout'), true) AS restored
   FROM {table}
- WHERE scope = $1 AND principal = $2 AND key = $3";
+ WHERE scope = $1 AND principal = {p2} AND key = $3";
 
 /// An expired row is taken over in place. A committed row with no status can only be
 /// left by a handler that ended the transaction itself; it is taken over too, so that
@@ -143,7 +144,7 @@ UPDATE {table}
                                    current_setting('lock_timeout')), true),
                set_config('lock_timeout', $7, true),
                set_config('statement_timeout', coalesce($8, current_setting('statement_timeout')), true)) AS wait
- WHERE scope = $1 AND principal = $2 AND key = $3
+ WHERE scope = $1 AND principal = {p2} AND key = $3
    AND (expires_at <= now() OR status IS NULL)
 RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
 
@@ -154,16 +155,16 @@ RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
 /// $1..$3 the key, $4 status, $5 headers, $6 body.
 const STORE: &str = "\
 UPDATE {table} SET status = $4, headers = $5, body = $6
- WHERE scope = $1 AND principal = $2 AND key = $3 AND status IS NULL AND created_at = now()";
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NULL AND created_at = now()";
 
 /// Whether the committed row of a key is expired, read without waiting for locks: tells
 /// a sweeper's (or a reclaim's) lock on an expired row from a request's on a live one.
 const EXPIRED: &str = "\
-SELECT expires_at <= now() FROM {table} WHERE scope = $1 AND principal = $2 AND key = $3";
+SELECT expires_at <= now() FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3";
 
 /// Removes a claim that committed without its response (a handler's raw COMMIT).
 const FORGET: &str = "\
-DELETE FROM {table} WHERE scope = $1 AND principal = $2 AND key = $3 AND status IS NULL";
+DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NULL";
 
 /// Expired rows, oldest first, skipping rows a request is reclaiming. The outer
 /// `expires_at` test is not redundant: it is re-checked on a row that changed while we
@@ -185,7 +186,65 @@ SELECT extract(epoch FROM created_at)::float8 AS created_at,
        expires_at <= now() AS expired, status,
        coalesce(octet_length(body), 0) AS body_bytes
   FROM {table}
- WHERE scope = $1 AND principal = $2 AND key = $3 AND status IS NOT NULL";
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
+
+/// [`CLAIM`] in portable mode: the waits are set by `SET LOCAL` before it
+/// ([`Table::set_waits`]), so it reads and writes no setting. Binds as [`CLAIM`]; $7 and
+/// $8 are not sent.
+const CLAIM_PORTABLE: &str = "\
+WITH claimed AS (
+    INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
+    VALUES ($1, {p2}, $3, $4, $5, now() + $6::float8 * interval '1 second')
+    ON CONFLICT (scope, principal, key) DO NOTHING
+    RETURNING 1
+)
+SELECT true AS fresh, NULL::bytea AS fingerprint, NULL::bytea AS field_hashes,
+       NULL::smallint AS status, NULL::bytea AS headers, NULL::bytea AS body,
+       false AS expired
+  FROM claimed
+UNION ALL
+SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= now()
+  FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
+
+/// [`READ`] in portable mode.
+const READ_PORTABLE: &str = "\
+SELECT false AS fresh, fingerprint, field_hashes, status, headers, body,
+       expires_at <= now() AS expired
+  FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3";
+
+/// [`RECLAIM`] in portable mode. Binds as [`CLAIM_PORTABLE`].
+const RECLAIM_PORTABLE: &str = "\
+UPDATE {table}
+   SET fingerprint = $4, field_hashes = $5, status = NULL, headers = NULL, body = NULL,
+       created_at = now(), expires_at = now() + $6::float8 * interval '1 second'
+ WHERE scope = $1 AND principal = {p2} AND key = $3
+   AND (expires_at <= now() OR status IS NULL)
+RETURNING 1";
+
+/// [`PURGE`] in portable mode: no row locks (a distributed engine refuses `FOR UPDATE`
+/// across shards). A row a request is reclaiming right now is waited for by the delete,
+/// which then re-checks `expires_at` and leaves it: the reclaim moved it forward.
+const PURGE_PORTABLE: &str = "\
+DELETE FROM {table}
+ WHERE (scope, principal, key) IN (
+        SELECT scope, principal, key FROM {table}
+         WHERE expires_at <= now()
+         ORDER BY expires_at
+         LIMIT $1)
+   AND expires_at <= now()";
+
+/// The statements Citus needs after [`DDL`], as comments, for a portable store: the
+/// table is distributed by `principal` and colocated with the user's tenant table.
+const DISTRIBUTION: &str = "
+-- Distributed PostgreSQL (Citus): distribute by principal, colocated with the table
+-- that holds your tenants (its distribution column must also be {principal_type}), and
+-- let Citus send idem's `SET LOCAL lock_timeout` to the workers:
+--
+--   SELECT create_distributed_table('{name_literal}', 'principal', colocate_with => 'accounts');
+--   ALTER DATABASE your_database SET citus.propagate_set_commands = 'local';
+";
 
 /// A validated, optionally schema-qualified table name: `name` or `schema.name`, each
 /// part 1 to 48 characters of lowercase ASCII letters, digits and `_`, not starting with
@@ -255,8 +314,87 @@ impl fmt::Display for TableName {
     }
 }
 
+/// How a store talks to its database: [`Pooler`], portability and the principal's
+/// column type, as the [`StoreBuilder`](crate::StoreBuilder) set them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Dialect {
+    pub(crate) pooler: Pooler,
+    pub(crate) portable: bool,
+    pub(crate) principal_type: PrincipalType,
+}
+
+/// What sits between the service and PostgreSQL ([`StoreBuilder::pooler`]).
+///
+/// [`StoreBuilder::pooler`]: crate::StoreBuilder::pooler
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Nothing, or a pooler in session mode: one server connection per client
+    /// connection. idem's statements are prepared once per connection and reused.
+    #[default]
+    Session,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`, and the like):
+    /// consecutive transactions of one client connection may run on different server
+    /// connections. idem then sends every statement unnamed (nothing prepared outlives
+    /// it), and runs the statements it sends outside a request's transaction in a
+    /// transaction of their own, so their parse and execute steps reach the same server
+    /// connection.
+    Transaction,
+}
+
+/// The SQL type of the `principal` column ([`StoreBuilder::principal_type`]). A
+/// distributed engine colocates tables whose distribution columns have equal types, so
+/// it is the type of the tenant column of your own tables.
+///
+/// [`StoreBuilder::principal_type`]: crate::StoreBuilder::principal_type
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PrincipalType {
+    /// `text` (the default): any principal.
+    #[default]
+    Text,
+    /// `uuid`: the resolver answers a UUID in its text form; keys without a principal are
+    /// kept under the nil UUID.
+    Uuid,
+    /// `bigint`: the resolver answers a decimal integer; keys without a principal are kept
+    /// under 0.
+    Bigint,
+}
+
+impl PrincipalType {
+    /// The column's SQL type.
+    pub(crate) fn sql(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Uuid => "uuid",
+            Self::Bigint => "bigint",
+        }
+    }
+
+    /// The bound principal ($2) as the column's type: bound as text, cast in SQL.
+    fn parameter(self) -> &'static str {
+        match self {
+            Self::Text => "$2",
+            Self::Uuid => "CAST($2 AS uuid)",
+            Self::Bigint => "CAST($2 AS bigint)",
+        }
+    }
+
+    /// The text bound for `principal`: "no principal" (`""`) as the type's zero value.
+    /// Any other value is bound as given; one that is not of the type fails its cast
+    /// (SQLSTATE 22P02), a resolver's fault.
+    fn bound(self, principal: &str) -> &str {
+        match (self, principal) {
+            (Self::Uuid, "") => "00000000-0000-0000-0000-000000000000",
+            (Self::Bigint, "") => "0",
+            (_, principal) => principal,
+        }
+    }
+}
+
 /// The table of one store: its statements, rendered once.
 pub(crate) struct Table {
+    dialect: Dialect,
     ddl: String,
     /// The primary key's name: a unique violation of *this* constraint means a concurrent
     /// request with the same key won (invariant 3); any other belongs to the business
@@ -310,28 +448,127 @@ pub(crate) struct InspectedRow {
 }
 
 impl Table {
-    pub(crate) fn new(name: &TableName) -> Self {
+    pub(crate) fn new(name: &TableName, dialect: Dialect) -> Self {
         let table = name.qualified();
-        let render = |sql: &str| sql.replace("{table}", &table);
+        let render = |sql: &str| {
+            sql.replace("{table}", &table)
+                .replace("{p2}", dialect.principal_type.parameter())
+        };
         let create_schema = match &name.schema {
             Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
             None => String::new(),
         };
+        let mut ddl = DDL.replace(
+            "{principal_type}",
+            &format!("{:<11}", dialect.principal_type.sql()),
+        );
+        if dialect.portable {
+            ddl.push_str(
+                &DISTRIBUTION
+                    .replace("{principal_type}", dialect.principal_type.sql())
+                    .replace("{name_literal}", &name.to_string()),
+            );
+        }
+        let ddl = ddl
+            .replace("{create_schema}", &create_schema)
+            .replace("{table}", &table)
+            .replace("{name}", &name.name);
+        let pick =
+            |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
         Self {
-            ddl: DDL
-                .replace("{create_schema}", &create_schema)
-                .replace("{table}", &table)
-                .replace("{name}", &name.name),
+            dialect,
+            ddl,
             primary_key: format!("{}_pkey", name.name),
-            claim: render(CLAIM),
-            read: render(READ),
-            reclaim: render(RECLAIM),
+            claim: pick(CLAIM, CLAIM_PORTABLE),
+            read: pick(READ, READ_PORTABLE),
+            reclaim: pick(RECLAIM, RECLAIM_PORTABLE),
             store: render(STORE),
             expired: render(EXPIRED),
             forget: render(FORGET),
-            purge: render(PURGE),
+            purge: pick(PURGE, PURGE_PORTABLE),
             inspect: render(INSPECT),
         }
+    }
+
+    /// A statement as this store sends it: unnamed behind a transaction pooler.
+    fn query<'q>(&self, sql: &'q str) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(self.dialect.pooler == Pooler::Session)
+    }
+
+    /// A statement whose first three parameters are the key: (scope, principal, key).
+    fn keyed<'q>(&self, sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArguments> {
+        self.query(sql)
+            .bind(&*key.scope)
+            .bind(self.dialect.principal_type.bound(&key.principal))
+            .bind(key.key.as_str())
+    }
+
+    /// [`CLAIM`] and [`RECLAIM`] (or their portable forms), bound.
+    fn claiming<'q>(
+        &self,
+        sql: &'q str,
+        key: &'q KeyInScope,
+        fingerprint: &'q Fingerprint,
+        timeouts: Timeouts,
+    ) -> Query<'q, Postgres, PgArguments> {
+        let query = self
+            .keyed(sql, key)
+            .bind(fingerprint.combined().as_slice())
+            .bind(fingerprint.parts())
+            .bind(timeouts.ttl.as_secs_f64());
+        if self.dialect.portable {
+            return query;
+        }
+        query
+            .bind(lock_timeout(timeouts.wait))
+            .bind(timeouts.statement.map(lock_timeout))
+    }
+
+    /// A connection of `pool` for one statement outside a request's transaction: in a
+    /// transaction of its own behind a transaction pooler, so that the statement's parse
+    /// and execute steps reach the same server connection.
+    async fn single(&self, pool: &PgPool) -> Result<Single, sqlx::Error> {
+        Ok(match self.dialect.pooler {
+            Pooler::Session => Single::Direct(pool.acquire().await?),
+            Pooler::Transaction => Single::Pinned(pool.begin().await?),
+        })
+    }
+
+    /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
+    /// engine forwards to the nodes that run the claim (Citus with
+    /// `citus.propagate_set_commands = 'local'`). One statement; none in the default
+    /// mode, where the claim sets them itself.
+    pub(crate) async fn set_waits(
+        &self,
+        conn: &mut PgConnection,
+        timeouts: Timeouts,
+    ) -> Result<(), sqlx::Error> {
+        if !self.dialect.portable {
+            return Ok(());
+        }
+        // Both values are whole milliseconds written by `lock_timeout`: digits and "ms".
+        let mut sql = format!("SET LOCAL lock_timeout = '{}'", lock_timeout(timeouts.wait));
+        if let Some(statement) = timeouts.statement {
+            sql.push_str(&format!(
+                "; SET LOCAL statement_timeout = '{}'",
+                lock_timeout(statement)
+            ));
+        }
+        sqlx::raw_sql(&sql).execute(conn).await.map(drop)
+    }
+
+    /// Portable mode: after a successful claim, gives the handler the session's default
+    /// `lock_timeout` back (the value it connected with, by its role, database or
+    /// connection options; not one set later by a session-level `SET`). None in the
+    /// default mode, where the claim's row restored it.
+    pub(crate) async fn restore_wait(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if !self.dialect.portable {
+            return Ok(());
+        }
+        sqlx::raw_sql("SET LOCAL lock_timeout TO DEFAULT")
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     /// The table's DDL.
@@ -373,7 +610,7 @@ impl Table {
         fingerprint: &Fingerprint,
         timeouts: Timeouts,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let query = claiming(&self.claim, key, fingerprint, timeouts);
+        let query = self.claiming(&self.claim, key, fingerprint, timeouts);
         decode_found(query.fetch_optional(conn).await?)
     }
 
@@ -383,7 +620,7 @@ impl Table {
         conn: &mut PgConnection,
         key: &KeyInScope,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let query = keyed(&self.read, key);
+        let query = self.keyed(&self.read, key);
         decode_found(query.fetch_optional(conn).await?)
     }
 
@@ -395,7 +632,7 @@ impl Table {
         fingerprint: &Fingerprint,
         timeouts: Timeouts,
     ) -> Result<bool, sqlx::Error> {
-        let query = claiming(&self.reclaim, key, fingerprint, timeouts);
+        let query = self.claiming(&self.reclaim, key, fingerprint, timeouts);
         Ok(query.fetch_optional(conn).await?.is_some())
     }
 
@@ -406,7 +643,8 @@ impl Table {
         key: &KeyInScope,
         record: &Record,
     ) -> Result<bool, sqlx::Error> {
-        let done = keyed(&self.store, key)
+        let done = self
+            .keyed(&self.store, key)
             .bind(i16::try_from(record.status).unwrap_or(i16::MAX))
             .bind(&record.headers)
             .bind(record.body.as_ref())
@@ -421,24 +659,31 @@ impl Table {
         pool: &PgPool,
         key: &KeyInScope,
     ) -> Result<Option<bool>, sqlx::Error> {
-        let query = sqlx::query_scalar(&self.expired)
-            .bind(&*key.scope)
-            .bind(key.principal.as_str())
-            .bind(key.key.as_str());
-        query.fetch_optional(pool).await
+        let mut conn = self.single(pool).await?;
+        let row = self
+            .keyed(&self.expired, key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        row.map(|row| row.try_get(0)).transpose()
     }
 
     /// [`FORGET`].
     pub(crate) async fn forget(&self, pool: &PgPool, key: &KeyInScope) -> Result<(), sqlx::Error> {
-        keyed(&self.forget, key).execute(pool).await.map(drop)
+        let mut conn = self.single(pool).await?;
+        self.keyed(&self.forget, key).execute(&mut *conn).await?;
+        conn.finish().await
     }
 
     /// [`PURGE`]: how many rows one batch deleted.
     pub(crate) async fn purge(&self, pool: &PgPool, batch_size: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(&self.purge)
+        let mut conn = self.single(pool).await?;
+        let done = self
+            .query(&self.purge)
             .bind(batch_size)
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
+        conn.finish().await?;
         Ok(done.rows_affected())
     }
 
@@ -448,11 +693,15 @@ impl Table {
         pool: &PgPool,
         [scope, principal, key]: [&str; 3],
     ) -> Result<Option<InspectedRow>, sqlx::Error> {
-        let query = sqlx::query(&self.inspect)
+        let mut conn = self.single(pool).await?;
+        let query = self
+            .query(&self.inspect)
             .bind(scope)
-            .bind(principal)
+            .bind(self.dialect.principal_type.bound(principal))
             .bind(key);
-        let Some(row) = query.fetch_optional(pool).await? else {
+        let row = query.fetch_optional(&mut *conn).await?;
+        conn.finish().await?;
+        let Some(row) = row else {
             return Ok(None);
         };
         let instant = |epoch: f64| UNIX_EPOCH + Duration::from_secs_f64(epoch.max(0.0));
@@ -472,14 +721,6 @@ pub(crate) fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128))
 }
 
-/// A statement whose first three parameters are the key: (scope, principal, key).
-fn keyed<'q>(sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArguments> {
-    sqlx::query(sql)
-        .bind(&*key.scope)
-        .bind(key.principal.as_str())
-        .bind(key.key.as_str())
-}
-
 /// The durations a claim binds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
@@ -491,19 +732,40 @@ pub(crate) struct Timeouts {
     pub(crate) statement: Option<Duration>,
 }
 
-/// [`CLAIM`] and [`RECLAIM`], bound.
-fn claiming<'q>(
-    sql: &'q str,
-    key: &'q KeyInScope,
-    fingerprint: &'q Fingerprint,
-    timeouts: Timeouts,
-) -> Query<'q, Postgres, PgArguments> {
-    keyed(sql, key)
-        .bind(fingerprint.combined().as_slice())
-        .bind(fingerprint.parts())
-        .bind(timeouts.ttl.as_secs_f64())
-        .bind(lock_timeout(timeouts.wait))
-        .bind(timeouts.statement.map(lock_timeout))
+/// The connection of one statement sent outside a request's transaction.
+enum Single {
+    Direct(PoolConnection<Postgres>),
+    Pinned(Transaction<'static, Postgres>),
+}
+
+impl Single {
+    /// Commits the statement's own transaction, if it has one.
+    async fn finish(self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Direct(_) => Ok(()),
+            Self::Pinned(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl std::ops::Deref for Single {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Self::Direct(conn) => conn,
+            Self::Pinned(tx) => tx,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Single {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Self::Direct(conn) => conn,
+            Self::Pinned(tx) => tx,
+        }
+    }
 }
 
 fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {
@@ -531,7 +793,7 @@ mod tests {
     /// this set needs a measured reason.
     #[test]
     fn request_sql_stays_portable() {
-        let table = Table::new(&TableName::default());
+        let table = Table::new(&TableName::default(), Dialect::default());
         assert_eq!(
             Isolation::default().begin(),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -581,10 +843,67 @@ mod tests {
             .contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
     }
 
+    /// Portable mode reads and sets no setting in its statements (a distributed engine
+    /// runs them on nodes where a custom setting was never set), sweeps without row
+    /// locks, and binds the principal as the column's type.
+    #[test]
+    fn portable_sql_depends_on_no_setting() {
+        for principal_type in [
+            PrincipalType::Text,
+            PrincipalType::Uuid,
+            PrincipalType::Bigint,
+        ] {
+            let dialect = Dialect {
+                pooler: Pooler::Transaction,
+                portable: true,
+                principal_type,
+            };
+            let table = Table::new(&TableName::default(), dialect);
+            for statement in [
+                &table.claim,
+                &table.read,
+                &table.reclaim,
+                &table.store,
+                &table.expired,
+                &table.forget,
+                &table.purge,
+                &table.inspect,
+            ] {
+                let lower = statement.to_lowercase();
+                for setting in ["set_config", "current_setting", "for update", "skip locked"] {
+                    assert!(!lower.contains(setting), "{setting:?} in: {statement}");
+                }
+                assert!(!statement.contains('{'), "unrendered: {statement}");
+                assert!(
+                    *statement == table.purge || statement.contains(principal_type.parameter()),
+                    "{statement}"
+                );
+            }
+            let column = format!("principal    {:<11} NOT NULL", principal_type.sql());
+            assert!(table.ddl().contains(&column), "{}", table.ddl());
+            assert!(table.ddl().contains(
+                "create_distributed_table('idempotency_keys', 'principal', colocate_with =>"
+            ));
+            assert!(table
+                .ddl()
+                .contains("citus.propagate_set_commands = 'local'"));
+        }
+        assert_eq!(
+            PrincipalType::Uuid.bound(""),
+            "00000000-0000-0000-0000-000000000000"
+        );
+        assert_eq!(PrincipalType::Bigint.bound(""), "0");
+        assert_eq!(PrincipalType::Text.bound(""), "");
+        assert_eq!(PrincipalType::Bigint.bound("42"), "42");
+    }
+
     #[test]
     fn the_shipped_sql_is_the_default_table() {
         assert_eq!(TableName::parse(DEFAULT_TABLE), Some(TableName::default()));
-        assert_eq!(Table::new(&TableName::default()).ddl(), SCHEMA_SQL);
+        assert_eq!(
+            Table::new(&TableName::default(), Dialect::default()).ddl(),
+            SCHEMA_SQL
+        );
     }
 
     #[test]
@@ -592,7 +911,7 @@ mod tests {
         let name = TableName::parse("ops.idem_keys").unwrap();
         assert_eq!(name.qualified(), "\"ops\".\"idem_keys\"");
         assert_eq!(name.to_string(), "ops.idem_keys");
-        let table = Table::new(&name);
+        let table = Table::new(&name, Dialect::default());
         assert_eq!(table.primary_key, "idem_keys_pkey");
         assert!(table.ddl().starts_with("-- idem"));
         assert!(table.ddl().contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
