@@ -385,7 +385,12 @@ fn timestamped_hex_candidates(
     })
 }
 
-fn timestamped_hex_sign(header: &str, key: &[u8], timestamp: u64, body: &[u8]) -> (HeaderName, String) {
+fn timestamped_hex_sign(
+    header: &str,
+    key: &[u8],
+    timestamp: u64,
+    body: &[u8],
+) -> (HeaderName, String) {
     let mut mac = hmac(key);
     mac.update(format!("{timestamp}.").as_bytes());
     mac.update(body);
@@ -409,7 +414,12 @@ impl Scheme for Stripe {
     }
 
     fn sign(key: &[u8], _: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        vec![timestamped_hex_sign(Self::SIGNATURE_HEADER, key, timestamp, body)]
+        vec![timestamped_hex_sign(
+            Self::SIGNATURE_HEADER,
+            key,
+            timestamp,
+            body,
+        )]
     }
 }
 
@@ -427,7 +437,12 @@ impl Scheme for Custom {
     }
 
     fn sign(key: &[u8], _: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        vec![timestamped_hex_sign(Self::SIGNATURE_HEADER, key, timestamp, body)]
+        vec![timestamped_hex_sign(
+            Self::SIGNATURE_HEADER,
+            key,
+            timestamp,
+            body,
+        )]
     }
 }
 
@@ -737,7 +752,7 @@ impl std::error::Error for SignatureError {}
 /// problem+json, and nothing is claimed or stored.
 ///
 /// Take it apart with `Signed(event, ..)`.
-pub struct Signed<T, S: Scheme = StandardWebhooks>(pub T, PhantomData<fn() -> S>);
+pub struct Signed<T, S: Scheme = StandardWebhooks>(pub T, pub PhantomData<fn() -> S>);
 
 impl<T, S: Scheme> Signed<T, S> {
     /// The verified value.
@@ -748,7 +763,10 @@ impl<T, S: Scheme> Signed<T, S> {
 
 impl<T: fmt::Debug, S: Scheme> fmt::Debug for Signed<T, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Signed").field(&S::NAME).field(&self.0).finish()
+        f.debug_tuple("Signed")
+            .field(&S::NAME)
+            .field(&self.0)
+            .finish()
     }
 }
 
@@ -797,7 +815,6 @@ impl<T, S: Scheme> FingerprintBody for Signed<T, S> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -842,10 +859,7 @@ mod tests {
         let v = Verifier::<StandardWebhooks>::new(STANDARD).unwrap();
         let body = br#"{"test": 2432232314}"#;
         let sent = v.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, body);
-        assert_eq!(
-            sent[2].1,
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-        );
+        assert_eq!(sent[2].1, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
         let h = headers(&sent);
         assert_eq!(v.verify(&h, body, at(1_614_265_330)), Ok(()));
         assert_eq!(
@@ -895,7 +909,10 @@ mod tests {
         );
         let sent = svix.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, body);
         assert_eq!(sent[0].0, "svix-id");
-        assert_eq!(svix.verify(&headers(&sent), body, at(1_614_265_330)), Ok(()));
+        assert_eq!(
+            svix.verify(&headers(&sent), body, at(1_614_265_330)),
+            Ok(())
+        );
     }
 
     #[test]
@@ -975,7 +992,10 @@ mod tests {
         let named = custom(SECRET).header(HeaderName::from_static("x-sender-signature"));
         let sent = named.sign("", 1_700_000_000, body);
         assert_eq!(sent[0].0, "x-sender-signature");
-        assert_eq!(named.verify(&headers(&sent), body, at(1_700_000_000)), Ok(()));
+        assert_eq!(
+            named.verify(&headers(&sent), body, at(1_700_000_000)),
+            Ok(())
+        );
         assert_eq!(
             named.verify(&custom_header(&header), body, at(1_700_000_000)),
             Err(SignatureError::Missing)
@@ -1128,7 +1148,11 @@ mod tests {
         let old = custom("whsec_old_0123456789");
         let new = custom("whsec_new_0123456789");
         // The sender signs with both secrets during its rotation.
-        let both = format!("{},v1={}", signed(&old, 10, body), v1(&signed(&new, 10, body)));
+        let both = format!(
+            "{},v1={}",
+            signed(&old, 10, body),
+            v1(&signed(&new, 10, body))
+        );
         assert_eq!(new.verify(&custom_header(&both), body, at(10)), Ok(()));
         assert_eq!(old.verify(&custom_header(&both), body, at(10)), Ok(()));
         // The receiver accepts both secrets during its rotation.
@@ -1136,7 +1160,10 @@ mod tests {
             .with_secret("whsec_old_0123456789")
             .unwrap();
         for header in [signed(&old, 10, body), signed(&new, 10, body), both] {
-            assert_eq!(receiver.verify(&custom_header(&header), body, at(10)), Ok(()));
+            assert_eq!(
+                receiver.verify(&custom_header(&header), body, at(10)),
+                Ok(())
+            );
         }
         // Unknown scheme versions are ignored, not fatal.
         let with_v0 = format!("{},v0=abcd", signed(&new, 10, body));
