@@ -213,7 +213,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     // A signed body's key must be signed too: not a header's.
     let header_key = match (key_source, extracted.last()) {
         (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
-            ::idem::__private::header_key(
+            ::idem::__private::header_key::<{ ::idem::__private::header_hash(#name) }, _>(
                 (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
             );
         },

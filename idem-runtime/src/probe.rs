@@ -371,13 +371,18 @@ pub fn whole_body<B, Tag: WholeBody<B>>(fields: &mut Fields, body: &B, tag: Tag)
 /// its idempotency key must come from the body itself (`key = field`). A key from a
 /// header the signature does not cover would let whoever captured one delivery replay
 /// it under fresh keys, each running the effect again.
-pub trait SignedBody {}
+pub trait SignedBody {
+    /// The tag: the body's signature scheme.
+    type Tag;
+}
 
 #[cfg(feature = "webhook")]
-impl<T> SignedBody for crate::webhook::Signed<T> {}
+impl<T, S: crate::webhook::Scheme> SignedBody for crate::webhook::Signed<T, S> {
+    type Tag = SignedTag<S>;
+}
 
-/// A signed body.
-pub struct SignedTag;
+/// A signed body, of scheme `S`.
+pub struct SignedTag<S>(core::marker::PhantomData<S>);
 
 /// Any other parameter.
 pub struct UnsignedTag;
@@ -385,12 +390,27 @@ pub struct UnsignedTag;
 /// First choice: a signed body.
 pub trait SignedLevel {
     /// The tag.
-    fn __idem_signed(&self) -> SignedTag {
-        SignedTag
+    type Tag;
+    /// The tag.
+    fn __idem_signed(&self) -> Self::Tag;
+}
+
+impl<T: SignedBody> SignedLevel for &Probe<T>
+where
+    T::Tag: Default,
+{
+    type Tag = T::Tag;
+
+    fn __idem_signed(&self) -> T::Tag {
+        T::Tag::default()
     }
 }
 
-impl<T: SignedBody> SignedLevel for &Probe<T> {}
+impl<S> Default for SignedTag<S> {
+    fn default() -> Self {
+        Self(core::marker::PhantomData)
+    }
+}
 
 /// Otherwise.
 pub trait UnsignedLevel {
@@ -402,19 +422,24 @@ pub trait UnsignedLevel {
 
 impl<T> UnsignedLevel for Probe<T> {}
 
-/// A key may come from a header only when the body is not signed.
+/// A key may come from header `H` (a hash of its name) when the body is not signed, or
+/// when its scheme signs that header.
 #[diagnostic::on_unimplemented(
     message = "a key from a header the signature does not cover lets a captured delivery run again: take the key from the signed body with `key = field`",
     label = "the body is signed, this header is not",
     note = "name the event's id in the signed body, such as `key = id` or `key = meta.event_id`"
 )]
-pub trait HeaderKey {}
+pub trait HeaderKey<const H: u64> {}
 
-impl HeaderKey for UnsignedTag {}
+impl<const H: u64> HeaderKey<H> for UnsignedTag {}
 
-/// Asserts that `key = header(..)` does not key a signed body; `tag` comes from probing
-/// the last parameter.
-pub fn header_key<Tag: HeaderKey>(_: Tag) {}
+#[cfg(feature = "webhook")]
+impl<const H: u64, S: crate::webhook::SignsIdHeader<H>> HeaderKey<H> for SignedTag<S> {}
+
+/// Asserts that `key = header(..)` keys a signed body only with a header its scheme
+/// signs; `tag` comes from probing the last parameter, `H` is the header name's
+/// [`header_hash`].
+pub fn header_key<const H: u64, Tag: HeaderKey<H>>(_: Tag) {}
 
 /// Used, and so warned about, by every handler that takes no `Tx`: its writes through
 /// a pool of its own (`State<PgPool>`) commit apart from the key, so a retry after a
@@ -424,3 +449,18 @@ pub fn header_key<Tag: HeaderKey>(_: Tag) {}
     note = "this `#[idempotent]` handler takes no `Tx`: writes through a pool of its own (`State<PgPool>`) commit apart from the key, and a retry repeats them; take `mut tx: Tx` and write through it, or put `#[allow(deprecated)]` on a handler that writes nothing"
 )]
 pub const fn handler_without_tx() {}
+
+/// FNV-1a of the lowercased header name: the `H` of [`HeaderKey`] and of
+/// `idem::webhook::SignsIdHeader`. `#[idempotent(key = header(..))]` computes it in a
+/// const block.
+pub const fn header_hash(name: &str) -> u64 {
+    let bytes = name.as_bytes();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i].to_ascii_lowercase() as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}

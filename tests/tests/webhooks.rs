@@ -23,7 +23,8 @@ async fn start(db: &TestDb, webhook_delay: Duration) -> TestApp {
     let config = Config {
         webhooks: WebhookVerifier::new(SECRET)
             .and_then(|v| v.with_secret(PREVIOUS))
-            .unwrap(),
+            .unwrap()
+            .header(axum::http::HeaderName::from_static("webhook-signature")),
         webhook_delay,
         ..Config::default()
     };
@@ -58,7 +59,9 @@ fn now() -> u64 {
 fn sign(secret: &[u8], timestamp: u64, body: &str) -> String {
     WebhookVerifier::new(secret)
         .unwrap()
-        .sign(timestamp, body.as_bytes())
+        .sign("", timestamp, body.as_bytes())
+        .remove(0)
+        .1
 }
 
 fn event(id: &str) -> String {

@@ -61,7 +61,8 @@ impl Default for Config {
         Self {
             processor_delay: Duration::ZERO,
             webhooks: WebhookVerifier::new(TEST_WEBHOOK_SECRET)
-                .expect("the test secret is long enough"),
+                .expect("the test secret is long enough")
+                .header(axum::http::HeaderName::from_static("webhook-signature")),
             webhook_delay: Duration::ZERO,
         }
     }

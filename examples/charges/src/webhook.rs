@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use idem::webhook::{Signed, WebhookSecretError, WebhookVerifier};
+use idem::webhook::{Custom, Signed, WebhookSecretError, WebhookVerifier};
 use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -29,8 +29,9 @@ pub fn webhook_verifier(
             unguessable_secret().map_err(|error| format!("no random secret: {error}"))?
         }
     };
-    let verifier =
-        WebhookVerifier::new(current).map_err(|error| refused("WEBHOOK_SECRET", error))?;
+    let verifier = WebhookVerifier::new(current)
+        .map_err(|error| refused("WEBHOOK_SECRET", error))?
+        .header(axum::http::HeaderName::from_static("webhook-signature"));
     match previous {
         Some(secret) => verifier
             .with_secret(secret.into_encoded_bytes())
@@ -69,7 +70,7 @@ pub struct PaymentEvent {
 pub(crate) async fn payment_event(
     State(config): State<Arc<Config>>,
     mut tx: Tx,
-    Signed(event): Signed<PaymentEvent>,
+    Signed(event, ..): Signed<PaymentEvent, Custom>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     sqlx::query("INSERT INTO webhook_events (id, type, payload) VALUES ($1, $2, $3)")
         .bind(&event.id)

@@ -3,7 +3,7 @@
 use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::webhook::{Signed, WebhookVerifier};
+use idem::webhook::{Custom, Signed, WebhookVerifier};
 use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +26,7 @@ struct Event {
 }
 
 #[idempotent(scope = "events", ttl = "7d", key = meta.event_id, fields = [kind], concurrency = wait("30s"))]
-async fn receive(_tx: Tx, Signed(event): Signed<Event>) -> Json<u32> {
+async fn receive(_tx: Tx, Signed(event, ..): Signed<Event, Custom>) -> Json<u32> {
     Json(event.meta.attempt)
 }
 
