@@ -554,7 +554,10 @@ impl Table {
                 lock_timeout(statement)
             ));
         }
-        sqlx::raw_sql(&sql).execute(conn).await.map(drop)
+        // A query without arguments goes by the simple protocol: unnamed, and several
+        // statements at once. (`raw_sql` would do the same, but its future is not `Send`
+        // behind a `&mut PgConnection`, which handlers need.)
+        sqlx::Executor::execute(conn, sql.as_str()).await.map(drop)
     }
 
     /// Portable mode: after a successful claim, gives the handler the session's default
@@ -565,8 +568,7 @@ impl Table {
         if !self.dialect.portable {
             return Ok(());
         }
-        sqlx::raw_sql("SET LOCAL lock_timeout TO DEFAULT")
-            .execute(conn)
+        sqlx::Executor::execute(conn, "SET LOCAL lock_timeout TO DEFAULT")
             .await
             .map(drop)
     }

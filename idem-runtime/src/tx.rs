@@ -154,7 +154,10 @@ impl<'c> sqlx::Executor<'c> for &'c mut Tx<'_> {
         self.conn.prepare_with(sql, parameters)
     }
 
-    fn describe<'e, 'q: 'e>(self, sql: &'q str) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
     where
         'c: 'e,
     {

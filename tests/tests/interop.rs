@@ -75,12 +75,16 @@ async fn start(db: &idem_tests::TestDb) -> TestApp {
 async fn every_executor_form_writes_in_the_request_transaction() {
     with_test_db(async |db| {
         let app = start(db).await;
-        let first = app.post("/charges", Some("k1"), &json!({"amount": 5})).await;
+        let first = app
+            .post("/charges", Some("k1"), &json!({"amount": 5}))
+            .await;
         assert_eq!(first.status, 201, "{first:?}");
         // The `&mut PgConnection` function saw the three rows written before it.
         assert_eq!(first.json(), json!({ "seen": 3 }));
         assert_eq!(app.count("charges").await, 3);
-        let replay = app.post("/charges", Some("k1"), &json!({"amount": 5})).await;
+        let replay = app
+            .post("/charges", Some("k1"), &json!({"amount": 5}))
+            .await;
         assert!(replay.replayed());
         assert_eq!(replay.body, first.body);
         assert_eq!(app.count("charges").await, 3);

@@ -89,7 +89,10 @@ async fn verify_after(setup: &str) -> Result<(), VerifyError> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_table_is_named() {
     let error = verify_after("SELECT 1").await.expect_err("no table");
-    assert!(matches!(error, VerifyError::MissingTable { .. }), "{error:?}");
+    assert!(
+        matches!(error, VerifyError::MissingTable { .. }),
+        "{error:?}"
+    );
     let message = error.to_string();
     assert!(
         message.contains("`idempotency_keys` does not exist") && message.contains("migrate"),
@@ -102,10 +105,19 @@ async fn a_missing_column_is_named() {
     let setup = format!("{SCHEMA_SQL}\nALTER TABLE idempotency_keys DROP COLUMN field_hashes;");
     let error = verify_after(&setup).await.expect_err("no column");
     assert!(
-        matches!(error, VerifyError::MissingColumn { column: "field_hashes", .. }),
+        matches!(
+            error,
+            VerifyError::MissingColumn {
+                column: "field_hashes",
+                ..
+            }
+        ),
         "{error:?}"
     );
-    assert!(error.to_string().contains("no column `field_hashes`"), "{error}");
+    assert!(
+        error.to_string().contains("no column `field_hashes`"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -123,10 +135,14 @@ async fn a_column_of_the_wrong_type_is_named() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_primary_key_is_named() {
-    let setup =
-        format!("{SCHEMA_SQL}\nALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey;");
+    let setup = format!(
+        "{SCHEMA_SQL}\nALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey;"
+    );
     let error = verify_after(&setup).await.expect_err("no primary key");
-    assert!(matches!(error, VerifyError::MissingPrimaryKey { .. }), "{error:?}");
+    assert!(
+        matches!(error, VerifyError::MissingPrimaryKey { .. }),
+        "{error:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -134,6 +150,8 @@ async fn a_principal_of_type_uuid_or_bigint_verifies() {
     for ty in ["uuid", "bigint", "text"] {
         let setup = SCHEMA_SQL.replace("principal    text", &format!("principal    {ty}"));
         assert!(setup.contains(&format!("principal    {ty}")));
-        verify_after(&setup).await.unwrap_or_else(|e| panic!("{ty}: {e}"));
+        verify_after(&setup)
+            .await
+            .unwrap_or_else(|e| panic!("{ty}: {e}"));
     }
 }
