@@ -1,6 +1,7 @@
 //! A key from a header the signature does not cover, on a signed body: one captured
-//! delivery, sent again under fresh ids, would run its effect each time.
-use idem::webhook::Signed;
+//! delivery, sent again under fresh ids, would run its effect each time. Stripe's
+//! signature covers the timestamp and the body, not any id header.
+use idem::webhook::{Signed, Stripe};
 use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -11,7 +12,7 @@ struct Event {
 }
 
 #[idempotent(scope = "events", key = header("Webhook-Id"))]
-async fn receive(_tx: Tx, Signed(event): Signed<Event>) -> String {
+async fn receive(_tx: Tx, Signed(event, _): Signed<Event, Stripe>) -> String {
     event.amount.to_string()
 }
 
