@@ -2,7 +2,8 @@
 //! never accepted without the delivery's MAC; headers assembled from well-formed parts
 //! (the right MAC, a MAC with one bit flipped, cut short, made for another body or
 //! timestamp, other schemes, whitespace) are accepted exactly when one `v1` is the
-//! right MAC and the timestamp is within the tolerance. The MAC is computed here with
+//! right MAC, every `v1` is well formed (64 hex digits, at most eight of them) and the
+//! timestamp is within the tolerance. The MAC is computed here with
 //! `hmac`/`sha2`, independently of the verifier's own code.
 #![no_main]
 
@@ -127,7 +128,14 @@ fn built(body: &[u8], skew: i16, t_at: u8, parts: &[Part]) {
     let right = mac(SECRET, &ts, body);
     let mut texts = Vec::with_capacity(parts.len() + 1);
     let mut any_right = false;
+    // A `v1` that is not 64 hex digits, or more than eight of them, makes the whole
+    // header malformed, whatever else it holds.
+    let mut malformed = false;
+    let mut v1s = 0;
     for part in parts {
+        if !matches!(part, Part::OtherScheme { .. }) {
+            v1s += 1;
+        }
         let text = match *part {
             Part::Right { upper, pad } => {
                 any_right = true;
@@ -144,6 +152,7 @@ fn built(body: &[u8], skew: i16, t_at: u8, parts: &[Part]) {
                 format!("v1={}", hex(&wrong, false))
             }
             Part::Short { len } => {
+                malformed = true;
                 format!("v1={}", hex(&right[..usize::from(len % 32)], false))
             }
             Part::OtherBody { extra } => {
@@ -178,7 +187,7 @@ fn built(body: &[u8], skew: i16, t_at: u8, parts: &[Part]) {
     let verdict = verifier().verify(&headers(header.as_bytes()), body, at);
     assert_eq!(
         verdict.is_ok(),
-        any_right && fresh,
+        any_right && fresh && !malformed && v1s <= idem::webhook::MAX_SIGNATURES,
         "{header:?} over {body:?}: {verdict:?}"
     );
     // The verifier's own signature is one of the accepted forms.
