@@ -15,6 +15,8 @@ mod attr;
 mod errors;
 #[path = "../../idem-macros/src/expand.rs"]
 mod expand;
+#[path = "../../idem-macros/src/openapi.rs"]
+mod openapi;
 #[path = "../../idem-macros/src/valid.rs"]
 mod valid;
 
