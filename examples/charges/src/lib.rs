@@ -121,6 +121,9 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
 
     let pool = connect_with_size(&database_url, pool_size).await?;
     migrate(&pool).await?;
+    // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
+    // with it now, not in a 500 on the first request.
+    Store::new(pool.clone()).verify().await?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
     let _sweeper = Store::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000)?;
     let app = app(
