@@ -198,10 +198,44 @@ impl sealed::Sealed for Custom {}
 impl SignsIdHeader<{ crate::probe::header_hash("webhook-id") }> for StandardWebhooks {}
 impl SignsIdHeader<{ crate::probe::header_hash("svix-id") }> for Svix {}
 
-/// The three headers of a Standard Webhooks spelling.
+/// The three headers of a Standard Webhooks spelling: `webhook-*` or `svix-*`.
 struct Spelling {
-    id: HeaderName,
-    timestamp: HeaderName,
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
+
+const WEBHOOK: Spelling = Spelling {
+    id: "webhook-id",
+    timestamp: "webhook-timestamp",
+    signature: "webhook-signature",
+};
+
+const SVIX: Spelling = Spelling {
+    id: "svix-id",
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+};
+
+/// A Standard Webhooks delivery's headers, in `spelling`.
+fn standard_headers(
+    spelling: &Spelling,
+    key: &[u8],
+    id: &str,
+    timestamp: u64,
+    body: &[u8],
+) -> Vec<(HeaderName, String)> {
+    vec![
+        (HeaderName::from_static(spelling.id), id.to_owned()),
+        (
+            HeaderName::from_static(spelling.timestamp),
+            timestamp.to_string(),
+        ),
+        (
+            HeaderName::from_static(spelling.signature),
+            standard_sign(key, id, timestamp, body),
+        ),
+    ]
 }
 
 fn standard_candidates(
@@ -211,7 +245,7 @@ fn standard_candidates(
     tolerance: Duration,
     now: SystemTime,
 ) -> Result<Candidates, SignatureError> {
-    let text = |name: &HeaderName| -> Result<&str, SignatureError> {
+    let text = |name: &str| -> Result<&str, SignatureError> {
         let value = headers.get(name).ok_or(SignatureError::Missing)?;
         if value.len() > MAX_ID_LEN {
             return Err(SignatureError::Malformed);
@@ -219,11 +253,11 @@ fn standard_candidates(
         value.to_str().map_err(|_| SignatureError::Malformed)
     };
     let value = headers.get(signature).ok_or(SignatureError::Missing)?;
-    let id = text(&spelling.id)?;
+    let id = text(spelling.id)?;
     if id.is_empty() {
         return Err(SignatureError::Malformed);
     }
-    let timestamp = decode_seconds(text(&spelling.timestamp)?).ok_or(SignatureError::Malformed)?;
+    let timestamp = decode_seconds(text(spelling.timestamp)?).ok_or(SignatureError::Malformed)?;
     fresh(timestamp, tolerance, now)?;
     let value = std::str::from_utf8(value.as_bytes()).map_err(|_| SignatureError::Malformed)?;
     let mut signatures = Vec::new();
@@ -264,7 +298,7 @@ fn standard_sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
 
 impl Scheme for StandardWebhooks {
     const NAME: &'static str = "Standard Webhooks";
-    const SIGNATURE_HEADER: &'static str = "webhook-signature";
+    const SIGNATURE_HEADER: &'static str = WEBHOOK.signature;
 
     fn key(secret: Vec<u8>) -> Result<Vec<u8>, WebhookSecretError> {
         standard_key(secret)
@@ -276,31 +310,17 @@ impl Scheme for StandardWebhooks {
         tolerance: Duration,
         now: SystemTime,
     ) -> Result<Candidates, SignatureError> {
-        let spelling = Spelling {
-            id: HeaderName::from_static("webhook-id"),
-            timestamp: HeaderName::from_static("webhook-timestamp"),
-        };
-        standard_candidates(&spelling, headers, signature, tolerance, now)
+        standard_candidates(&WEBHOOK, headers, signature, tolerance, now)
     }
 
     fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        vec![
-            (HeaderName::from_static("webhook-id"), id.to_owned()),
-            (
-                HeaderName::from_static("webhook-timestamp"),
-                timestamp.to_string(),
-            ),
-            (
-                HeaderName::from_static("webhook-signature"),
-                standard_sign(key, id, timestamp, body),
-            ),
-        ]
+        standard_headers(&WEBHOOK, key, id, timestamp, body)
     }
 }
 
 impl Scheme for Svix {
     const NAME: &'static str = "Svix";
-    const SIGNATURE_HEADER: &'static str = "svix-signature";
+    const SIGNATURE_HEADER: &'static str = SVIX.signature;
 
     fn key(secret: Vec<u8>) -> Result<Vec<u8>, WebhookSecretError> {
         standard_key(secret)
@@ -312,25 +332,11 @@ impl Scheme for Svix {
         tolerance: Duration,
         now: SystemTime,
     ) -> Result<Candidates, SignatureError> {
-        let spelling = Spelling {
-            id: HeaderName::from_static("svix-id"),
-            timestamp: HeaderName::from_static("svix-timestamp"),
-        };
-        standard_candidates(&spelling, headers, signature, tolerance, now)
+        standard_candidates(&SVIX, headers, signature, tolerance, now)
     }
 
     fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        vec![
-            (HeaderName::from_static("svix-id"), id.to_owned()),
-            (
-                HeaderName::from_static("svix-timestamp"),
-                timestamp.to_string(),
-            ),
-            (
-                HeaderName::from_static("svix-signature"),
-                standard_sign(key, id, timestamp, body),
-            ),
-        ]
+        standard_headers(&SVIX, key, id, timestamp, body)
     }
 }
 
