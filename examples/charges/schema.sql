@@ -18,13 +18,17 @@ CREATE TABLE IF NOT EXISTS refunds (
 
 CREATE INDEX IF NOT EXISTS refunds_charge_id_idx ON refunds (charge_id);
 
--- One row per processed webhook event; the event id is also the idempotency key.
+-- One row per processed webhook event and provider (payments, stripe, github).
 CREATE TABLE IF NOT EXISTS webhook_events (
-    id           text        PRIMARY KEY,
+    provider     text        NOT NULL,
+    id           text        NOT NULL,
     type         text        NOT NULL,
     payload      jsonb       NOT NULL,
-    processed_at timestamptz NOT NULL DEFAULT now()
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (provider, id)
 );
+-- A table made before there were several providers held the payment provider's events.
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS provider text NOT NULL DEFAULT 'payments';
 
 -- Set by `charge.refunded` events from the payment provider.
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS refunded_by_provider boolean NOT NULL DEFAULT false;

@@ -28,6 +28,8 @@ pub mod kw {
 
     // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
     syn::custom_keyword!(header);
+    syn::custom_keyword!(digest);
+    syn::custom_keyword!(body);
     syn::custom_keyword!(reject);
     syn::custom_keyword!(wait);
     syn::custom_keyword!(read_committed);
@@ -64,11 +66,14 @@ pub enum Isolation {
     Serializable,
 }
 
-/// `key = event_id` (a body field) or `key = header("Webhook-Id")`.
+/// `key = event_id` (a body field), `key = header("Webhook-Id")` or `key =
+/// digest(body)`.
 pub enum KeySource {
     Field(FieldPath),
     /// The header's name, lowercased.
     Header(LitStr),
+    /// The SHA-256 of the whole body; the token is `digest`.
+    Digest(kw::digest),
 }
 
 /// `concurrency = reject` (409 at once, the default) or `concurrency = wait("30s")`.
@@ -349,7 +354,8 @@ fn parse_required(value: &Expr, errors: &Errors) -> Option<LitBool> {
     None
 }
 
-/// `key = id`, `key = meta.event_id` or `key = header("Webhook-Id")`.
+/// `key = id`, `key = meta.event_id`, `key = header("Webhook-Id")` or `key =
+/// digest(body)`.
 fn parse_key(value: &Expr, errors: &Errors) -> Option<KeySource> {
     if let Expr::Call(call) = value {
         if is::<kw::header>(&call.func) {
@@ -369,12 +375,26 @@ fn parse_key(value: &Expr, errors: &Errors) -> Option<KeySource> {
             }
         }
     }
+    if let Expr::Call(call) = value {
+        if is::<kw::digest>(&call.func) {
+            if let [arg] = &call.args.iter().collect::<Vec<_>>()[..] {
+                if is::<kw::body>(arg) {
+                    return Some(KeySource::Digest(kw::digest(call.func.span())));
+                }
+            }
+            errors.at(
+                call.span(),
+                "`digest` takes the word `body`: `key = digest(body)` keys the request by the SHA-256 of its whole body",
+            );
+            return None;
+        }
+    }
     if let Some(path) = field_path(value) {
         return Some(KeySource::Field(path));
     }
     errors.at(
         value.span(),
-        "`key` takes a body field, such as `key = id` or `key = meta.event_id`, or a header, such as `key = header(\"Webhook-Id\")`",
+        "`key` takes a body field, such as `key = id` or `key = meta.event_id`, a header, such as `key = header(\"Webhook-Id\")`, or the body's digest, `key = digest(body)`",
     );
     None
 }
@@ -659,6 +679,11 @@ mod tests {
         assert!(matches!(&args.key, Some((_, KeySource::Header(h))) if h.value() == "webhook-id"));
         assert!(matches!(args.concurrency, Some((_, Concurrency::Reject))));
         assert!(args.wait().is_none());
+        let args = parse_ok(quote!(scope = "s", key = digest(body)));
+        assert!(matches!(&args.key, Some((_, KeySource::Digest(_)))));
+        // A field that happens to be called `body` is still a field.
+        let args = parse_ok(quote!(scope = "s", key = body));
+        assert!(matches!(&args.key, Some((_, KeySource::Field(p))) if p.name() == "body"));
         let args = parse_ok(quote!(scope = "s", concurrency = wait("250ms")));
         assert_eq!(args.wait().map(|w| w.millis), Some(250));
         for bad in [
@@ -670,6 +695,9 @@ mod tests {
             quote!(concurrency = a::reject),
             quote!(concurrency = waits("1s")),
             quote!(key = headers("Id")),
+            quote!(key = digest(id)),
+            quote!(key = digest()),
+            quote!(key = digest(body, id)),
         ] {
             assert_eq!(messages(quote!(scope = "s", #bad)).len(), 1, "{bad}");
         }

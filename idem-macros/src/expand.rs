@@ -208,6 +208,11 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 }),
             )
         }
+        (Some(KeySource::Digest(digest)), Some((arg, ty))) => {
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let key = quote_spanned!(digest.span=> ::idem::__private::key_of_digest(#body));
+            (None, quote!(::core::option::Option::Some(#key)))
+        }
         _ => (None, quote!(::core::option::Option::None)),
     };
     // A signed body's key must be signed too: not a header's.

@@ -88,7 +88,7 @@ pub fn document(attr: &Attribute, args: &Args) -> syn::Result<Attribute> {
 /// The key's header parameter, if the key comes from a header.
 fn key_param(args: &Args) -> Option<TokenStream> {
     let name = match args.key.as_ref().map(|(_, source)| source) {
-        Some(KeySource::Field(_)) => return None,
+        Some(KeySource::Field(_) | KeySource::Digest(_)) => return None,
         Some(KeySource::Header(name)) => name.value(),
         None => "Idempotency-Key".to_owned(),
     };

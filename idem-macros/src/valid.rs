@@ -130,6 +130,12 @@ pub fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
             "`key = field` needs a body to read it from: add a `Json<T>` parameter as the handler's last parameter",
         );
     }
+    if let Some((_, KeySource::Digest(digest))) = &args.key {
+        errors.at(
+            digest.span,
+            "`key = digest(body)` needs a body to hash: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
 }
 
 /// Finds what the type system reports only obscurely: ending idem's transaction by

@@ -257,6 +257,16 @@ fn form_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// The digest a request is keyed by under `key = digest(body)`: the canonical encoding
+/// of the whole body, under a domain of its own, so that it is never equal to a field's
+/// or a fingerprint's hash. Fails only when the value's own `Serialize` implementation
+/// reports an error.
+pub(crate) fn key_digest<T: Serialize + ?Sized>(body: &T) -> Result<Digest32, FingerprintError> {
+    let mut hasher = domain(b'k');
+    body.serialize(Encoder { out: &mut hasher })?;
+    Ok(hasher.finalize().into())
+}
+
 fn domain(kind: u8) -> Sha256 {
     let mut hasher = Sha256::new();
     put_str(&mut hasher, VERSION);

@@ -76,6 +76,13 @@ impl IdempotencyKey {
         Ok(Self(hashed.into_boxed_str()))
     }
 
+    /// The key `sha256:<64 hex digits>` of a digest (`key = digest(body)`), as it is:
+    /// a digest is already of the hashed form, so it is not hashed again.
+    pub(crate) fn from_digest(digest: &[u8; 32]) -> Self {
+        let key = format!("{HASHED_KEY_PREFIX}{}", crate::fingerprint::hex(digest));
+        Self(key.into_boxed_str())
+    }
+
     /// Reads the key from the `Idempotency-Key` header: `Ok(None)` when it is absent, an
     /// error when it is malformed or given more than once (two keys for one request
     /// would make its identity ambiguous).
@@ -137,6 +144,8 @@ pub enum KeyOrigin {
     Field,
     /// The key given to [`Store::run_once`](crate::Store::run_once).
     Message,
+    /// The digest of the request body (`key = digest(body)`).
+    Digest,
 }
 
 impl KeyOrigin {
@@ -150,6 +159,7 @@ impl fmt::Display for KeyOrigin {
             Self::Header(name) => write!(f, "the {name} header"),
             Self::Field => f.write_str("the key field of the request body"),
             Self::Message => f.write_str("the run_once key"),
+            Self::Digest => f.write_str("the digest of the request body"),
         }
     }
 }
@@ -230,7 +240,7 @@ impl KeyError {
                                  or an RFC 8941 quoted string";
         let spellings = match origin {
             KeyOrigin::Header(_) => SPELLINGS,
-            KeyOrigin::Field | KeyOrigin::Message => "send a non-empty key",
+            KeyOrigin::Field | KeyOrigin::Message | KeyOrigin::Digest => "send a non-empty key",
         };
         match (self, origin) {
             (Self::Missing, KeyOrigin::Header(name)) => {

@@ -1,47 +1,67 @@
-//! Webhooks and queue consumers: keys from the payload, signed deliveries, the wait
-//! policy, and exactly once without HTTP. Against a real PostgreSQL, over real HTTP.
+//! Webhooks and queue consumers: keys from the payload or a signed header, signed
+//! deliveries, the wait policy, and exactly once without HTTP. Against a real
+//! PostgreSQL, over real HTTP. The deliveries here are signed by idem's own
+//! `Verifier::sign`; `providers.rs` signs them with each provider's official library.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::FromRef;
+use axum::http::HeaderName;
 use axum::routing::post;
 use axum::{Json, Router};
 use charges::consumer::{self, Credit, Credited};
 use charges::Config;
 use futures::future::join_all;
-use idem::webhook::WebhookVerifier;
+use idem::webhook::{Custom, Signed, StandardWebhooks, Stripe, Verifier};
 use idem::{idempotent, OnceError, Store, Tx};
 use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-const SECRET: &[u8] = b"whsec_current_0123456789";
-const PREVIOUS: &[u8] = b"whsec_previous_0123456789";
+/// Standard Webhooks secrets (`whsec_` and base64) of `/webhooks/payments`.
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const PREVIOUS: &str = "whsec_cHJldmlvdXMtc2VjcmV0LWJ5dGVzLTI0";
+/// The Stripe secret of `/webhooks/stripe`, used whole as the key.
+const STRIPE: &str = "whsec_stripe_current_0123456789abcdef";
 
-/// The charges example with the two secrets, its webhook taking `webhook_delay`.
+/// The charges example with these secrets, its webhooks taking `webhook_delay`.
 async fn start(db: &TestDb, webhook_delay: Duration) -> TestApp {
     let config = Config {
-        webhooks: WebhookVerifier::new(SECRET)
+        payments: Verifier::new(SECRET)
             .and_then(|v| v.with_secret(PREVIOUS))
-            .unwrap()
-            .header(axum::http::HeaderName::from_static("webhook-signature")),
+            .unwrap(),
+        stripe: Verifier::new(STRIPE).unwrap(),
         webhook_delay,
         ..Config::default()
     };
     TestApp::charges(db, 30, config).await
 }
 
-/// A payment provider's deliveries.
+/// A payment provider's deliveries to `/webhooks/payments`, and Stripe's to
+/// `/webhooks/stripe`.
 trait Deliver {
-    async fn deliver(&self, body: &str, signature: &str) -> Answer;
+    async fn deliver(&self, body: &str, headers: &[(HeaderName, String)]) -> Answer;
+    async fn deliver_stripe(&self, body: &str, signature: &str) -> Answer;
 }
 
 impl Deliver for TestApp {
-    async fn deliver(&self, body: &str, signature: &str) -> Answer {
+    async fn deliver(&self, body: &str, headers: &[(HeaderName, String)]) -> Answer {
+        let mut request = self
+            .client
+            .post(self.url("/webhooks/payments"))
+            .header("Content-Type", "application/json")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        send(request).await
+    }
+
+    async fn deliver_stripe(&self, body: &str, signature: &str) -> Answer {
         send(
             self.client
-                .post(self.url("/webhooks/payments"))
-                .header("Webhook-Signature", signature)
+                .post(self.url("/webhooks/stripe"))
+                .header("Stripe-Signature", signature)
                 .header("Content-Type", "application/json")
                 .body(body.to_owned()),
         )
@@ -49,13 +69,13 @@ impl Deliver for TestApp {
     }
 }
 
-/// Sends the head of a delivery to `/webhooks/payments` announcing `length` bytes of
-/// body, sends none of them, and returns what the server answers (within 10 s).
+/// Sends the head of a Stripe delivery announcing `length` bytes of body, sends none of
+/// them, and returns what the server answers (within 10 s).
 async fn head_only(s: &TestApp, signature: &str, length: usize) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     let head = format!(
-        "POST /webhooks/payments HTTP/1.1\r\nHost: {}\r\nWebhook-Signature: {signature}\r\n\
+        "POST /webhooks/stripe HTTP/1.1\r\nHost: {}\r\nStripe-Signature: {signature}\r\n\
          Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n",
         s.addr
     );
@@ -89,24 +109,38 @@ fn now() -> u64 {
         .as_secs()
 }
 
-fn sign(secret: &[u8], timestamp: u64, body: &str) -> String {
-    WebhookVerifier::new(secret)
+/// The three Standard Webhooks headers of a delivery with `id`.
+fn sign(secret: &str, id: &str, timestamp: u64, body: &str) -> Vec<(HeaderName, String)> {
+    Verifier::<StandardWebhooks>::new(secret)
+        .unwrap()
+        .sign(id, timestamp, body.as_bytes())
+}
+
+/// The `Stripe-Signature` of a delivery.
+fn sign_stripe(secret: &str, timestamp: u64, body: &str) -> String {
+    Verifier::<Stripe>::new(secret)
         .unwrap()
         .sign("", timestamp, body.as_bytes())
         .remove(0)
         .1
 }
 
-fn event(id: &str) -> String {
-    json!({ "id": id, "type": "payment.succeeded", "data": { "amount": 500 } }).to_string()
+/// A payment event, in the Standard Webhooks payload shape; its id is a header.
+fn event() -> String {
+    json!({ "type": "payment.succeeded", "data": { "amount": 500 } }).to_string()
+}
+
+/// A Stripe event with `id`.
+fn stripe_event(id: &str) -> String {
+    json!({ "id": id, "type": "payment_intent.succeeded", "data": { "amount": 500 } }).to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_event_is_acknowledged_and_processed_once() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
-        let body = event("evt_1");
-        let first = s.deliver(&body, &sign(SECRET, now(), &body)).await;
+        let body = event();
+        let first = s.deliver(&body, &sign(SECRET, "evt_1", now(), &body)).await;
         assert_eq!(
             first.status,
             200,
@@ -115,7 +149,7 @@ async fn a_redelivered_event_is_acknowledged_and_processed_once() {
         );
         assert_eq!(first.json(), json!({ "received": "evt_1" }));
         // The provider redelivers later, signed afresh.
-        let again = s.deliver(&body, &sign(SECRET, now(), &body)).await;
+        let again = s.deliver(&body, &sign(SECRET, "evt_1", now(), &body)).await;
         assert_eq!(again.status, 200);
         assert!(again.replayed());
         assert_eq!(again.body, first.body);
@@ -128,7 +162,7 @@ async fn a_redelivered_event_is_acknowledged_and_processed_once() {
         .unwrap();
         assert_eq!(
             scope, "payment_events//evt_1",
-            "keyed by the event's own id, no principal"
+            "keyed by the event's own (signed) id, no principal"
         );
         let ttl: f64 = sqlx::query_scalar(
             "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys",
@@ -145,9 +179,9 @@ async fn a_redelivered_event_is_acknowledged_and_processed_once() {
 async fn twenty_concurrent_copies_of_one_event_make_one_row_and_twenty_acks() {
     with_test_db(async |db| {
         let s = start(db, Duration::from_millis(300)).await;
-        let body = event("evt_storm");
-        let signature = sign(SECRET, now(), &body);
-        let answers = join_all((0..20).map(|_| s.deliver(&body, &signature))).await;
+        let body = event();
+        let headers = sign(SECRET, "evt_storm", now(), &body);
+        let answers = join_all((0..20).map(|_| s.deliver(&body, &headers))).await;
         let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
         assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
         assert!(answers.iter().all(|a| a.body == answers[0].body));
@@ -161,13 +195,22 @@ async fn twenty_concurrent_copies_of_one_event_make_one_row_and_twenty_acks() {
 async fn a_different_payload_under_the_same_event_id_is_refused() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
-        let body = event("evt_2");
-        s.deliver(&body, &sign(SECRET, now(), &body)).await;
-        let other = json!({ "id": "evt_2", "type": "payment.failed", "data": {} }).to_string();
-        s.deliver(&other, &sign(SECRET, now(), &other))
+        let body = event();
+        s.deliver(&body, &sign(SECRET, "evt_2", now(), &body)).await;
+        let other = json!({ "type": "payment.failed", "data": {} }).to_string();
+        s.deliver(&other, &sign(SECRET, "evt_2", now(), &other))
             .await
             .assert_problem(422, "key-reused");
         assert_eq!(s.count("webhook_events").await, 1);
+        // The same on Stripe's endpoint, whose key is the body's `id`.
+        let body = stripe_event("evt_s");
+        s.deliver_stripe(&body, &sign_stripe(STRIPE, now(), &body))
+            .await;
+        let other = json!({ "id": "evt_s", "type": "payment_intent.payment_failed" }).to_string();
+        s.deliver_stripe(&other, &sign_stripe(STRIPE, now(), &other))
+            .await
+            .assert_problem(422, "key-reused");
+        assert_eq!(s.count("webhook_events").await, 2);
     })
     .await;
 }
@@ -186,10 +229,11 @@ async fn a_refund_event_changes_its_charge() {
         .await
         .json();
         let id = charge["id"].as_str().unwrap();
-        let body = json!({ "id": "evt_r", "type": "charge.refunded", "data": { "charge_id": id } })
-            .to_string();
+        let body = json!({ "type": "charge.refunded", "data": { "charge_id": id } }).to_string();
         assert_eq!(
-            s.deliver(&body, &sign(SECRET, now(), &body)).await.status,
+            s.deliver(&body, &sign(SECRET, "evt_r", now(), &body))
+                .await
+                .status,
             200
         );
         let refunded: bool =
@@ -207,28 +251,42 @@ async fn a_refund_event_changes_its_charge() {
 async fn forged_stale_and_malformed_signatures_leave_nothing() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
-        let body = event("evt_3");
-        s.deliver(&body, &sign(b"whsec_guessed_0123456789", now(), &body))
+        let body = event();
+        let guessed = "whsec_YS1mb3JnZXItZ3Vlc3NlZC10aGlzLTI0";
+        s.deliver(&body, &sign(guessed, "evt_3", now(), &body))
             .await
             .assert_problem(401, "invalid-signature");
-        // A genuine signature over another body.
-        s.deliver(&body, &sign(SECRET, now(), &event("evt_4")))
+        // A genuine signature over another body, and over another id.
+        let other = json!({ "type": "payment.failed" }).to_string();
+        let mut headers = sign(SECRET, "evt_3", now(), &other);
+        s.deliver(&body, &headers)
             .await
             .assert_problem(401, "invalid-signature");
-        s.deliver(&body, &sign(SECRET, now() - 3600, &body))
+        headers = sign(SECRET, "evt_4", now(), &body);
+        headers[0].1 = "evt_3".into();
+        s.deliver(&body, &headers)
+            .await
+            .assert_problem(401, "invalid-signature");
+        s.deliver(&body, &sign(SECRET, "evt_3", now() - 3600, &body))
             .await
             .assert_problem(400, "stale-signature");
-        s.deliver(&body, "sha256=abcdef")
+        headers = sign(SECRET, "evt_3", now(), &body);
+        headers[2].1 = "sha256=abcdef".into();
+        s.deliver(&body, &headers)
             .await
             .assert_problem(400, "malformed-signature");
-        let unsigned = send(
-            s.client
-                .post(s.url("/webhooks/payments"))
-                .header("Content-Type", "application/json")
-                .body(body.clone()),
-        )
-        .await;
-        unsigned.assert_problem(400, "malformed-signature");
+        // Each of the three headers missing, or the id empty.
+        for (missing, empty_id) in [(0, false), (1, false), (2, false), (3, true)] {
+            let mut headers = sign(SECRET, "evt_3", now(), &body);
+            if empty_id {
+                headers[0].1 = String::new();
+            } else {
+                headers.remove(missing);
+            }
+            s.deliver(&body, &headers)
+                .await
+                .assert_problem(400, "malformed-signature");
+        }
         assert_eq!(
             (
                 s.count("webhook_events").await,
@@ -245,19 +303,18 @@ async fn rotated_secrets_verify_on_both_sides() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
         // The receiver still accepts the previous secret.
-        let body = event("evt_old");
+        let body = event();
         assert_eq!(
-            s.deliver(&body, &sign(PREVIOUS, now(), &body)).await.status,
+            s.deliver(&body, &sign(PREVIOUS, "evt_old", now(), &body))
+                .await
+                .status,
             200
         );
         // The sender, rotating, signs with an unknown new secret and the current one.
-        let body = event("evt_both");
         let t = now();
-        let both = format!(
-            "{},{}",
-            sign(b"whsec_next_0123456789", t, &body),
-            sign(SECRET, t, &body).split_once(',').unwrap().1
-        );
+        let next = "whsec_dGhlLW5leHQtc2VjcmV0LWJ5dGVzLTI0";
+        let mut both = sign(next, "evt_both", t, &body);
+        both[2].1 = format!("{} {}", both[2].1, sign(SECRET, "evt_both", t, &body)[2].1);
         assert_eq!(s.deliver(&body, &both).await.status, 200);
         assert_eq!(s.count("webhook_events").await, 2);
     })
@@ -269,11 +326,11 @@ async fn an_empty_event_id_is_refused() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
         let body = json!({ "id": "", "type": "x" }).to_string();
-        s.deliver(&body, &sign(SECRET, now(), &body))
+        s.deliver_stripe(&body, &sign_stripe(STRIPE, now(), &body))
             .await
             .assert_problem(400, "malformed-key");
         let body = json!({ "type": "x" }).to_string();
-        s.deliver(&body, &sign(SECRET, now(), &body))
+        s.deliver_stripe(&body, &sign_stripe(STRIPE, now(), &body))
             .await
             .assert_problem(400, "invalid-request");
         assert_eq!(s.count("webhook_events").await, 0);
@@ -283,14 +340,14 @@ async fn an_empty_event_id_is_refused() {
 
 /// Pins the CPU denial of service of signature checks: a header with thousands of (empty)
 /// `v1` values cost one MAC over the whole body each. Hostile headers are now refused
-/// before the body is read.
+/// before the body is read. Stripe's format, as the custom scheme's, has the `v1` lists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_signature_headers_are_refused_before_the_body_is_read() {
     with_test_db(async |db| {
         let s = start(db, Duration::ZERO).await;
         let t = now();
-        let body = event("evt_hostile");
-        let good = sign(SECRET, t, &body);
+        let body = stripe_event("evt_hostile");
+        let good = sign_stripe(STRIPE, t, &body);
         let sig = good.split_once(",v1=").unwrap().1;
         let zeros = "0".repeat(64);
         let hostile = [
@@ -304,7 +361,7 @@ async fn hostile_signature_headers_are_refused_before_the_body_is_read() {
             ),
         ];
         for (header, body) in &hostile {
-            s.deliver(body, header)
+            s.deliver_stripe(body, header)
                 .await
                 .assert_problem(400, "malformed-signature");
         }
@@ -334,34 +391,53 @@ async fn hostile_signature_headers_are_refused_before_the_body_is_read() {
             sig.to_uppercase(),
             format!(",v1={zeros}").repeat(4)
         );
-        assert_eq!(s.deliver(&body, &eight).await.status, 200);
+        assert_eq!(s.deliver_stripe(&body, &eight).await.status, 200);
         assert_eq!(s.count("webhook_events").await, 1);
     })
     .await;
 }
 
 /// Pins the empty-key bug: `WEBHOOK_SECRET=` made the example verify deliveries signed
-/// with the empty key. It now refuses to start.
+/// with the empty key. It now refuses to start, as it does a secret that is not a
+/// Standard Webhooks `whsec_<base64>` one.
 #[test]
-fn the_example_refuses_an_empty_or_short_webhook_secret() {
+fn the_example_refuses_an_empty_short_or_malformed_webhook_secret() {
     let refused = |current: Option<&str>, previous: Option<&str>| {
         charges::webhook_verifier(current.map(Into::into), previous.map(Into::into)).unwrap_err()
     };
+    let prefix = "a Standard Webhooks secret starts with whsec_ (whsec_<base64>, as the \
+                  provider shows it)";
+    assert_eq!(refused(Some(""), None), format!("WEBHOOK_SECRET: {prefix}"));
     assert_eq!(
-        refused(Some(""), None),
+        refused(Some("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), None),
+        format!("WEBHOOK_SECRET: {prefix}")
+    );
+    assert_eq!(
+        refused(Some("whsec_"), None),
         "WEBHOOK_SECRET: the webhook secret is empty; it must be at least 16 bytes"
     );
     assert_eq!(
-        refused(Some("whsec_short"), None),
-        "WEBHOOK_SECRET: the webhook secret is 11 bytes long; it must be at least 16 bytes"
+        refused(Some("whsec_c2hvcnQ="), None),
+        "WEBHOOK_SECRET: the webhook secret is 5 bytes long; it must be at least 16 bytes"
     );
     assert_eq!(
-        refused(Some("whsec_current_0123456789"), Some("")),
-        "WEBHOOK_SECRET_PREVIOUS: the webhook secret is empty; it must be at least 16 bytes"
+        refused(Some("whsec_not base64!"), None),
+        "WEBHOOK_SECRET: the webhook secret is not of the form whsec_<base64> (a Standard \
+         Webhooks secret)"
     );
-    assert!(charges::webhook_verifier(Some("whsec_current_0123456789".into()), None).is_ok());
+    assert_eq!(
+        refused(Some(SECRET), Some("")),
+        format!("WEBHOOK_SECRET_PREVIOUS: {prefix}")
+    );
+    assert!(charges::webhook_verifier(Some(SECRET.into()), Some(PREVIOUS.into())).is_ok());
     // Unset: a random secret, with a warning.
     assert!(charges::webhook_verifier(None, None).is_ok());
+    // Stripe's and GitHub's secrets are taken as they are, at least 16 bytes.
+    assert_eq!(
+        charges::provider_verifier::<Stripe>("STRIPE_WEBHOOK_SECRET", Some("".into())).unwrap_err(),
+        "STRIPE_WEBHOOK_SECRET: the webhook secret is empty; it must be at least 16 bytes"
+    );
+    assert!(charges::provider_verifier::<Stripe>("STRIPE_WEBHOOK_SECRET", None).is_ok());
 
     // The real binary stops at once with that message, before it connects.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
@@ -388,7 +464,7 @@ fn the_example_refuses_an_empty_or_short_webhook_secret() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(!status.success());
     assert!(
-        stderr.contains("WEBHOOK_SECRET: the webhook secret is empty"),
+        stderr.contains(&format!("WEBHOOK_SECRET: {prefix}")),
         "{stderr}"
     );
 }
@@ -399,7 +475,12 @@ fn the_example_refuses_an_empty_or_short_webhook_secret() {
 #[derive(Clone, FromRef)]
 struct AppState {
     idempotency: Store,
+    acme: Verifier<Custom>,
 }
+
+/// The custom scheme's secret, and the header this service reads it from.
+const ACME: &str = "acme-shared-secret-0123456789";
+const ACME_HEADER: &str = "x-acme-signature";
 
 #[derive(Deserialize, Serialize)]
 struct Job {
@@ -419,14 +500,39 @@ async fn by_header(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
     Json(v)
 }
 
+#[idempotent(scope = "by-digest", key = digest(body))]
+async fn by_digest(tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    Json(json!({ "key": tx.idempotency_key(), "body": v }))
+}
+
+/// A sender of one's own, signing in Stripe's format under its own header.
+#[derive(Deserialize, Serialize)]
+struct AcmeEvent {
+    id: String,
+    kind: String,
+}
+
+#[idempotent(scope = "acme", key = id)]
+async fn acme(_tx: Tx, Signed(event, ..): Signed<AcmeEvent, Custom>) -> Json<AcmeEvent> {
+    Json(event)
+}
+
 async fn own_server(db: &TestDb) -> TestApp {
     let pool = db.pool(5).await;
     let store = Store::new(pool.clone());
     store.migrate().await.unwrap();
+    let acme_verifier = Verifier::new(ACME)
+        .unwrap()
+        .header(HeaderName::from_static(ACME_HEADER));
     let app = Router::new()
         .route("/slow", post(slow))
         .route("/by-header", post(by_header))
-        .with_state(AppState { idempotency: store });
+        .route("/by-digest", post(by_digest))
+        .route("/acme", post(acme))
+        .with_state(AppState {
+            idempotency: store,
+            acme: acme_verifier,
+        });
     TestApp::serve(pool, app).await
 }
 
@@ -483,6 +589,84 @@ async fn a_key_can_come_from_another_header() {
         idem_tests::post(&client, &url, Some("d-1"), &json!({ "n": 1 }), &[])
             .await
             .assert_problem(400, "missing-key");
+    })
+    .await;
+}
+
+/// `key = digest(body)`: the key is the digest of the body's canonical encoding, so the
+/// same content however spaced or ordered is one key, and other content another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_can_be_the_digest_of_the_body() {
+    with_test_db(async |db| {
+        let server = own_server(db).await;
+        let url = server.url("/by-digest");
+        let raw = |body: &'static str| {
+            send(
+                server
+                    .client
+                    .post(&url)
+                    .header("Content-Type", "application/json")
+                    .body(body),
+            )
+        };
+        let first = raw(r#"{"a":1,"b":[true,null]}"#).await;
+        assert_eq!(first.status, 200);
+        let key = first.json()["key"].as_str().unwrap().to_owned();
+        assert!(key.starts_with("sha256:") && key.len() == 7 + 64, "{key}");
+        let again = raw(r#"{ "b": [ true, null ], "a": 1 }"#).await;
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        let other = raw(r#"{"a":2,"b":[true,null]}"#).await;
+        assert!(!other.replayed());
+        assert_ne!(other.json()["key"], first.json()["key"]);
+        assert_eq!(server.keys().await, 2);
+        // The Idempotency-Key header means nothing here either.
+        let keyed = idem_tests::post(
+            &server.client,
+            &url,
+            Some("k"),
+            &json!({ "a": 1, "b": [true, null] }),
+            &[],
+        )
+        .await;
+        assert!(keyed.replayed());
+    })
+    .await;
+}
+
+/// `Custom`: Stripe's format under a header the service names, for senders of one's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_sender_signs_under_its_own_header() {
+    with_test_db(async |db| {
+        let server = own_server(db).await;
+        let body = json!({ "id": "acme_1", "kind": "ping" }).to_string();
+        let signed = Verifier::<Custom>::new(ACME)
+            .unwrap()
+            .sign("", now(), body.as_bytes())
+            .remove(0)
+            .1;
+        let deliver = |header: &'static str| {
+            send(
+                server
+                    .client
+                    .post(server.url("/acme"))
+                    .header(header, &signed)
+                    .header("Content-Type", "application/json")
+                    .body(body.clone()),
+            )
+        };
+        // Under another header, even Standard Webhooks' own name: not read.
+        deliver("webhook-signature")
+            .await
+            .assert_problem(400, "malformed-signature");
+        deliver("x-webhook-signature")
+            .await
+            .assert_problem(400, "malformed-signature");
+        let first = deliver(ACME_HEADER).await;
+        assert_eq!(first.status, 200);
+        assert_eq!(first.json()["id"], "acme_1");
+        assert!(deliver(ACME_HEADER).await.replayed());
+        assert_eq!(server.keys().await, 1);
     })
     .await;
 }

@@ -4,7 +4,8 @@
 //!   fingerprinted on amount, currency and customer.
 //! * `GET /charges/{id}` reads a charge of the caller's account.
 //! * `POST /charges/{id}/refunds` refunds part of a charge, never more than remains.
-//! * `POST /webhooks/payments` takes signed events from the payment provider, once each.
+//! * `POST /webhooks/payments`, `/webhooks/stripe` and `/webhooks/github` take signed
+//!   deliveries from three providers (Standard Webhooks, Stripe, GitHub), once each.
 //!
 //! Authentication is a stand-in: `Authorization: Bearer <account>` names the account,
 //! which is also the principal idem keys are looked up under. Webhooks carry no bearer
@@ -16,7 +17,7 @@ pub mod openapi;
 mod webhook;
 
 pub use charge::{Charge, NewCharge, NewRefund, Refund};
-pub use webhook::{webhook_verifier, PaymentEvent};
+pub use webhook::{provider_verifier, webhook_verifier, PaymentEvent, StripeEvent};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use idem::webhook::WebhookVerifier;
+use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
 use idem::{Problem, Store};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -39,8 +40,15 @@ pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
 /// The base of this service's own problem `type` URIs.
 pub const PROBLEM_BASE: &str = "https://example.com/problems/";
 
-/// The webhook secret of [`Config::default`], for tests and a local try-out.
-pub const TEST_WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef";
+/// The Standard Webhooks secret of [`Config::default`], for tests and a local try-out
+/// (24 random bytes, base64).
+pub const TEST_WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The Stripe secret of [`Config::default`].
+pub const TEST_STRIPE_SECRET: &str = "whsec_test_stripe_0123456789abcdef";
+
+/// The GitHub secret of [`Config::default`].
+pub const TEST_GITHUB_SECRET: &str = "github_test_secret_0123456789";
 
 /// Settings read from the environment by the binary.
 #[derive(Debug, Clone)]
@@ -48,9 +56,13 @@ pub struct Config {
     /// How long the charge handler waits inside its transaction after writing the
     /// charge, standing in for a call to a payment processor (`PROCESSOR_DELAY_MS`).
     pub processor_delay: Duration,
-    /// Checks the signatures of webhook deliveries; the binary makes it with
-    /// [`webhook_verifier`] from `WEBHOOK_SECRET` and `WEBHOOK_SECRET_PREVIOUS`.
-    pub webhooks: WebhookVerifier,
+    /// Checks the Standard Webhooks deliveries of `/webhooks/payments`; the binary makes
+    /// it with [`webhook_verifier`] from `WEBHOOK_SECRET` and `WEBHOOK_SECRET_PREVIOUS`.
+    pub payments: Verifier<StandardWebhooks>,
+    /// Checks the Stripe deliveries of `/webhooks/stripe` (`STRIPE_WEBHOOK_SECRET`).
+    pub stripe: Verifier<Stripe>,
+    /// Checks the GitHub deliveries of `/webhooks/github` (`GITHUB_WEBHOOK_SECRET`).
+    pub github: Verifier<GitHub>,
     /// How long the webhook handler works on an event (tests use it to overlap
     /// deliveries).
     pub webhook_delay: Duration,
@@ -60,9 +72,9 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             processor_delay: Duration::ZERO,
-            webhooks: WebhookVerifier::new(TEST_WEBHOOK_SECRET)
-                .expect("the test secret is long enough")
-                .header(axum::http::HeaderName::from_static("webhook-signature")),
+            payments: Verifier::new(TEST_WEBHOOK_SECRET).expect("a valid test secret"),
+            stripe: Verifier::new(TEST_STRIPE_SECRET).expect("a valid test secret"),
+            github: Verifier::new(TEST_GITHUB_SECRET).expect("a valid test secret"),
             webhook_delay: Duration::ZERO,
         }
     }
@@ -77,7 +89,9 @@ struct AppState {
     idempotency: Store,
     pool: PgPool,
     config: Arc<Config>,
-    webhooks: WebhookVerifier,
+    payments: Verifier<StandardWebhooks>,
+    stripe: Verifier<Stripe>,
+    github: Verifier<GitHub>,
 }
 
 /// A pool sized for the service, with a short acquire timeout so that an unreachable
@@ -114,9 +128,17 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
 
     // Before connecting: a bad secret stops the service at once, with one message.
-    let webhooks = webhook_verifier(
+    let payments = webhook_verifier(
         std::env::var_os("WEBHOOK_SECRET"),
         std::env::var_os("WEBHOOK_SECRET_PREVIOUS"),
+    )?;
+    let stripe = provider_verifier(
+        "STRIPE_WEBHOOK_SECRET",
+        std::env::var_os("STRIPE_WEBHOOK_SECRET"),
+    )?;
+    let github = provider_verifier(
+        "GITHUB_WEBHOOK_SECRET",
+        std::env::var_os("GITHUB_WEBHOOK_SECRET"),
     )?;
 
     let pool = connect_with_size(&database_url, pool_size).await?;
@@ -130,7 +152,9 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
         pool,
         Config {
             processor_delay: Duration::from_millis(delay_ms),
-            webhooks,
+            payments,
+            stripe,
+            github,
             webhook_delay: Duration::ZERO,
         },
     );
@@ -163,12 +187,13 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .build()
         .expect("the default store settings are valid");
-    let webhooks = config.webhooks.clone();
     let state = AppState {
         idempotency,
         pool,
+        payments: config.payments.clone(),
+        stripe: config.stripe.clone(),
+        github: config.github.clone(),
         config: Arc::new(config),
-        webhooks,
     };
     let api = Router::new()
         .route("/charges", post(charge::create_charge))
@@ -176,7 +201,10 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .route("/charges/{id}/refunds", post(charge::create_refund))
         .layer(middleware::from_fn(authenticate));
     // The signature authenticates a webhook; the bearer middleware does not apply.
-    let webhooks = Router::new().route("/webhooks/payments", post(webhook::payment_event));
+    let webhooks = Router::new()
+        .route("/webhooks/payments", post(webhook::payment_event))
+        .route("/webhooks/stripe", post(webhook::stripe_event))
+        .route("/webhooks/github", post(webhook::github_event));
     api.merge(webhooks)
         .route("/openapi.json", get(openapi::document))
         .with_state(state)

@@ -22,6 +22,8 @@ use utoipa::{IntoResponses, Modify, OpenApi};
         crate::charge::get_charge,
         crate::charge::create_refund,
         crate::webhook::payment_event,
+        crate::webhook::stripe_event,
+        crate::webhook::github_event,
     ),
     components(schemas(idem::Problem)),
     modifiers(&Bearer),

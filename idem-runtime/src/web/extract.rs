@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Form, Json};
 use http::request::Parts;
 use http::HeaderMap;
+use serde::Serialize;
 
 use crate::store::Store;
 use crate::web::policy::KeyRead;
@@ -158,6 +159,19 @@ integer_keys!(u32, u64, i32, i64, u128, i128);
 /// ([`IdempotencyKey::from_text`](crate::IdempotencyKey::from_text)).
 pub fn key_of<K: KeySource + ?Sized>(value: &K) -> KeyRead {
     KeyRead::field(value.key_text().as_deref())
+}
+
+/// The key of `key = digest(body)`: `sha256:` and the hex SHA-256 of the body's
+/// canonical encoding (the encoding fingerprints use), so that a redelivery of the same
+/// content, however its JSON is spaced or its keys ordered, has the same key.
+pub fn key_of_digest<V: Serialize + ?Sized>(body: &V) -> KeyRead {
+    match crate::fingerprint::key_digest(body) {
+        Ok(digest) => KeyRead::digest(Some(&digest)),
+        Err(error) => {
+            tracing::error!(%error, "idem: the body's digest failed");
+            KeyRead::digest(None)
+        }
+    }
 }
 
 /// The key of `key = header("..")`: that header, in either spelling.

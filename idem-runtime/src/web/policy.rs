@@ -40,6 +40,17 @@ impl KeyRead {
     }
 }
 
+impl KeyRead {
+    /// The key of `key = digest(body)`; a body whose encoding failed has none (the
+    /// same failure refuses its fingerprint).
+    pub(crate) fn digest(digest: Option<&[u8; 32]>) -> Self {
+        Self {
+            origin: KeyOrigin::Digest,
+            read: Ok(digest.map(IdempotencyKey::from_digest)),
+        }
+    }
+}
+
 /// A key refused with 400, and where it was read from.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct KeyRefused {

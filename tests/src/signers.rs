@@ -1,0 +1,110 @@
+//! Deliveries signed by the providers' own libraries, not by idem: Standard Webhooks'
+//! `standardwebhooks` (PyPI), Stripe's `stripe` and GitHub's `@octokit/webhooks-methods`
+//! (npm). `tests/signers/install` puts them under `target/signers` the first time a test
+//! asks (python3 and npm, with their registries, are all it needs); `.ci/run` runs it
+//! beforehand.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// The installed signing libraries.
+pub struct Signers {
+    dir: PathBuf,
+}
+
+impl Signers {
+    /// The libraries, installed on first use by this process.
+    ///
+    /// # Panics
+    /// When they cannot be installed, with the installer's output.
+    pub fn get() -> &'static Self {
+        static SIGNERS: OnceLock<Signers> = OnceLock::new();
+        SIGNERS.get_or_init(|| {
+            let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("signers");
+            let dir = here.join("../../target/signers");
+            let output = Command::new(here.join("install"))
+                .arg(&dir)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run tests/signers/install: {e}"));
+            assert!(
+                output.status.success(),
+                "tests/signers/install failed (it needs python3 with venv, npm, and the PyPI \
+                 and npm registries):\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Self { dir }
+        })
+    }
+
+    /// The `webhook-id`, `webhook-timestamp` and `webhook-signature` headers of a
+    /// Standard Webhooks delivery, signed with each of `secrets` (`whsec_<base64>`).
+    pub fn standard_webhooks(
+        &self,
+        secrets: &[&str],
+        id: &str,
+        timestamp: u64,
+        body: &str,
+    ) -> Vec<(String, String)> {
+        let python = self.dir.join("venv/bin/python");
+        let out = run(
+            Command::new(python)
+                .arg(self.dir.join("standard_webhooks.py"))
+                .arg(secrets.join(","))
+                .arg(id)
+                .arg(timestamp.to_string()),
+            body,
+        );
+        let headers: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&out).expect("the signer prints a JSON object");
+        headers
+            .into_iter()
+            .map(|(name, value)| (name, value.as_str().unwrap_or_default().to_owned()))
+            .collect()
+    }
+
+    /// The `Stripe-Signature` value of a delivery made by
+    /// `stripe.webhooks.generateTestHeaderString`.
+    pub fn stripe(&self, secret: &str, timestamp: u64, body: &str) -> String {
+        self.node(&["stripe", secret, &timestamp.to_string()], body)
+    }
+
+    /// The `X-Hub-Signature-256` value `@octokit/webhooks-methods`' `sign` makes.
+    pub fn github(&self, secret: &str, body: &str) -> String {
+        self.node(&["github", secret], body)
+    }
+
+    fn node(&self, args: &[&str], body: &str) -> String {
+        run(
+            Command::new("node")
+                .arg(self.dir.join("sign.mjs"))
+                .args(args),
+            body,
+        )
+    }
+}
+
+/// Runs a signer with `body` on its standard input; its standard output.
+fn run(command: &mut Command, body: &str) -> String {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(body.as_bytes())
+        .expect("write the body");
+    let output = child.wait_with_output().expect("the signer ends");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
