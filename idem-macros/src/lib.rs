@@ -49,7 +49,7 @@ use proc_macro::TokenStream;
 /// | `scope = "charges"` | required: the namespace of the endpoint's keys; 1 to 64 ASCII letters, digits, `_`, `-`, `.`, `:` or `/` |
 /// | `ttl = "24h"` | how long responses are replayed: a whole number and `s`, `m`, `h` or `d`, more than zero and at most 100 years; default one day |
 /// | `fields = [amount, customer.id]` | the body fields that identify a request; default: the whole body |
-/// | `key = field.path` or `key = header("Name")` | where the key comes from, instead of the `Idempotency-Key` header: a body field (`key = id`, `key = meta.event_id`), checked at compile time like `fields`, whose value is text, an integer or an `Option` of one; or another header, its name in any case |
+/// | `key = field.path`, `key = header("Name")` or `key = digest(body)` | where the key comes from, instead of the `Idempotency-Key` header: a body field (`key = id`, `key = meta.event_id`), checked at compile time like `fields`, whose value is text, an integer or an `Option` of one; another header, its name in any case; or `sha256:` and the hex SHA-256 of the body's canonical encoding, so that equal content, however spaced or ordered, is one key |
 /// | `principal = Tenant` | an extractor implementing `idem::Principal`; default: the store's resolver |
 /// | `required = false` | a request without a key runs, in its transaction, unrecorded, and is answered with `Idempotent-Recorded: false`; a malformed key is still refused. Default `true`: a request without a key gets 400 |
 /// | `concurrency = reject` or `concurrency = wait("30s")` | what a duplicate of a request still in flight gets. `reject` (the default): 409 at once, after the store's own `conflict_wait` (1 ms unless configured). `wait("30s")`: it waits up to that long for the first to finish and gets its replay, 409 only past the wait; `ms`, `s`, `m` or `h`, more than zero and at most an hour |
@@ -96,9 +96,12 @@ use proc_macro::TokenStream;
 /// a retry repeats them. On a handler that writes nothing, `#[allow(deprecated)]`
 /// silences it.
 ///
-/// A signed body (`idem::webhook::Signed<T>`) takes its key from itself, `key = id`:
-/// `key = header(..)` is a compile error there, since a header the signature does not
-/// cover would let a captured delivery run again under fresh ids.
+/// A signed body (`idem::webhook::Signed<T, S>`) takes its key from what is signed:
+/// a field (`key = id`), the body's digest (`key = digest(body)`, for GitHub, which signs
+/// no id), or the id header of a scheme that signs it (`key = header("webhook-id")` for
+/// Standard Webhooks). Any other `key = header(..)` is a compile error there, since a
+/// header the signature does not cover would let a captured delivery run again under
+/// fresh ids.
 ///
 /// Lints see the handler as you wrote it: the expansion allows none on your code. A
 /// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)
