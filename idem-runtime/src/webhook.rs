@@ -124,8 +124,8 @@ pub struct Candidates {
 }
 
 /// A provider's signature scheme: which headers carry what, and which bytes are
-/// signed. Implemented by [`StandardWebhooks`], [`Svix`], [`Stripe`], [`GitHub`] and
-/// [`Custom`].
+/// signed. Implemented by [`StandardWebhooks`], [`Svix`], [`Stripe`], [`GitHub`],
+/// [`Slack`], [`Shopify`] and [`Custom`].
 pub trait Scheme: sealed::Sealed + Send + Sync + 'static {
     /// The scheme's name, for logs and errors.
     const NAME: &'static str;
@@ -183,6 +183,18 @@ pub struct Stripe;
 #[derive(Debug, Clone, Copy)]
 pub struct GitHub;
 
+/// Slack: `X-Slack-Signature: v0=<hex>`, an HMAC-SHA256 over `v0:{timestamp}:{body}`
+/// with `X-Slack-Request-Timestamp`, under the app's signing secret as it is. Slack signs
+/// no id: an Events API delivery is keyed by its `event_id` (`key = event_id`).
+#[derive(Debug, Clone, Copy)]
+pub struct Slack;
+
+/// Shopify: `X-Shopify-Hmac-SHA256: <base64>`, an HMAC-SHA256 over the body under the
+/// app's client secret as it is. There is no timestamp, and `X-Shopify-Webhook-Id` is
+/// not signed: key by the body (`key = digest(body)`, or a field).
+#[derive(Debug, Clone, Copy)]
+pub struct Shopify;
+
 /// Stripe's format, `t=<seconds>,v1=<hex>[,v1=...]` over `{t}.{body}` with the raw
 /// secret as the key, under a header you name with [`Verifier::header`] (default
 /// `X-Webhook-Signature`): for senders of your own.
@@ -193,6 +205,8 @@ impl sealed::Sealed for StandardWebhooks {}
 impl sealed::Sealed for Svix {}
 impl sealed::Sealed for Stripe {}
 impl sealed::Sealed for GitHub {}
+impl sealed::Sealed for Slack {}
+impl sealed::Sealed for Shopify {}
 impl sealed::Sealed for Custom {}
 
 impl SignsIdHeader<{ crate::probe::header_hash("webhook-id") }> for StandardWebhooks {}
@@ -484,6 +498,85 @@ impl Scheme for GitHub {
         vec![(
             HeaderName::from_static("x-hub-signature-256"),
             format!("sha256={}", hex(&mac.finalize().into_bytes())),
+        )]
+    }
+}
+
+impl Scheme for Slack {
+    const NAME: &'static str = "Slack";
+    const SIGNATURE_HEADER: &'static str = "x-slack-signature";
+
+    fn candidates(
+        headers: &HeaderMap,
+        signature: &HeaderName,
+        tolerance: Duration,
+        now: SystemTime,
+    ) -> Result<Candidates, SignatureError> {
+        let value = headers.get(signature).ok_or(SignatureError::Missing)?;
+        let timestamp = headers
+            .get("x-slack-request-timestamp")
+            .ok_or(SignatureError::Missing)?
+            .to_str()
+            .ok()
+            .and_then(decode_seconds)
+            .ok_or(SignatureError::Malformed)?;
+        let signature = std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|v| v.strip_prefix("v0="))
+            .and_then(decode_sha256_hex)
+            .ok_or(SignatureError::Malformed)?;
+        fresh(timestamp, tolerance, now)?;
+        Ok(Candidates {
+            prefix: format!("v0:{timestamp}:").into_bytes(),
+            signatures: vec![signature],
+        })
+    }
+
+    fn sign(key: &[u8], _: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
+        let mut mac = hmac(key);
+        mac.update(format!("v0:{timestamp}:").as_bytes());
+        mac.update(body);
+        vec![
+            (
+                HeaderName::from_static("x-slack-request-timestamp"),
+                timestamp.to_string(),
+            ),
+            (
+                HeaderName::from_static(Self::SIGNATURE_HEADER),
+                format!("v0={}", hex(&mac.finalize().into_bytes())),
+            ),
+        ]
+    }
+}
+
+impl Scheme for Shopify {
+    const NAME: &'static str = "Shopify";
+    const SIGNATURE_HEADER: &'static str = "x-shopify-hmac-sha256";
+
+    fn candidates(
+        headers: &HeaderMap,
+        signature: &HeaderName,
+        _: Duration,
+        _: SystemTime,
+    ) -> Result<Candidates, SignatureError> {
+        let value = headers.get(signature).ok_or(SignatureError::Missing)?;
+        let signature = value
+            .to_str()
+            .ok()
+            .and_then(decode_sha256_base64)
+            .ok_or(SignatureError::Malformed)?;
+        Ok(Candidates {
+            prefix: Vec::new(),
+            signatures: vec![signature],
+        })
+    }
+
+    fn sign(key: &[u8], _: &str, _: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
+        let mut mac = hmac(key);
+        mac.update(body);
+        vec![(
+            HeaderName::from_static(Self::SIGNATURE_HEADER),
+            BASE64.encode(mac.finalize().into_bytes()),
         )]
     }
 }
@@ -956,6 +1049,80 @@ mod tests {
             let h = headers(&[(HeaderName::from_static("x-hub-signature-256"), bad.into())]);
             assert_eq!(
                 v.verify(&h, b"Hello, World!", at(0)),
+                Err(SignatureError::Malformed)
+            );
+        }
+    }
+
+    /// Slack's documented example ("Verifying requests from Slack"), which its official
+    /// `slack_sdk` reproduces.
+    #[test]
+    fn slack_signs_version_timestamp_and_body() {
+        let v = Verifier::<Slack>::new("8f742231b10e8888abcd99yyyzzz85a5").unwrap();
+        let body = "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&\
+                    channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&\
+                    command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2F\
+                    commands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=\
+                    398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+        let sent = v.sign("", 1_531_420_618, body.as_bytes());
+        assert_eq!(
+            sent[1].1,
+            "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503"
+        );
+        let h = headers(&sent);
+        assert_eq!(v.verify(&h, body.as_bytes(), at(1_531_420_618)), Ok(()));
+        assert_eq!(
+            v.verify(&h, b"token=other", at(1_531_420_618)),
+            Err(SignatureError::Mismatch)
+        );
+        assert!(matches!(
+            v.verify(&h, body.as_bytes(), at(1_531_420_618 + 301)),
+            Err(SignatureError::Stale { .. })
+        ));
+        // The timestamp is signed: another one under the same signature is refused.
+        let mut later = h.clone();
+        later.insert("x-slack-request-timestamp", "1531420619".parse().unwrap());
+        assert_eq!(
+            v.verify(&later, body.as_bytes(), at(1_531_420_618)),
+            Err(SignatureError::Mismatch)
+        );
+        let mut untimed = h.clone();
+        untimed.remove("x-slack-request-timestamp");
+        assert_eq!(
+            v.verify(&untimed, body.as_bytes(), at(1_531_420_618)),
+            Err(SignatureError::Missing)
+        );
+        for bad in ["a2114d57", "v1=a2114d57", "v0=zz", "v0="] {
+            let mut h = h.clone();
+            h.insert("x-slack-signature", bad.parse().unwrap());
+            assert_eq!(
+                v.verify(&h, body.as_bytes(), at(1_531_420_618)),
+                Err(SignatureError::Malformed)
+            );
+        }
+    }
+
+    /// The value `createSHA256HMAC` of Shopify's official `@shopify/shopify-api` (the
+    /// function its webhook validation uses) gives for this secret and body.
+    #[test]
+    fn shopify_signs_the_body_in_base64() {
+        let v = Verifier::<Shopify>::new("hush-a-shopify-client-secret").unwrap();
+        let sent = v.sign("", 0, br#"{"id":1}"#);
+        assert_eq!(sent[0].1, "kGeF77bR0pzMU7UvVG/Hu7DDdcS0OiTiY4Kt6kNH2Kg=");
+        let h = headers(&sent);
+        assert_eq!(v.verify(&h, br#"{"id":1}"#, at(0)), Ok(()));
+        assert_eq!(
+            v.verify(&h, br#"{"id":2}"#, at(0)),
+            Err(SignatureError::Mismatch)
+        );
+        for bad in [
+            "",
+            "kGeF",
+            "sha256=kGeF77bR0pzMU7UvVG/Hu7DDdcS0OiTiY4Kt6kNH2Kg=",
+        ] {
+            let h = headers(&[(HeaderName::from_static("x-shopify-hmac-sha256"), bad.into())]);
+            assert_eq!(
+                v.verify(&h, br#"{"id":1}"#, at(0)),
                 Err(SignatureError::Malformed)
             );
         }

@@ -4,7 +4,11 @@
 //                                                   (stripe.webhooks.generateTestHeaderString)
 //   node sign.mjs github SECRET < body              prints an X-Hub-Signature-256 value
 //                                                   (@octokit/webhooks-methods sign)
+//   node sign.mjs shopify SECRET < body             prints an X-Shopify-Hmac-SHA256 value
+//                                                   (@shopify/shopify-api createSHA256HMAC,
+//                                                   what its webhook validation computes)
 import { sign as githubSign } from "@octokit/webhooks-methods";
+import { createSHA256HMAC } from "@shopify/shopify-api/runtime";
 import Stripe from "stripe";
 
 const [scheme, secret, timestamp] = process.argv.slice(2);
@@ -19,7 +23,9 @@ if (scheme === "stripe") {
   );
 } else if (scheme === "github") {
   process.stdout.write(await githubSign(secret, payload));
+} else if (scheme === "shopify") {
+  process.stdout.write(await createSHA256HMAC(secret, payload));
 } else {
-  console.error(`unknown scheme ${scheme}: stripe or github`);
+  console.error(`unknown scheme ${scheme}: stripe, github or shopify`);
   process.exit(2);
 }

@@ -1,6 +1,6 @@
 //! Deliveries signed by the providers' own libraries, not by idem: Standard Webhooks'
-//! `standardwebhooks` (PyPI), Stripe's `stripe` and GitHub's `@octokit/webhooks-methods`
-//! (npm). `tests/signers/install` puts them under `target/signers` the first time a test
+//! `standardwebhooks` and Slack's `slack_sdk` (PyPI), Stripe's `stripe`, GitHub's
+//! `@octokit/webhooks-methods` and Shopify's `@shopify/shopify-api` (npm). `tests/signers/install` puts them under `target/signers` the first time a test
 //! asks (python3 and npm, with their registries, are all it needs); `.ci/run` runs it
 //! beforehand.
 
@@ -48,13 +48,35 @@ impl Signers {
         timestamp: u64,
         body: &str,
     ) -> Vec<(String, String)> {
-        let python = self.dir.join("venv/bin/python");
+        self.python(
+            &[
+                "standard-webhooks",
+                &secrets.join(","),
+                id,
+                &timestamp.to_string(),
+            ],
+            body,
+        )
+    }
+
+    /// The `X-Slack-Request-Timestamp` and `X-Slack-Signature` headers `slack_sdk`'s
+    /// `SignatureVerifier.generate_signature` makes.
+    pub fn slack(&self, secret: &str, timestamp: u64, body: &str) -> Vec<(String, String)> {
+        self.python(&["slack", secret, &timestamp.to_string()], body)
+    }
+
+    /// The `X-Shopify-Hmac-SHA256` value of `@shopify/shopify-api`'s `createSHA256HMAC`,
+    /// the function its webhook validation checks with.
+    pub fn shopify(&self, secret: &str, body: &str) -> String {
+        self.node(&["shopify", secret], body)
+    }
+
+    /// Headers printed as a JSON object by `sign.py`.
+    fn python(&self, args: &[&str], body: &str) -> Vec<(String, String)> {
         let out = run(
-            Command::new(python)
-                .arg(self.dir.join("standard_webhooks.py"))
-                .arg(secrets.join(","))
-                .arg(id)
-                .arg(timestamp.to_string()),
+            Command::new(self.dir.join("venv/bin/python"))
+                .arg(self.dir.join("sign.py"))
+                .args(args),
             body,
         );
         let headers: serde_json::Map<String, serde_json::Value> =

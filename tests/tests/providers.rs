@@ -1,6 +1,7 @@
 //! The example's webhook endpoints, driven with deliveries signed by each provider's
 //! official library (`idem_tests::Signers`): Standard Webhooks on `/webhooks/payments`,
-//! Stripe on `/webhooks/stripe`, GitHub on `/webhooks/github`. For each: a valid
+//! Stripe on `/webhooks/stripe`, GitHub on `/webhooks/github`; Slack and Shopify on a
+//! service of the test's own. For each: a valid
 //! delivery, a redelivery (one effect), concurrent copies (one effect, every copy 2xx),
 //! a forged and a stale one, rotated secrets, the same id with another payload (422,
 //! logged), and deliveries of one scheme sent to another's endpoint. One binary with a
@@ -9,11 +10,16 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::extract::FromRef;
+use axum::routing::post;
+use axum::{Json, Router};
 use charges::Config;
 use futures::future::join_all;
-use idem::webhook::Verifier;
+use idem::webhook::{Shopify, Signed, Slack, Verifier};
+use idem::{idempotent, Store, Tx};
 use idem_tests::{send, with_test_db, Answer, Signers, SpanFields, TestApp, TestDb};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
@@ -408,6 +414,153 @@ async fn a_scheme_is_refused_on_another_providers_endpoint() {
             answer.assert_problem(400, "malformed-signature");
         }
         assert_eq!((s.count("webhook_events").await, s.keys().await), (0, 0));
+    })
+    .await;
+}
+
+// Slack and Shopify, which the example does not take: a service of this test's own.
+
+#[derive(Clone, FromRef)]
+struct Hooks {
+    idempotency: Store,
+    slack: Verifier<Slack>,
+    shopify: Verifier<Shopify>,
+}
+
+const SLACK: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+const SHOPIFY: &str = "shpss_0123456789abcdef0123456789ab";
+
+/// A Slack Events API delivery.
+#[derive(Deserialize, Serialize)]
+struct SlackEvent {
+    event_id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    event: Value,
+}
+
+/// Slack signs no id: its Events API deliveries carry `event_id` in the signed body,
+/// and a retry (`X-Slack-Retry-Num`) has the same one.
+#[idempotent(scope = "slack", ttl = "1h", key = event_id)]
+async fn slack_event(mut tx: Tx, Signed(event, ..): Signed<SlackEvent, Slack>) -> Json<Value> {
+    record(&mut tx, "slack", &event.kind).await;
+    Json(json!({ "ok": event.event_id }))
+}
+
+/// Shopify signs only the body, and not its `X-Shopify-Webhook-Id`: keyed by the body.
+#[idempotent(scope = "shopify", ttl = "1h", key = digest(body))]
+async fn shopify_event(mut tx: Tx, Signed(order, ..): Signed<Value, Shopify>) -> Json<Value> {
+    record(&mut tx, "shopify", &order["id"].to_string()).await;
+    Json(json!({ "ok": order["id"] }))
+}
+
+async fn record(tx: &mut Tx<'_>, provider: &str, what: &str) {
+    sqlx::query("INSERT INTO deliveries (provider, what) VALUES ($1, $2)")
+        .bind(provider)
+        .bind(what)
+        .execute(&mut **tx)
+        .await
+        .expect("insert");
+}
+
+async fn hooks(db: &TestDb) -> TestApp {
+    let pool = db.pool(10).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE deliveries (provider text NOT NULL, what text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/slack", post(slack_event))
+        .route("/shopify", post(shopify_event))
+        .with_state(Hooks {
+            idempotency: store,
+            slack: Verifier::new(SLACK).unwrap(),
+            shopify: Verifier::new(SHOPIFY).unwrap(),
+        });
+    TestApp::serve(pool, app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_and_shopify_deliveries() {
+    let sign = Signers::get();
+    with_test_db(async |db| {
+        let s = hooks(db).await;
+        let body = json!({ "token": "unused", "team_id": "T1DC2JH3J", "type": "event_callback",
+                           "event_id": "Ev08MFMKH6", "event_time": 1_531_420_618,
+                           "event": { "type": "app_mention", "text": "hi" } })
+        .to_string();
+        let first = deliver(&s, "/slack", &body, &sign.slack(SLACK, now(), &body)).await;
+        assert_eq!(
+            first.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        // Slack's retry, signed afresh, with its retry headers.
+        let mut retry = sign.slack(SLACK, now() + 1, &body);
+        retry.push(("X-Slack-Retry-Num".into(), "1".into()));
+        retry.push(("X-Slack-Retry-Reason".into(), "http_timeout".into()));
+        let again = deliver(&s, "/slack", &body, &retry).await;
+        assert_eq!((again.status, again.replayed()), (200, true));
+        deliver(
+            &s,
+            "/slack",
+            &body,
+            &sign.slack("0000000000000000forged0000000000", now(), &body),
+        )
+        .await
+        .assert_problem(401, "invalid-signature");
+        deliver(&s, "/slack", &body, &sign.slack(SLACK, now() - 600, &body))
+            .await
+            .assert_problem(400, "stale-signature");
+        assert_eq!(s.count("deliveries WHERE provider = 'slack'").await, 1);
+
+        let order = json!({ "id": 820_982_911_946_154_508_u64, "email": "jon@example.com",
+                            "total_price": "199.65" })
+        .to_string();
+        let headers = |secret: &str, id: &str| {
+            vec![
+                (
+                    "X-Shopify-Hmac-SHA256".to_owned(),
+                    sign.shopify(secret, &order),
+                ),
+                ("X-Shopify-Topic".to_owned(), "orders/create".to_owned()),
+                ("X-Shopify-Webhook-Id".to_owned(), id.to_owned()),
+            ]
+        };
+        let first = deliver(
+            &s,
+            "/shopify",
+            &order,
+            &headers(SHOPIFY, "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
+        )
+        .await;
+        assert_eq!(
+            first.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        // A redelivery, and the captured delivery under a fresh (unsigned) webhook id.
+        for id in [
+            "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
+            "00000000-0000-4000-8000-000000000000",
+        ] {
+            let again = deliver(&s, "/shopify", &order, &headers(SHOPIFY, id)).await;
+            assert_eq!((again.status, again.replayed()), (200, true));
+        }
+        deliver(
+            &s,
+            "/shopify",
+            &order,
+            &headers("shpss_forged_0123456789abcdef", "x"),
+        )
+        .await
+        .assert_problem(401, "invalid-signature");
+        assert_eq!(s.count("deliveries WHERE provider = 'shopify'").await, 1);
     })
     .await;
 }
