@@ -104,7 +104,9 @@ fn key_param(args: &Args) -> Option<TokenStream> {
             "The idempotency key, optional here: a request without one runs unrecorded (`Idempotent-Recorded: false`); a retry with the same key and payload gets the first response replayed.",
         )
     };
-    Some(quote!((#name = #ty, Header, description = #description)))
+    // The bare spelling: 1 to 255 visible ASCII characters (an RFC 8941 quoted string is
+    // accepted too, and is not described).
+    Some(quote!((#name = #ty, Header, description = #description, pattern = "^[!-~]{1,255}$")))
 }
 
 /// The responses the path lists, each success one with `Idempotent-Replayed`, then

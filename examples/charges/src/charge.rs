@@ -17,12 +17,15 @@ use crate::{problem_type, Account, ApiError, Config};
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct NewCharge {
     /// In the currency's smallest unit; positive.
+    #[schema(minimum = 1)]
     pub amount: i64,
     /// Three ASCII letters, such as `usd`; lower-cased as it is read, so that `"USD"`
     /// and `"usd"` are one fingerprint and a retry that changes the case replays.
     #[serde(deserialize_with = "lower_case")]
+    #[schema(pattern = "^[A-Za-z]{3}$")]
     pub currency: String,
-    /// Who is charged.
+    /// Who is charged; not blank.
+    #[schema(min_length = 1, pattern = "\\S")]
     pub customer: String,
     /// Free text; not part of the fingerprint, so a retry may change it.
     #[serde(default)]
@@ -121,6 +124,7 @@ pub(crate) async fn get_charge(
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct NewRefund {
     /// Positive, at most what remains of the charge.
+    #[schema(minimum = 1)]
     pub amount: i64,
 }
 

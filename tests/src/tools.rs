@@ -1,13 +1,46 @@
-//! Deliveries signed by the providers' own libraries, not by idem: Standard Webhooks'
-//! `standardwebhooks` and Slack's `slack_sdk` (PyPI), Stripe's `stripe`, GitHub's
-//! `@octokit/webhooks-methods` and Shopify's `@shopify/shopify-api` (npm). `tests/signers/install` puts them under `target/signers` the first time a test
-//! asks (python3 and npm, with their registries, are all it needs); `.ci/run` runs it
-//! beforehand.
+//! The outside tools the tests check idem against, installed by `tests/tools/install`
+//! under `target/test-tools` the first time a test asks (python3 with venv and npm, with
+//! their registries, are all it needs; `.ci/run` runs it beforehand):
+//!
+//! * the providers' own signing libraries, so that deliveries are signed by them and not
+//!   by idem: Standard Webhooks' `standardwebhooks` and Slack's `slack_sdk` (PyPI),
+//!   Stripe's `stripe`, GitHub's `@octokit/webhooks-methods` and Shopify's
+//!   `@shopify/shopify-api` (npm);
+//! * `schemathesis` (PyPI), which fuzzes a service against its OpenAPI document.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+
+/// Where the tools are, installed on first use by this process.
+///
+/// # Panics
+/// When they cannot be installed, with the installer's output.
+fn installed() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools");
+        let dir = here.join("../../target/test-tools");
+        let output = Command::new(here.join("install"))
+            .arg(&dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tests/tools/install: {e}"));
+        assert!(
+            output.status.success(),
+            "tests/tools/install failed (it needs python3 with venv, npm, and the PyPI and \
+             npm registries):\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        dir
+    })
+}
+
+/// The `schemathesis` command line, installed.
+pub fn schemathesis() -> PathBuf {
+    installed().join("venv/bin/schemathesis")
+}
 
 /// The installed signing libraries.
 pub struct Signers {
@@ -21,21 +54,8 @@ impl Signers {
     /// When they cannot be installed, with the installer's output.
     pub fn get() -> &'static Self {
         static SIGNERS: OnceLock<Signers> = OnceLock::new();
-        SIGNERS.get_or_init(|| {
-            let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("signers");
-            let dir = here.join("../../target/signers");
-            let output = Command::new(here.join("install"))
-                .arg(&dir)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run tests/signers/install: {e}"));
-            assert!(
-                output.status.success(),
-                "tests/signers/install failed (it needs python3 with venv, npm, and the PyPI \
-                 and npm registries):\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            Self { dir }
+        SIGNERS.get_or_init(|| Self {
+            dir: installed().to_owned(),
         })
     }
 
