@@ -3,8 +3,10 @@
 //! local PostgreSQL, in one run. See BENCHMARKS.md.
 //!
 //! ```text
-//! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth]
+//! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth] [--modes]
 //! ```
+//!
+//! `--modes` runs only the comparison of the store's production modes.
 //!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`);
 //! the benchmark creates its own database there and drops it at the end.
@@ -27,6 +29,7 @@ struct Options {
     seconds: f64,
     quick: bool,
     growth: bool,
+    modes_only: bool,
 }
 
 impl Options {
@@ -35,6 +38,7 @@ impl Options {
             seconds: 5.0,
             quick: false,
             growth: true,
+            modes_only: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -47,9 +51,10 @@ impl Options {
                 }
                 "--quick" => options.quick = true,
                 "--no-growth" => options.growth = false,
+                "--modes" => options.modes_only = true,
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use --seconds N, --quick, --no-growth"
+                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes"
                     ))
                 }
             }
@@ -249,6 +254,11 @@ fn run(
 
     println!("# idem load benchmark\n");
     machine_line(client_rt, &pool);
+    let modes = server_rt.block_on(serve_modes(db))?;
+    if options.modes_only {
+        client_rt.block_on(compare_modes(&client, &modes, options));
+        return Ok(());
+    }
 
     client_rt.block_on(statement_counts(
         &client,
@@ -256,10 +266,113 @@ fn run(
     ));
     client_rt.block_on(throughput(&client, &base, &pool, options));
     client_rt.block_on(storm(&client, &base, &pool));
+    client_rt.block_on(compare_modes(&client, &modes, options));
     if options.growth {
         client_rt.block_on(growth(&client, &base, &pool, options));
     }
     Ok(())
+}
+
+/// The store's production modes, each a server of its own with the same handlers.
+const MODES: [&str; 3] = [
+    "default",
+    "transaction pooler (`pooler(Pooler::Transaction)`, statement cache 0)",
+    "portable (`portable()`)",
+];
+
+/// Serves the benchmark once per mode: the default store, the transaction-pooler
+/// setting (idem's statements unnamed, and the pool's own statement cache off, as behind
+/// PgBouncer), and the portable mode (Citus).
+async fn serve_modes(db: &TestDb) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut bases = Vec::new();
+    for (i, _) in MODES.iter().enumerate() {
+        let mut options = db.options.clone();
+        if i == 1 {
+            options = options.statement_cache_capacity(0);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(20)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        let addr = server::serve_with(pool, |store| match i {
+            1 => store.pooler(idem::Pooler::Transaction),
+            2 => store.portable(),
+            _ => store,
+        })
+        .await?;
+        bases.push(format!("http://{addr}"));
+    }
+    Ok(bases)
+}
+
+/// What each mode costs: the bare handler and idem's fresh and replayed keys on each
+/// mode's own server, side by side, the modes interleaved per concurrency.
+async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Options) {
+    println!(
+        "## Production modes ({} s per cell after 0.5 s warm-up)\n",
+        options.seconds
+    );
+    println!("| mode | concurrency | bare req/s | fresh req/s | fresh / bare | replay req/s | replay / fresh |");
+    println!("|---|---|---|---|---|---|---|");
+    for (mode, base) in bases.iter().enumerate() {
+        for n in 0..500_u64 {
+            send(
+                client,
+                &format!("{base}/idem"),
+                Some(&format!("mode-replay-{mode}-{n}")),
+                &charge(n),
+            )
+            .await;
+        }
+    }
+    for concurrency in [1, 16] {
+        for (mode, base) in bases.iter().enumerate() {
+            let cell = |path: &str, key: Option<String>, body: fn(u64) -> serde_json::Value| {
+                let (client, url) = (client.clone(), format!("{base}{path}"));
+                drive(concurrency, options.seconds, move |n| {
+                    let (client, url) = (client.clone(), url.clone());
+                    let key = key.as_ref().map(|k| {
+                        if k.starts_with("mode-replay") {
+                            format!("{k}-{}", (n * 7919) % 500)
+                        } else {
+                            format!("{k}-{n}")
+                        }
+                    });
+                    let body = body(if key.as_deref().is_some_and(|k| k.starts_with("mode-replay")) {
+                        (n * 7919) % 500
+                    } else {
+                        n
+                    });
+                    async move { send(&client, &url, key.as_deref(), &body).await }
+                })
+            };
+            let bare = cell("/bare", None, charge).await;
+            let fresh = cell("/idem", Some(format!("mode-fresh-{mode}-c{concurrency}")), charge).await;
+            let replay = cell("/idem", Some(format!("mode-replay-{mode}")), charge).await;
+            println!(
+                "| {} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
+                MODES[mode],
+                bare.throughput(),
+                fresh.throughput(),
+                fresh.throughput() / bare.throughput(),
+                replay.throughput(),
+                replay.throughput() / fresh.throughput(),
+            );
+            for stats in [&bare, &fresh, &replay] {
+                let failed: usize = stats
+                    .statuses
+                    .iter()
+                    .filter(|(status, _)| !matches!(status, 200 | 201))
+                    .map(|(_, n)| n)
+                    .sum();
+                if failed > 0 {
+                    println!("|  | | answers: {} | | | | |", answers(&stats.statuses));
+                }
+            }
+        }
+    }
+    println!();
 }
 
 fn machine_line(rt: &tokio::runtime::Runtime, pool: &PgPool) {

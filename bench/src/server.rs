@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Store, Tx};
+use idem::{idempotent, Store, StoreBuilder, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
@@ -52,10 +52,18 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 }
 
 pub async fn serve(pool: PgPool) -> std::io::Result<SocketAddr> {
-    let state = AppState {
-        idempotency: Store::new(pool.clone()),
-        pool,
-    };
+    serve_with(pool, |store| store).await
+}
+
+/// The service with a store configured by `configure` (a production mode).
+pub async fn serve_with(
+    pool: PgPool,
+    configure: impl FnOnce(StoreBuilder) -> StoreBuilder,
+) -> std::io::Result<SocketAddr> {
+    let idempotency = configure(Store::builder(pool.clone()))
+        .build()
+        .map_err(std::io::Error::other)?;
+    let state = AppState { idempotency, pool };
     let app = Router::new()
         .route("/bare", post(bare))
         .route("/idem", post(idem))
