@@ -1,6 +1,7 @@
 //! Support shared by idem's behaviour tests and its load benchmark (`bench/`): a fresh
 //! PostgreSQL database per test, an app served over real HTTP on a loopback port,
-//! requests read whole, latency percentiles, and the fields of idem's request spans.
+//! requests read whole, latency percentiles, the fields of idem's request spans, and a
+//! PgBouncer in transaction mode in front of a test database.
 //!
 //! The server is found through `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
@@ -8,11 +9,13 @@
 mod answer;
 mod app;
 mod database;
+mod pooler;
 mod spans;
 mod stats;
 
 pub use answer::{post, send, Answer};
 pub use app::TestApp;
 pub use database::{admin_options, count, with_test_db, TestDb};
+pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{RequestSpans, SpanFields};
 pub use stats::{percentiles, tally};
