@@ -339,16 +339,23 @@ async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Opt
                             format!("{k}-{n}")
                         }
                     });
-                    let body = body(if key.as_deref().is_some_and(|k| k.starts_with("mode-replay")) {
-                        (n * 7919) % 500
-                    } else {
-                        n
-                    });
+                    let body = body(
+                        if key.as_deref().is_some_and(|k| k.starts_with("mode-replay")) {
+                            (n * 7919) % 500
+                        } else {
+                            n
+                        },
+                    );
                     async move { send(&client, &url, key.as_deref(), &body).await }
                 })
             };
             let bare = cell("/bare", None, charge).await;
-            let fresh = cell("/idem", Some(format!("mode-fresh-{mode}-c{concurrency}")), charge).await;
+            let fresh = cell(
+                "/idem",
+                Some(format!("mode-fresh-{mode}-c{concurrency}")),
+                charge,
+            )
+            .await;
             let replay = cell("/idem", Some(format!("mode-replay-{mode}")), charge).await;
             println!(
                 "| {} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",

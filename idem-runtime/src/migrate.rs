@@ -154,9 +154,15 @@ impl Store {
         let name = &self.inner.table_name;
         let table = name.to_string();
         let qualified = name.qualified();
+        // Behind a transaction pooler: unnamed statements, in a transaction of their own
+        // (a named one collides with another client's of the same name on a shared server
+        // connection: "prepared statement \"sqlx_s_1\" already exists").
+        let persistent = self.inner.table.persistent();
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
             .bind(&qualified)
-            .fetch_one(&self.inner.pool)
+            .persistent(persistent)
+            .fetch_one(&mut *conn)
             .await?;
         if !exists {
             return Err(VerifyError::MissingTable { table });
@@ -167,7 +173,8 @@ impl Store {
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
         )
         .bind(&qualified)
-        .fetch_all(&self.inner.pool)
+        .persistent(persistent)
+        .fetch_all(&mut *conn)
         .await?;
         for &(column, expected) in COLUMNS {
             match found.iter().find(|(name, _)| name == column) {
@@ -192,8 +199,10 @@ impl Store {
         )
         .bind(&qualified)
         .bind(&constraint)
-        .fetch_one(&self.inner.pool)
+        .persistent(persistent)
+        .fetch_one(&mut *conn)
         .await?;
+        conn.finish().await?;
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }

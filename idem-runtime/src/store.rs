@@ -100,6 +100,14 @@ impl Store {
         &self.inner.pool
     }
 
+    /// What this store was told sits in front of PostgreSQL ([`StoreBuilder::pooler`]),
+    /// for statements of one's own that must follow the same rule, such as a queue
+    /// consumer's inside [`Store::run_once`]: behind [`Pooler::Transaction`], send them
+    /// unnamed (sqlx's `.persistent(false)`).
+    pub fn pooler(&self) -> Pooler {
+        self.inner.dialect.pooler
+    }
+
     /// Creates the idempotency table and its index if they do not exist
     /// ([`Store::schema_sql`]). Safe to call from several processes starting at once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
@@ -164,9 +172,13 @@ impl StoreBuilder {
     /// `pool_mode = transaction`), set [`Pooler::Transaction`]: idem then prepares
     /// nothing that outlives a statement, at the cost of one more parse per statement,
     /// and wraps the few statements it sends outside a request (sweeper, inspection) in
-    /// a transaction. Build the pool with
-    /// `PgConnectOptions::statement_cache_capacity(0)` too, so that your handlers'
-    /// statements are not named either. See the README's "Running in production".
+    /// a transaction. Your own statements must follow the same two rules: send them with
+    /// sqlx's `.persistent(false)` (build the pool with
+    /// `PgConnectOptions::statement_cache_capacity(0)` as well, but that alone is not
+    /// enough: sqlx 0.8 still parses a persistent statement under a name, only without
+    /// caching it), and run those with parameters inside a transaction, since sqlx parses
+    /// and executes them in two exchanges that a pooler may send to two server
+    /// connections. See the README's "Running in production".
     pub fn pooler(mut self, pooler: Pooler) -> Self {
         self.dialect.pooler = pooler;
         self

@@ -490,9 +490,15 @@ impl Table {
         }
     }
 
+    /// Whether this store's statements are prepared once per connection and reused: not
+    /// behind a transaction pooler, where they go unnamed.
+    pub(crate) fn persistent(&self) -> bool {
+        self.dialect.pooler == Pooler::Session
+    }
+
     /// A statement as this store sends it: unnamed behind a transaction pooler.
     fn query<'q>(&self, sql: &'q str) -> Query<'q, Postgres, PgArguments> {
-        sqlx::query(sql).persistent(self.dialect.pooler == Pooler::Session)
+        sqlx::query(sql).persistent(self.persistent())
     }
 
     /// A statement whose first three parameters are the key: (scope, principal, key).
@@ -527,7 +533,7 @@ impl Table {
     /// A connection of `pool` for one statement outside a request's transaction: in a
     /// transaction of its own behind a transaction pooler, so that the statement's parse
     /// and execute steps reach the same server connection.
-    async fn single(&self, pool: &PgPool) -> Result<Single, sqlx::Error> {
+    pub(crate) async fn single(&self, pool: &PgPool) -> Result<Single, sqlx::Error> {
         Ok(match self.dialect.pooler {
             Pooler::Session => Single::Direct(pool.acquire().await?),
             Pooler::Transaction => Single::Pinned(pool.begin().await?),
@@ -735,14 +741,14 @@ pub(crate) struct Timeouts {
 }
 
 /// The connection of one statement sent outside a request's transaction.
-enum Single {
+pub(crate) enum Single {
     Direct(PoolConnection<Postgres>),
     Pinned(Transaction<'static, Postgres>),
 }
 
 impl Single {
     /// Commits the statement's own transaction, if it has one.
-    async fn finish(self) -> Result<(), sqlx::Error> {
+    pub(crate) async fn finish(self) -> Result<(), sqlx::Error> {
         match self {
             Self::Direct(_) => Ok(()),
             Self::Pinned(tx) => tx.commit().await,

@@ -229,7 +229,9 @@ async fn a_refund_event_changes_its_charge() {
         .await
         .json();
         let id = charge["id"].as_str().unwrap();
-        let body = json!({ "type": "charge.refunded", "data": { "charge_id": id } }).to_string();
+        let body = json!({ "type": "charge.refunded",
+                           "data": { "account": "acct_1", "charge_id": id } })
+        .to_string();
         assert_eq!(
             s.deliver(&body, &sign(SECRET, "evt_r", now(), &body))
                 .await

@@ -7,11 +7,12 @@ use axum::http::header::LOCATION;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use idem::{idempotent, Problem, Tx};
-use serde::{Deserialize, Serialize};
+use idem::{idempotent, Pooler, Problem, Tx};
+use serde::{Deserialize, Serialize, Serializer};
+use sqlx::types::time::{OffsetDateTime, UtcOffset};
 use sqlx::{PgConnection, PgPool};
 
-use crate::{problem_type, Account, ApiError, Config};
+use crate::{persistent, problem_type, Account, ApiError, Config};
 
 /// The body of `POST /charges`.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
@@ -47,11 +48,31 @@ pub struct Charge {
     currency: String,
     customer: String,
     description: Option<String>,
-    created_at: String,
+    #[serde(serialize_with = "utc_micros")]
+    #[schema(value_type = String, format = DateTime, example = "2026-11-23T17:00:00.123456Z")]
+    created_at: OffsetDateTime,
 }
 
-const CHARGE_COLUMNS: &str = "id, account, amount, currency, customer, description, \
-    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at";
+/// The columns of a [`Charge`], as stored: formatting is done here, not in SQL, so that
+/// `RETURNING` calls no function (a distributed engine refuses non-immutable ones there,
+/// and `to_char` of a `timestamptz` depends on the session's time zone).
+const CHARGE_COLUMNS: &str = "id, account, amount, currency, customer, description, created_at";
+
+/// A timestamp as answered: RFC 3339 in UTC, with PostgreSQL's microseconds
+/// (`2026-11-23T17:00:00.123456Z`), always six digits so that every answer has one shape.
+fn utc_micros<S: Serializer>(at: &OffsetDateTime, serializer: S) -> Result<S::Ok, S::Error> {
+    let at = at.to_offset(UtcOffset::UTC);
+    serializer.collect_str(&format_args!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.microsecond()
+    ))
+}
 
 /// Creates a charge. The key, the charge row and this response commit together.
 #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer])]
@@ -85,6 +106,7 @@ pub(crate) async fn create_charge(
     .bind(&req.currency)
     .bind(&req.customer)
     .bind(&req.description)
+    .persistent(persistent(config.pooler))
     .fetch_one(&mut *tx)
     .await?;
 
@@ -105,19 +127,40 @@ pub(crate) async fn create_charge(
     (status = 200, description = "The charge", body = Charge), crate::openapi::Unauthenticated, crate::openapi::NotFound))]
 pub(crate) async fn get_charge(
     State(pool): State<PgPool>,
+    State(config): State<Arc<Config>>,
     Extension(account): Extension<Account>,
     Path(id): Path<String>,
 ) -> Result<Json<Charge>, ApiError> {
-    let charge: Option<Charge> = sqlx::query_as(&format!(
-        "SELECT {CHARGE_COLUMNS} FROM charges WHERE id = $1 AND account = $2"
-    ))
-    .bind(&id)
-    .bind(&account.0)
-    .fetch_optional(&pool)
-    .await?;
+    let charge = if config.pooler == Pooler::Transaction {
+        // sqlx parses a statement and runs it in two exchanges; a transaction pooler
+        // keeps one client on one server connection only inside a transaction.
+        let mut tx = pool.begin().await?;
+        let charge = read_charge(&mut tx, &account, &id, config.pooler).await?;
+        tx.commit().await?;
+        charge
+    } else {
+        read_charge(&mut *pool.acquire().await?, &account, &id, config.pooler).await?
+    };
     charge
         .map(Json)
         .ok_or_else(|| ApiError::not_found("charge"))
+}
+
+/// The charge `id` of `account`, if there is one.
+async fn read_charge(
+    conn: &mut PgConnection,
+    account: &Account,
+    id: &str,
+    pooler: Pooler,
+) -> Result<Option<Charge>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {CHARGE_COLUMNS} FROM charges WHERE account = $1 AND id = $2"
+    ))
+    .bind(&account.0)
+    .bind(id)
+    .persistent(persistent(pooler))
+    .fetch_optional(conn)
+    .await
 }
 
 /// The body of `POST /charges/{id}/refunds`.
@@ -134,7 +177,9 @@ pub struct Refund {
     id: String,
     charge_id: String,
     amount: i64,
-    created_at: String,
+    #[serde(serialize_with = "utc_micros")]
+    #[schema(value_type = String, format = DateTime, example = "2026-11-23T17:00:00.123456Z")]
+    created_at: OffsetDateTime,
 }
 
 /// Refunds part of a charge. The charge id is part of the fingerprint (a path
@@ -143,6 +188,7 @@ pub struct Refund {
 #[utoipa::path(post, path = "/charges/{id}/refunds", params(("id" = String, Path)), request_body = NewRefund, security(("bearer" = [])), responses(
     (status = 201, description = "The refund", body = Refund), crate::openapi::Unauthenticated, crate::openapi::NotFound))]
 pub(crate) async fn create_refund(
+    State(config): State<Arc<Config>>,
     Extension(account): Extension<Account>,
     Path(charge_id): Path<String>,
     mut tx: Tx,
@@ -151,7 +197,8 @@ pub(crate) async fn create_refund(
     if req.amount <= 0 {
         return Err(ApiError::invalid("amount must be a positive integer"));
     }
-    let Some(remaining) = lock_remaining(&mut tx, &charge_id, &account).await? else {
+    let Some(remaining) = lock_remaining(&mut tx, &account, &charge_id, config.pooler).await?
+    else {
         return Err(ApiError::not_found("charge"));
     };
     if req.amount > remaining {
@@ -165,12 +212,13 @@ pub(crate) async fn create_refund(
         return Ok(problem.into_response());
     }
     let refund: Refund = sqlx::query_as(
-        "INSERT INTO refunds (charge_id, amount) VALUES ($1, $2) \
-         RETURNING id, charge_id, amount, \
-                   to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at",
+        "INSERT INTO refunds (account, charge_id, amount) VALUES ($1, $2, $3) \
+         RETURNING id, charge_id, amount, created_at",
     )
+    .bind(&account.0)
     .bind(&charge_id)
     .bind(req.amount)
+    .persistent(persistent(config.pooler))
     .fetch_one(&mut *tx)
     .await?;
     Ok((StatusCode::CREATED, Json(refund)).into_response())
@@ -180,13 +228,15 @@ pub(crate) async fn create_refund(
 /// no such charge. The lock serializes refunds of one charge, whatever their keys.
 async fn lock_remaining(
     conn: &mut PgConnection,
-    charge_id: &str,
     account: &Account,
+    charge_id: &str,
+    pooler: Pooler,
 ) -> Result<Option<i64>, sqlx::Error> {
     let amount: Option<i64> =
-        sqlx::query_scalar("SELECT amount FROM charges WHERE id = $1 AND account = $2 FOR UPDATE")
-            .bind(charge_id)
+        sqlx::query_scalar("SELECT amount FROM charges WHERE account = $1 AND id = $2 FOR UPDATE")
             .bind(&account.0)
+            .bind(charge_id)
+            .persistent(persistent(pooler))
             .fetch_optional(&mut *conn)
             .await?;
     let Some(amount) = amount else {
@@ -195,9 +245,12 @@ async fn lock_remaining(
     // A separate statement, so its snapshot is taken after the lock was granted and sees
     // the refunds committed by whoever held the lock before us (READ COMMITTED).
     let refunded: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(amount), 0)::bigint FROM refunds WHERE charge_id = $1",
+        "SELECT coalesce(sum(amount), 0)::bigint FROM refunds \
+         WHERE account = $1 AND charge_id = $2",
     )
+    .bind(&account.0)
     .bind(charge_id)
+    .persistent(persistent(pooler))
     .fetch_one(&mut *conn)
     .await?;
     Ok(Some(amount - refunded))

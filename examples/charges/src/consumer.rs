@@ -6,6 +6,8 @@ use std::time::Duration;
 use idem::{OnceError, Store};
 use serde::{Deserialize, Serialize};
 
+use crate::persistent;
+
 /// A message on the ledger queue.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Credit {
@@ -29,6 +31,8 @@ pub struct Credited {
 /// `conflict_wait`), or fails with [`OnceError::InUse`] and should be redelivered later.
 pub async fn handle(store: &Store, message: &Credit) -> Result<Credited, OnceError<sqlx::Error>> {
     let week = Duration::from_secs(7 * 24 * 3600);
+    // Named statements only where the store may prepare its own (see `Config::pooler`).
+    let named = persistent(store.pooler());
     store
         .run_once("ledger_credits", &message.message_id)
         .ttl(week)
@@ -40,12 +44,14 @@ pub async fn handle(store: &Store, message: &Credit) -> Result<Credited, OnceErr
             .bind(&message.message_id)
             .bind(&message.account)
             .bind(message.amount)
+            .persistent(named)
             .execute(&mut *tx)
             .await?;
             let balance: i64 = sqlx::query_scalar(
                 "SELECT sum(amount)::bigint FROM ledger_entries WHERE account = $1",
             )
             .bind(&message.account)
+            .persistent(named)
             .fetch_one(&mut *tx)
             .await?;
             Ok(Credited { balance })

@@ -30,8 +30,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
-use idem::{Problem, Store};
-use sqlx::postgres::PgPoolOptions;
+use idem::{Pooler, Problem, Store};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 /// The example's own tables; idem's table comes from [`Store::migrate`].
@@ -66,6 +66,12 @@ pub struct Config {
     /// How long the webhook handler works on an event (tests use it to overlap
     /// deliveries).
     pub webhook_delay: Duration,
+    /// What sits between the service and PostgreSQL (`DB_POOLER`): nothing or a pooler in
+    /// session mode ([`Pooler::Session`], the default), or a pooler in transaction mode
+    /// such as PgBouncer's `pool_mode = transaction` ([`Pooler::Transaction`]). idem's
+    /// store and the service's own statements follow it; connect the pool with
+    /// [`connect_with`] and the same value.
+    pub pooler: Pooler,
 }
 
 impl Default for Config {
@@ -76,7 +82,34 @@ impl Default for Config {
             stripe: Verifier::new(TEST_STRIPE_SECRET).expect("a valid test secret"),
             github: Verifier::new(TEST_GITHUB_SECRET).expect("a valid test secret"),
             webhook_delay: Duration::ZERO,
+            pooler: Pooler::Session,
         }
+    }
+}
+
+/// Whether the service's own statements may be prepared once per connection and reused
+/// (sqlx's `persistent`, its default). Behind a transaction pooler they may not: a named
+/// statement stays on the server connection it was parsed on, which the pooler then
+/// lends to other clients, whose statements of the same name fail ("prepared statement
+/// \"sqlx_s_1\" already exists"), and a client's next transaction may run on a server
+/// connection that never saw it. So there each statement goes unnamed,
+/// `.persistent(false)`: sqlx 0.8's `statement_cache_capacity(0)` alone does not do that,
+/// it still parses persistent statements under a name, only without caching (or closing)
+/// them.
+fn persistent(pooler: Pooler) -> bool {
+    pooler == Pooler::Session
+}
+
+/// Reads `DB_POOLER`: `session` (also when unset) or `transaction`.
+fn pooler_from_env(value: Option<&str>) -> Result<Pooler, String> {
+    match value {
+        None | Some("session") => Ok(Pooler::Session),
+        Some("transaction") => Ok(Pooler::Transaction),
+        Some(other) => Err(format!(
+            "DB_POOLER must be \"session\" (the default: no pooler, or one in session mode) \
+             or \"transaction\" (a pooler in transaction mode, such as PgBouncer's \
+             pool_mode = transaction), not {other:?}"
+        )),
     }
 }
 
@@ -95,17 +128,31 @@ struct AppState {
 }
 
 /// A pool sized for the service, with a short acquire timeout so that an unreachable
-/// database answers 503 quickly instead of holding requests.
+/// database answers 503 quickly instead of holding requests; for PostgreSQL itself or a
+/// pooler in session mode (see [`connect_with`]).
 pub async fn connect(database_url: &str) -> Result<PgPool, sqlx::Error> {
-    connect_with_size(database_url, 20).await
+    connect_with(database_url.parse()?, Pooler::Session, 20).await
 }
 
-async fn connect_with_size(database_url: &str, size: u32) -> Result<PgPool, sqlx::Error> {
+/// A pool of `size` connections on `options`, as [`connect`] makes it, for what sits in
+/// front of PostgreSQL: behind a transaction pooler ([`Pooler::Transaction`]) sqlx caches
+/// no statement, so that none of a connection's cached statements can be looked for on a
+/// server connection that never prepared it. (The service's statements also go unnamed
+/// there; see [`Config::pooler`].)
+pub async fn connect_with(
+    options: PgConnectOptions,
+    pooler: Pooler,
+    size: u32,
+) -> Result<PgPool, sqlx::Error> {
+    let options = match pooler {
+        Pooler::Transaction => options.statement_cache_capacity(0),
+        _ => options,
+    };
     // Debug builds warn when a handler writes around its `Tx`.
     idem::warn_on_escaping_writes(PgPoolOptions::new())
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(2))
-        .connect(database_url)
+        .connect_with(options)
         .await
 }
 
@@ -126,6 +173,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     };
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
+    let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())?;
 
     // Before connecting: a bad secret stops the service at once, with one message.
     let payments = webhook_verifier(
@@ -141,23 +189,23 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
         std::env::var_os("GITHUB_WEBHOOK_SECRET"),
     )?;
 
-    let pool = connect_with_size(&database_url, pool_size).await?;
+    let pool = connect_with(database_url.parse()?, pooler, pool_size).await?;
     migrate(&pool).await?;
+    let config = Config {
+        processor_delay: Duration::from_millis(delay_ms),
+        payments,
+        stripe,
+        github,
+        webhook_delay: Duration::ZERO,
+        pooler,
+    };
+    let store = store(pool.clone(), &config);
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
     // with it now, not in a 500 on the first request.
-    Store::new(pool.clone()).verify().await?;
+    store.verify().await?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = Store::new(pool.clone()).spawn_sweeper(Duration::from_secs(60), 1_000)?;
-    let app = app(
-        pool,
-        Config {
-            processor_delay: Duration::from_millis(delay_ms),
-            payments,
-            stripe,
-            github,
-            webhook_delay: Duration::ZERO,
-        },
-    );
+    let _sweeper = store.spawn_sweeper(Duration::from_secs(60), 1_000)?;
+    let app = app(pool, config);
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     tracing::info!(addr = %listener.local_addr()?, "charges service listening");
     axum::serve(listener, app)
@@ -169,24 +217,31 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Creates idem's table and the example's tables. Safe to run again, and from several
-/// processes starting at once.
+/// processes starting at once, and behind any pooler: it sends no prepared statement.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
     Store::new(pool.clone()).migrate().await?;
     // Concurrent `CREATE TABLE IF NOT EXISTS` can race; one lock makes starts take turns.
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('charges-example-schema'))")
+    sqlx::raw_sql("SELECT pg_advisory_xact_lock(hashtext('charges-example-schema'))")
         .execute(&mut *tx)
         .await?;
     sqlx::raw_sql(SCHEMA_SQL).execute(&mut *tx).await?;
     tx.commit().await
 }
 
+/// The service's idempotency store: keys per account, statements as `config.pooler`
+/// allows.
+fn store(pool: PgPool, config: &Config) -> Store {
+    Store::builder(pool)
+        .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
+        .pooler(config.pooler)
+        .build()
+        .expect("the service's store settings are valid")
+}
+
 /// The service's router: the store keys requests per account.
 pub fn app(pool: PgPool, config: Config) -> Router {
-    let idempotency = Store::builder(pool.clone())
-        .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-        .build()
-        .expect("the default store settings are valid");
+    let idempotency = store(pool.clone(), &config);
     let state = AppState {
         idempotency,
         pool,
@@ -299,5 +354,27 @@ impl From<sqlx::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.0.into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn db_pooler_is_session_unless_set_to_transaction() {
+        assert_eq!(pooler_from_env(None), Ok(Pooler::Session));
+        assert_eq!(pooler_from_env(Some("session")), Ok(Pooler::Session));
+        assert_eq!(
+            pooler_from_env(Some("transaction")),
+            Ok(Pooler::Transaction)
+        );
+        for wrong in ["", "Transaction", "statement", "pgbouncer"] {
+            let error = pooler_from_env(Some(wrong)).unwrap_err();
+            assert!(
+                error.starts_with("DB_POOLER must be \"session\"") && error.contains("transaction"),
+                "{error}"
+            );
+        }
     }
 }

@@ -5,7 +5,10 @@
 //! `PROCESSOR_DELAY_MS` (default 0), `WEBHOOK_SECRET` (the HMAC key of webhook
 //! signatures, at least 16 bytes: empty or shorter, the service refuses to start;
 //! `WEBHOOK_SECRET_PREVIOUS` is also accepted while rotating),
-//! `DB_POOL_SIZE` (default 20), `RUST_LOG` (default `info`).
+//! `DB_POOL_SIZE` (default 20), `DB_POOLER` (`session`, the default: PostgreSQL itself or
+//! a pooler in session mode; `transaction`: a pooler in transaction mode, such as
+//! PgBouncer's `pool_mode = transaction`; anything else stops the service at start),
+//! `RUST_LOG` (default `info`).
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -21,7 +21,7 @@ use idem::{idempotent, Tx};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::{ApiError, Config};
+use crate::{persistent, ApiError, Config};
 
 /// The verifier of `/webhooks/payments`: Standard Webhooks, with the secret of
 /// `WEBHOOK_SECRET` and, while rotating, `WEBHOOK_SECRET_PREVIOUS`, each of the form
@@ -131,13 +131,20 @@ pub(crate) async fn payment_event(
     Signed(event, ..): Signed<PaymentEvent>,
 ) -> Result<Json<Value>, ApiError> {
     let id = event_id(&tx);
-    record(&mut tx, "payments", &id, &event.kind, &event.data).await?;
+    let named = persistent(config.pooler);
+    record(&mut tx, named, "payments", &id, &event.kind, &event.data).await?;
     if event.kind == "charge.refunded" {
-        if let Some(charge_id) = event.data.get("charge_id").and_then(Value::as_str) {
-            sqlx::query("UPDATE charges SET refunded_by_provider = true WHERE id = $1")
-                .bind(charge_id)
-                .execute(&mut *tx)
-                .await?;
+        // By the charge's whole key, account first, as the table is distributed.
+        let field = |name: &str| event.data.get(name).and_then(Value::as_str);
+        if let (Some(account), Some(charge_id)) = (field("account"), field("charge_id")) {
+            sqlx::query(
+                "UPDATE charges SET refunded_by_provider = true WHERE account = $1 AND id = $2",
+            )
+            .bind(account)
+            .bind(charge_id)
+            .persistent(named)
+            .execute(&mut *tx)
+            .await?;
         }
     }
     if !config.webhook_delay.is_zero() {
@@ -156,7 +163,16 @@ pub(crate) async fn stripe_event(
     mut tx: Tx,
     Signed(event, ..): Signed<StripeEvent, Stripe>,
 ) -> Result<Json<Value>, ApiError> {
-    record(&mut tx, "stripe", &event.id, &event.kind, &event.data).await?;
+    let named = persistent(config.pooler);
+    record(
+        &mut tx,
+        named,
+        "stripe",
+        &event.id,
+        &event.kind,
+        &event.data,
+    )
+    .await?;
     if !config.webhook_delay.is_zero() {
         tokio::time::sleep(config.webhook_delay).await;
     }
@@ -186,7 +202,8 @@ pub(crate) async fn github_event(
     // Recorded under the delivery's own id when it sent one, else under the key.
     let id = header("x-github-delivery").unwrap_or_else(|| event_id(&tx));
     let kind = header("x-github-event").unwrap_or_else(|| "unknown".to_owned());
-    record(&mut tx, "github", &id, &kind, &payload).await?;
+    let named = persistent(config.pooler);
+    record(&mut tx, named, "github", &id, &kind, &payload).await?;
     if !config.webhook_delay.is_zero() {
         tokio::time::sleep(config.webhook_delay).await;
     }
@@ -198,9 +215,11 @@ fn event_id(tx: &Tx<'_>) -> String {
     tx.idempotency_key().unwrap_or_default().to_owned()
 }
 
-/// One row per event and provider: the business effect the tests count.
+/// One row per event and provider: the business effect the tests count. `named`: see
+/// [`persistent`].
 async fn record(
     tx: &mut Tx<'_>,
+    named: bool,
     provider: &str,
     id: &str,
     kind: &str,
@@ -211,6 +230,7 @@ async fn record(
         .bind(id)
         .bind(kind)
         .bind(sqlx::types::Json(payload))
+        .persistent(named)
         .execute(&mut **tx)
         .await?;
     Ok(())
