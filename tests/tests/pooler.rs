@@ -194,6 +194,84 @@ async fn a_duplicate_storm_through_pgbouncer_makes_one_charge_per_key() {
     .await;
 }
 
+/// The three webhook endpoints through the pooler: concurrent copies of each delivery,
+/// every copy 200, one row per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_deliveries_through_pgbouncer_take_effect_once() {
+    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
+    with_test_db(async |db| {
+        let bouncer = Pgbouncer::start(db);
+        let s = through(&bouncer, Pooler::Transaction).await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let deliver =
+            |path: &'static str, body: String, headers: Vec<(axum::http::HeaderName, String)>| {
+                let s = &s;
+                async move {
+                    let mut request = s
+                        .client
+                        .post(s.url(path))
+                        .header("content-type", "application/json")
+                        .body(body);
+                    for (name, value) in headers {
+                        request = request.header(name, value);
+                    }
+                    idem_tests::send(request).await
+                }
+            };
+        let mut sends = Vec::new();
+        for n in 0..10 {
+            let body = json!({ "type": "payment.succeeded", "data": { "n": n } }).to_string();
+            let headers = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET)
+                .unwrap()
+                .sign(&format!("msg_{n}"), now, body.as_bytes());
+            let stripe_body =
+                json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
+            let stripe = Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
+                .unwrap()
+                .sign("", now, stripe_body.as_bytes());
+            let github_body = json!({ "action": "opened", "number": n }).to_string();
+            let github = Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
+                .unwrap()
+                .sign("", now, github_body.as_bytes());
+            for _ in 0..3 {
+                sends.push(deliver("/webhooks/payments", body.clone(), headers.clone()));
+                sends.push(deliver(
+                    "/webhooks/stripe",
+                    stripe_body.clone(),
+                    stripe.clone(),
+                ));
+                sends.push(deliver(
+                    "/webhooks/github",
+                    github_body.clone(),
+                    github.clone(),
+                ));
+            }
+        }
+        let answers = join_all(sends).await;
+        let statuses = tally(answers.iter().map(|a| a.status));
+        assert!(answers.iter().all(|a| a.status == 200), "{statuses:?}");
+        let direct = db.pool(1).await;
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT provider, count(*) FROM webhook_events GROUP BY provider ORDER BY provider",
+        )
+        .fetch_all(&direct)
+        .await
+        .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("github".into(), 10),
+                ("payments".into(), 10),
+                ("stripe".into(), 10)
+            ]
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_connections_answer_503_and_never_charge_twice() {
     with_test_db(async |db| {
