@@ -552,3 +552,41 @@ async fn the_server_answers_raw_http_without_a_content_type() {
     })
     .await;
 }
+
+/// The example as it runs on Citus (`DB_PORTABLE=true`), here on plain PostgreSQL: the
+/// same answers through idem's portable mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_keeps_its_contract_in_portable_mode() {
+    with_test_db(async |db| {
+        let config = Config {
+            portable: true,
+            processor_delay: Duration::from_millis(300),
+            ..Config::default()
+        };
+        let s = TestApp::charges(db, 10, config).await;
+        let body = json!({ "amount": 500, "currency": "usd", "customer": "cus_p" });
+        let (first, duplicate) = tokio::join!(s.charge("acct_p", "p1", &body), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.charge("acct_p", "p1", &body).await
+        });
+        assert_eq!(first.status, 201);
+        duplicate.assert_problem(409, "key-in-use");
+        let again = s.charge("acct_p", "p1", &body).await;
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        s.charge(
+            "acct_p",
+            "p1",
+            &json!({ "amount": 501, "currency": "usd", "customer": "cus_p" }),
+        )
+        .await
+        .assert_problem(422, "key-reused");
+        let id = first.json()["id"].as_str().unwrap().to_owned();
+        assert_eq!(s.refund("acct_p", &id, "r1", 200).await.status, 201);
+        assert!(s.refund("acct_p", &id, "r1", 200).await.replayed());
+        assert_eq!(s.refund("acct_p", &id, "r2", 400).await.status, 400);
+        assert_eq!(s.count("charges").await, 1);
+        assert_eq!(s.count("refunds").await, 1);
+    })
+    .await;
+}

@@ -72,6 +72,9 @@ pub struct Config {
     /// store and the service's own statements follow it; connect the pool with
     /// [`connect_with`] and the same value.
     pub pooler: Pooler,
+    /// idem's portable mode (`DB_PORTABLE=true`), for distributed PostgreSQL (Citus):
+    /// see [`StoreBuilder::portable`](idem::StoreBuilder::portable) and `schema.sql`.
+    pub portable: bool,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             github: Verifier::new(TEST_GITHUB_SECRET).expect("a valid test secret"),
             webhook_delay: Duration::ZERO,
             pooler: Pooler::Session,
+            portable: false,
         }
     }
 }
@@ -109,6 +113,18 @@ fn pooler_from_env(value: Option<&str>) -> Result<Pooler, String> {
             "DB_POOLER must be \"session\" (the default: no pooler, or one in session mode) \
              or \"transaction\" (a pooler in transaction mode, such as PgBouncer's \
              pool_mode = transaction), not {other:?}"
+        )),
+    }
+}
+
+/// Reads `DB_PORTABLE`: `false` (also when unset) or `true`.
+fn portable_from_env(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!(
+            "DB_PORTABLE must be \"true\" (idem's portable mode, for distributed PostgreSQL \
+             such as Citus) or \"false\" (the default), not {other:?}"
         )),
     }
 }
@@ -174,6 +190,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
     let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())?;
+    let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())?;
 
     // Before connecting: a bad secret stops the service at once, with one message.
     let payments = webhook_verifier(
@@ -198,6 +215,7 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
         github,
         webhook_delay: Duration::ZERO,
         pooler,
+        portable,
     };
     let store = store(pool.clone(), &config);
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
@@ -230,11 +248,17 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 }
 
 /// The service's idempotency store: keys per account, statements as `config.pooler`
-/// allows.
+/// allows, portable when `config.portable`.
 fn store(pool: PgPool, config: &Config) -> Store {
-    Store::builder(pool)
+    let store = Store::builder(pool)
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-        .pooler(config.pooler)
+        .pooler(config.pooler);
+    let store = if config.portable {
+        store.portable()
+    } else {
+        store
+    };
+    store
         .build()
         .expect("the service's store settings are valid")
 }
@@ -375,6 +399,17 @@ mod tests {
                 error.starts_with("DB_POOLER must be \"session\"") && error.contains("transaction"),
                 "{error}"
             );
+        }
+    }
+
+    #[test]
+    fn db_portable_is_false_unless_set_to_true() {
+        assert_eq!(portable_from_env(None), Ok(false));
+        assert_eq!(portable_from_env(Some("false")), Ok(false));
+        assert_eq!(portable_from_env(Some("true")), Ok(true));
+        for wrong in ["", "1", "yes", "citus"] {
+            let error = portable_from_env(Some(wrong)).unwrap_err();
+            assert!(error.starts_with("DB_PORTABLE must be \"true\""), "{error}");
         }
     }
 }
