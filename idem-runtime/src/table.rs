@@ -362,6 +362,33 @@ pub enum PrincipalType {
 }
 
 impl PrincipalType {
+    /// Whether PostgreSQL takes `principal` as a value of the column's type: any text;
+    /// a UUID as 32 hex digits, plain or in the 8-4-4-4-12 groups, either optionally in
+    /// braces; a decimal `bigint`. What this refuses would fail the claim's cast.
+    pub(crate) fn accepts(self, principal: &str) -> bool {
+        match self {
+            Self::Text => true,
+            Self::Bigint => principal.parse::<i64>().is_ok(),
+            Self::Uuid => {
+                let bare = principal
+                    .strip_prefix('{')
+                    .and_then(|p| p.strip_suffix('}'))
+                    .unwrap_or(principal);
+                let hex = |part: &str, len: usize| {
+                    part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit())
+                };
+                let groups: Vec<&str> = bare.split('-').collect();
+                match groups[..] {
+                    [all] => hex(all, 32),
+                    [a, b, c, d, e] => {
+                        hex(a, 8) && hex(b, 4) && hex(c, 4) && hex(d, 4) && hex(e, 12)
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
     /// The column's SQL type.
     pub(crate) fn sql(self) -> &'static str {
         match self {
@@ -794,6 +821,36 @@ fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn principal_types_accept_what_postgres_casts() {
+        let uuid = "6f1c8a52-3b7e-4a59-9a1d-2f0c5e9b7d41";
+        for ok in [
+            uuid,
+            &uuid.to_uppercase(),
+            &uuid.replace('-', ""),
+            &format!("{{{uuid}}}"),
+        ] {
+            assert!(PrincipalType::Uuid.accepts(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "acct_1",
+            &uuid[1..],
+            &format!("{uuid}0"),
+            "6f1c8a52-3b7e4a59-9a1d-2f0c5e9b7d41",
+            "{6f1c8a523b7e4a599a1d2f0c5e9b7d41",
+        ] {
+            assert!(!PrincipalType::Uuid.accepts(bad), "{bad}");
+        }
+        for ok in ["0", "42", "-7", "9223372036854775807"] {
+            assert!(PrincipalType::Bigint.accepts(ok), "{ok}");
+        }
+        for bad in ["", "4.2", "acct_1", "9223372036854775808", "0x10"] {
+            assert!(!PrincipalType::Bigint.accepts(bad), "{bad}");
+        }
+        assert!(PrincipalType::Text.accepts("anything at all"));
+    }
 
     /// Invariant 5: the request path keeps to SQL that PostgreSQL-compatible distributed
     /// engines also run: INSERT .. ON CONFLICT, SELECT, UPDATE, DELETE, and lock_timeout

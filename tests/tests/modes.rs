@@ -145,6 +145,18 @@ async fn the_portable_mode_holds_the_contract_with_every_principal_type() {
             .unwrap();
             assert_eq!(column, column_type);
             holds_the_contract(&s, tenant).await;
+            // A principal the column cannot hold is the request's mistake: 400, not a
+            // failed cast.
+            if principal_type != PrincipalType::Text {
+                s.post_with(
+                    "/notes",
+                    Some("k-9"),
+                    &json!({ "n": 9 }),
+                    &[("x-tenant", "acct_1")],
+                )
+                .await
+                .assert_problem(400, "invalid-principal");
+            }
             let store = configure(Store::builder(s.pool.clone())).build().unwrap();
             sweeps(&s, &store).await;
         })

@@ -166,6 +166,20 @@ impl Guard {
                 self.principal,
                 self.store.inner.require_principal,
             ) {
+                // No principal (empty) is kept under the type's own "nobody" value.
+                Some(principal)
+                    if !principal.is_empty()
+                        && !self.store.inner.dialect.principal_type.accepts(&principal) =>
+                {
+                    let expected = self.store.inner.dialect.principal_type.sql();
+                    tracing::warn!(
+                        scope = spec.scope,
+                        expected,
+                        "idem: the request's principal is not of the principal column's type; refused"
+                    );
+                    let problem = problems.invalid_principal(expected).into_response();
+                    return Err(observation.answer(Outcome::RejectedKey, problem));
+                }
                 Some(principal) => principal,
                 None => {
                     tracing::warn!(

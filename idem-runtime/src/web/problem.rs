@@ -34,6 +34,9 @@ pub mod problem_type {
     /// 401: the store requires a principal (`StoreBuilder::require_principal`) and the
     /// request has none: authentication did not run, or found nobody.
     pub const MISSING_PRINCIPAL: &str = "missing-principal";
+    /// 400: the request's principal is not a value of the store's principal column type
+    /// (`StoreBuilder::principal_type`: a UUID, or a decimal integer).
+    pub const INVALID_PRINCIPAL: &str = "invalid-principal";
     /// 409: a request with this key is still running; retry after `Retry-After`.
     pub const KEY_IN_USE: &str = "key-in-use";
     /// 422: this key was used for a request with a different payload or target.
@@ -222,6 +225,18 @@ impl<'a> Problems<'a> {
         .with_detail(
             "this service keys idempotent requests per principal, and none was found for this request: authenticate first",
         )
+    }
+
+    /// A principal the store's principal column cannot hold.
+    pub(crate) fn invalid_principal(self, expected: &str) -> Problem {
+        self.problem(
+            StatusCode::BAD_REQUEST,
+            problem_type::INVALID_PRINCIPAL,
+            "Invalid principal",
+        )
+        .with_detail(format!(
+            "this service keys idempotent requests per principal, a {expected}, and this request's principal is not one"
+        ))
     }
 
     /// A key that is missing where required, or malformed; the detail names where it
