@@ -7,7 +7,9 @@ pub use http::HeaderMap;
 
 pub use crate::probe::*;
 pub use crate::table::Isolation;
-pub use crate::web::extract::{body_of, key_from_header, key_of, principal_of, Extract, KeySource};
+pub use crate::web::extract::{
+    body_of, key_from_header, key_of, principal_of, Extract, HoldsStore, KeySource,
+};
 pub use crate::web::{Answer, Claimed, Fields, Guard, Spec};
 
 /// For the crate's own benchmarks: the fingerprint, measured alone.
