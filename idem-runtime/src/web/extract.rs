@@ -184,10 +184,11 @@ pub fn body_of<B: FingerprintBody>(body: &B) -> &B::Value {
 /// directly: `FromRef`'s one blanket impl (`T: FromRef<T>`) would otherwise make rustc
 /// infer the router's state to be `Store`, and report a state without one as
 /// "expected `Store`, found `AppState`" on `with_state`; with it, a route on a state
-/// without a store fails on that route, naming the state. Its own message shows where
-/// the bound is checked directly, as `#[axum::debug_handler]` does; through a route,
-/// axum's `Handler` impls (`do_not_recommend`) report the `Handler` bound instead.
-/// Implemented by the blanket impl only.
+/// without a store fails on that route, naming the state. Its own message shows only
+/// where the bound is checked outside axum's traits: axum reports a failed extractor as
+/// its own `Handler`, `FromRequestParts` or `FromRequest` bound (`do_not_recommend`
+/// impls, `on_unimplemented` notes), also under `#[axum::debug_handler]`. Implemented by
+/// the blanket impl only.
 #[diagnostic::on_unimplemented(
     message = "the router's state `{Self}` holds no `idem::Store`",
     label = "an `#[idempotent]` handler takes idem's store from this state",
