@@ -237,6 +237,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     } else {
         quote!()
     };
+    let utoipa_order = utoipa_order(func);
     let conflict_wait = match args.wait() {
         Some(wait) => {
             let millis = u64_at(wait.millis, wait.lit.span());
@@ -375,6 +376,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 statement_timeout: #statement_timeout,
             };
             #(#not_bodies)*
+            #utoipa_order
             #header_key
             #without_tx
             #(#unwrap)*
@@ -392,6 +394,31 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let __idem_out = #call;
             let __idem_outcome = #outcome;
             __idem_claim.finish(__idem_outcome).await
+        }
+    }
+}
+
+/// Without a `#[utoipa::path]` below `#[idempotent]`, a check that none was written
+/// above it either: that one has already expanded, without idem's key header and problem
+/// responses, and left a `__path_<handler>` struct in the module. The inner block's glob
+/// import of the module shadows the outer block's `__path_<handler>` with that struct,
+/// if there is one, and `utoipa_path_below` holds for the outer block's alias only
+/// (`idem::__private::NoUtoipaPathAbove` says more). Call-site spans: the names resolve
+/// where the handler is written, and the error lands on `#[idempotent(...)]`.
+fn utoipa_order(func: &ItemFn) -> TokenStream {
+    if func.attrs.iter().any(openapi::is_utoipa_path) {
+        return quote!();
+    }
+    let path = format_ident!("__path_{}", func.sig.ident, span = Span::call_site());
+    quote! {
+        {
+            #[allow(non_camel_case_types, dead_code)]
+            type #path = ::idem::__private::NoUtoipaPathAbove;
+            {
+                #[allow(unused_imports, clippy::wildcard_imports)]
+                use self::*;
+                ::idem::__private::utoipa_path_below::<#path>();
+            }
         }
     }
 }

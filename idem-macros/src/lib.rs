@@ -107,6 +107,37 @@ use proc_macro::TokenStream;
 /// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)
 /// says so; allow it on the handler if you lint with the pedantic group.
 ///
+/// # With other attributes
+///
+/// `#[idempotent]` goes first, above the attributes that describe the handler axum
+/// sees, since attributes expand from the top:
+///
+/// ```text
+/// #[idempotent(scope = "charges")]
+/// #[utoipa::path(post, path = "/charges", responses((status = 201, description = "Created")))]
+/// #[axum::debug_handler]
+/// async fn create_charge(tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, Problem> { .. }
+/// ```
+///
+/// - `#[utoipa::path(...)]` below it (the `utoipa` feature) gets idem's parts added: the
+///   key's header parameter, the problem responses and `Idempotent-Replayed` (see
+///   `idem::openapi`). Written above it, utoipa would document the handler without
+///   them; `#[idempotent]` finds the `__path_<handler>` struct utoipa left beside the
+///   function and makes that a compile error on itself.
+/// - `#[axum::debug_handler]` below it checks the handler axum sees, given the state of
+///   the handler's `State<T>` parameter; name it with `#[axum::debug_handler(state = AppState)]`
+///   when the handler has none, or when `T` is a sub-state.
+///
+/// Other attributes, such as lints, apply to your function's body
+/// and may go anywhere below.
+///
+/// # The router's state
+///
+/// The handler takes idem's `Store` from the router's state through `FromRef`: a
+/// `#[derive(Clone, FromRef)]` state with a `store: idem::Store` field, or the `Store`
+/// itself as the state. A route on a router whose state holds none fails to build on
+/// that route, `post(handler)`, naming the state.
+///
 /// # Mistakes are compile errors
 ///
 /// Every option is checked at compile time, on your own tokens. A field the body does

@@ -53,8 +53,9 @@
 //! assert!(doc["components"]["schemas"]["Problem"].is_object());
 //! ```
 //!
-//! The other order, `#[utoipa::path]` above `#[idempotent]`, documents the function as
-//! written, without any of the above: utoipa expands first and idem never sees the path.
+//! The other order, `#[utoipa::path]` above `#[idempotent]`, is a compile error on
+//! `#[idempotent]`: utoipa would expand first, never seen by idem, and document the
+//! function without any of the above.
 //! Put `#[axum::debug_handler]` below `#[idempotent]` too (see the attribute's docs).
 
 use std::borrow::Cow;

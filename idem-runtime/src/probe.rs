@@ -464,3 +464,30 @@ pub const fn header_hash(name: &str) -> u64 {
     }
     hash
 }
+
+/// What `__path_<handler>` names in the check of the attribute order with
+/// `#[utoipa::path]` when the handler's module has no such item: no `#[utoipa::path]`
+/// was expanded above `#[idempotent]`.
+///
+/// `#[utoipa::path]` leaves a `__path_<handler>` struct beside the function it
+/// documents. An attribute cannot see the attributes above it, which have already
+/// expanded; but a `#[idempotent]` that finds no `#[utoipa::path]` below itself can look
+/// for that struct: a block inside the handler names `__path_<handler>` as this type,
+/// and a glob import of the module in a block within it shadows that name with utoipa's
+/// struct if there is one. [`UtoipaPathBelow`] then holds for this type only.
+pub struct NoUtoipaPathAbove;
+
+/// Holds when no `#[utoipa::path]` was expanded above `#[idempotent]`, which would
+/// document the handler without idem's key header and problem responses.
+#[diagnostic::on_unimplemented(
+    message = "`#[utoipa::path]` is written above `#[idempotent]`: the OpenAPI operation would lack idem's key header and problem responses",
+    label = "move this attribute above `#[utoipa::path(...)]`",
+    note = "attributes expand from the top: `#[idempotent]` completes the `#[utoipa::path]` written below it, while one above it has already expanded without idem's parts"
+)]
+pub trait UtoipaPathBelow {}
+
+#[diagnostic::do_not_recommend]
+impl UtoipaPathBelow for NoUtoipaPathAbove {}
+
+/// Asserts that `Path`, what `__path_<handler>` names, is [`NoUtoipaPathAbove`].
+pub fn utoipa_path_below<Path: UtoipaPathBelow>() {}

@@ -190,6 +190,41 @@ pub fn body_of<B: FingerprintBody>(body: &B) -> &B::Value {
     body.fingerprint_value()
 }
 
+/// A router state an `#[idempotent]` handler can take idem's [`Store`] from: any state
+/// `S` with `Store: FromRef<S>`, such as a `#[derive(Clone, FromRef)]` struct with a
+/// `Store` field, or the `Store` itself.
+///
+/// The generated handler's extractors require it rather than `Store: FromRef<S>`
+/// directly: `FromRef`'s one blanket impl (`T: FromRef<T>`) would otherwise make rustc
+/// infer the router's state to be `Store`, and report a state without one as
+/// "expected `Store`, found `AppState`" on `with_state`; with it, a route on a state
+/// without a store fails on that route, naming the state. Its own message shows only
+/// where the bound is checked outside axum's traits: axum reports a failed extractor as
+/// its own `Handler`, `FromRequestParts` or `FromRequest` bound (`do_not_recommend`
+/// impls, `on_unimplemented` notes), also under `#[axum::debug_handler]`. Implemented by
+/// the blanket impl only.
+#[diagnostic::on_unimplemented(
+    message = "the router's state `{Self}` holds no `idem::Store`",
+    label = "an `#[idempotent]` handler takes idem's store from this state",
+    note = "`#[idempotent]` handlers take idem's store from the router's state through `FromRef`: add a `store: idem::Store` field to `{Self}` and `#[derive(Clone, FromRef)]` on it, or implement `FromRef<{Self}>` for `idem::Store`"
+)]
+pub trait HoldsStore: Send + Sync {
+    /// The store, from the state.
+    fn store(&self) -> Store;
+}
+
+// `do_not_recommend`: an error names the state, not the `FromRef` bound within.
+#[diagnostic::do_not_recommend]
+impl<S> HoldsStore for S
+where
+    Store: FromRef<S>,
+    S: Send + Sync,
+{
+    fn store(&self) -> Store {
+        Store::from_ref(self)
+    }
+}
+
 /// Wraps each of the handler's extractors so that its rejection is answered as
 /// `application/problem+json`, like every other error of an idempotent endpoint.
 pub struct Extract<T>(pub T);
@@ -197,8 +232,7 @@ pub struct Extract<T>(pub T);
 impl<S, T> FromRequestParts<S> for Extract<T>
 where
     T: FromRequestParts<S> + Send,
-    Store: FromRef<S>,
-    S: Send + Sync,
+    S: HoldsStore,
 {
     type Rejection = Response;
 
@@ -217,8 +251,7 @@ where
 impl<S, T> FromRequest<S> for Extract<T>
 where
     T: FromRequest<S> + Send,
-    Store: FromRef<S>,
-    S: Send + Sync,
+    S: HoldsStore,
 {
     type Rejection = Response;
 
@@ -234,10 +267,7 @@ where
     }
 }
 
-async fn rejected<S>(state: &S, rejection: Response) -> Response
-where
-    Store: FromRef<S>,
-{
-    let store = Store::from_ref(state);
+async fn rejected<S: HoldsStore>(state: &S, rejection: Response) -> Response {
+    let store = state.store();
     Problems::of(&store).rejection(rejection).await
 }

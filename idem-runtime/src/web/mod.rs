@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
-use axum::extract::{FromRef, FromRequestParts, MatchedPath, RawPathParams};
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::{HeaderValue, Method};
@@ -29,6 +29,7 @@ use crate::probe::Fingerprintable;
 use crate::store::Store;
 use crate::table::Isolation;
 use crate::tx::{KeyInScope, Tx};
+use extract::HoldsStore;
 use policy::KeyRead;
 use problem::Problems;
 use response::IDEMPOTENT_RECORDED;
@@ -89,15 +90,11 @@ pub struct Guard {
     query: Option<String>,
 }
 
-impl<S> FromRequestParts<S> for Guard
-where
-    Store: FromRef<S>,
-    S: Send + Sync,
-{
+impl<S: HoldsStore> FromRequestParts<S> for Guard {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
-        let store = Store::from_ref(state);
+        let store = state.store();
         let params = match RawPathParams::from_request_parts(parts, state).await {
             Ok(params) => Some(params),
             // No parameters on this route.

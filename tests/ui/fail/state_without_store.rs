@@ -1,0 +1,34 @@
+//! A router whose state holds no `idem::Store`: the error lands on the idempotent
+//! handler's route, `post(create)`, with the state named, no longer as "expected `Store`,
+//! found `AppState`" on `with_state` (rustc inferred the state from `FromRef`'s one
+//! blanket impl). idem's `HoldsStore` message cannot show here: axum's `Handler` impls
+//! are `do_not_recommend`, so rustc reports the `Handler` bound.
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Tx};
+use serde_json::Value;
+
+#[derive(Clone)]
+struct AppState {
+    pool: sqlx::PgPool,
+}
+
+#[idempotent(scope = "charges")]
+async fn create(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    Json(v)
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+fn app(pool: sqlx::PgPool) -> Router {
+    Router::new()
+        .route("/health", post(health))
+        .route("/charges", post(create))
+        .with_state(AppState { pool })
+}
+
+fn main() {
+    let _ = app;
+}
