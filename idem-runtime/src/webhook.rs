@@ -485,21 +485,36 @@ impl Scheme for GitHub {
         _: Duration,
         _: SystemTime,
     ) -> Result<Candidates, SignatureError> {
-        let value = headers.get(signature).ok_or(SignatureError::Missing)?;
-        Ok(Candidates {
-            prefix: Vec::new(),
-            signatures: vec![parse_github(value.as_bytes())?],
-        })
+        body_only(headers, signature, parse_github)
     }
 
     fn sign(key: &[u8], _: &str, _: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        let mut mac = hmac(key);
-        mac.update(body);
         vec![(
-            HeaderName::from_static("x-hub-signature-256"),
-            format!("sha256={}", hex(&mac.finalize().into_bytes())),
+            HeaderName::from_static(Self::SIGNATURE_HEADER),
+            format!("sha256={}", hex(&body_mac(key, body))),
         )]
     }
+}
+
+/// The candidates of a scheme that signs the body alone, under one header that `parse`
+/// reads (GitHub, Shopify).
+fn body_only(
+    headers: &HeaderMap,
+    signature: &HeaderName,
+    parse: fn(&[u8]) -> Result<[u8; 32], SignatureError>,
+) -> Result<Candidates, SignatureError> {
+    let value = headers.get(signature).ok_or(SignatureError::Missing)?;
+    Ok(Candidates {
+        prefix: Vec::new(),
+        signatures: vec![parse(value.as_bytes())?],
+    })
+}
+
+/// The HMAC-SHA256 of `body` alone.
+fn body_mac(key: &[u8], body: &[u8]) -> [u8; 32] {
+    let mut mac = hmac(key);
+    mac.update(body);
+    mac.finalize().into_bytes().into()
 }
 
 impl Scheme for Slack {
@@ -559,24 +574,18 @@ impl Scheme for Shopify {
         _: Duration,
         _: SystemTime,
     ) -> Result<Candidates, SignatureError> {
-        let value = headers.get(signature).ok_or(SignatureError::Missing)?;
-        let signature = value
-            .to_str()
-            .ok()
-            .and_then(decode_sha256_base64)
-            .ok_or(SignatureError::Malformed)?;
-        Ok(Candidates {
-            prefix: Vec::new(),
-            signatures: vec![signature],
+        body_only(headers, signature, |value| {
+            std::str::from_utf8(value)
+                .ok()
+                .and_then(decode_sha256_base64)
+                .ok_or(SignatureError::Malformed)
         })
     }
 
     fn sign(key: &[u8], _: &str, _: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        let mut mac = hmac(key);
-        mac.update(body);
         vec![(
             HeaderName::from_static(Self::SIGNATURE_HEADER),
-            BASE64.encode(mac.finalize().into_bytes()),
+            BASE64.encode(body_mac(key, body)),
         )]
     }
 }
