@@ -94,10 +94,9 @@ fn is_handler_attr(attr: &Attribute) -> bool {
 }
 
 /// The wrapper's attributes: docs, `cfg`, the completed `#[utoipa::path]`, and
-/// `#[axum::debug_handler]`, given the state type of the handler's `State<T>` when it
-/// names none (the wrapper's extractors work for any state that holds the store, so
-/// the check needs one).
-fn wrapper_attrs(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> Vec<TokenStream> {
+/// `#[axum::debug_handler]`, given the state the wrapper is written for when it names
+/// none (see [`router_state`]).
+fn wrapper_attrs(func: &ItemFn, args: &Args, state: Option<&Type>) -> Vec<TokenStream> {
     func.attrs
         .iter()
         .filter_map(|attr| {
@@ -109,9 +108,6 @@ fn wrapper_attrs(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> Vec<Token
                     Err(e) => e.to_compile_error(),
                 })
             } else if openapi::is_debug_handler(attr) {
-                let state = handler
-                    .extracted()
-                    .find_map(|(_, param)| state_type(&param.ty));
                 match (&attr.meta, state) {
                     (syn::Meta::Path(path), Some(state)) => Some(quote!(#[#path(state = #state)])),
                     _ => Some(quote!(#attr)),
@@ -121,6 +117,45 @@ fn wrapper_attrs(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> Vec<Token
             }
         })
         .collect()
+}
+
+/// The router's state the wrapper is written for. Without `#[axum::debug_handler]`,
+/// its own type parameter: `Guard<S>` extracts for the state `S` only, so axum's
+/// `Handler` impl makes it the router's state, and the wrapper's `where S: HoldsStore`
+/// is checked on the route, `post(handler)`, with idem's message naming `FromRef` and
+/// the state (a bound inside axum's `Handler` impls, which are `do_not_recommend`,
+/// would be reported as the `Handler` bound). `#[axum::debug_handler]` does not check a
+/// generic function, so under it the wrapper is written for the state it checks with:
+/// the one it names, the `T` of the handler's `State<T>`, or axum's default, `()`.
+fn router_state(func: &ItemFn, handler: &Handler<'_>) -> Option<Type> {
+    let attr = func
+        .attrs
+        .iter()
+        .find(|attr| openapi::is_debug_handler(attr))?;
+    let named = match &attr.meta {
+        syn::Meta::List(_) => attr.parse_args_with(named_state).ok(),
+        _ => None,
+    };
+    Some(
+        named
+            .or_else(|| {
+                handler
+                    .extracted()
+                    .find_map(|(_, param)| state_type(&param.ty))
+                    .cloned()
+            })
+            .unwrap_or_else(|| syn::parse_quote!(())),
+    )
+}
+
+/// `state = T`, the arguments of `#[axum::debug_handler(state = T)]`.
+fn named_state(input: syn::parse::ParseStream<'_>) -> syn::Result<Type> {
+    let key: Ident = input.parse()?;
+    if key != "state" {
+        return Err(syn::Error::new(key.span(), "expected `state`"));
+    }
+    input.parse::<syn::Token![=]>()?;
+    input.parse()
 }
 
 /// `T` of a `State<T>` parameter.
@@ -142,7 +177,8 @@ fn state_type(ty: &Type) -> Option<&Type> {
 fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let name = &func.sig.ident;
     let vis = &func.vis;
-    let wrapper_attrs = wrapper_attrs(func, args, handler);
+    let state = router_state(func, handler);
+    let wrapper_attrs = wrapper_attrs(func, args, state.as_ref());
     let inner_attrs = func
         .attrs
         .iter()
@@ -295,7 +331,18 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         ),
         None => (None, &[][..]),
     };
-    let guard = (quote!(__idem_guard), quote!(::idem::__private::Guard));
+    let (generics, state_bound, state) = match &state {
+        Some(state) => (quote!(), quote!(), quote!(#state)),
+        None => (
+            quote!(<__IdemState>),
+            quote!(where __IdemState: ::idem::__private::HoldsStore),
+            quote!(__IdemState),
+        ),
+    };
+    let guard = (
+        quote!(__idem_guard),
+        quote!(::idem::__private::Guard<#state>),
+    );
     let own = before_last.iter().map(|(arg, ty)| {
         (
             quote!(#arg),
@@ -353,10 +400,12 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
 
     quote! {
         #(#wrapper_attrs)*
-        #vis async fn #name(
+        #vis async fn #name #generics(
             (#(#parts,)*): (#(#part_types,)*),
             #last_param
-        ) -> ::idem::__private::Response {
+        ) -> ::idem::__private::Response
+        #state_bound
+        {
             #(#inner_attrs)*
             #inner_sig #block
 
@@ -582,6 +631,49 @@ mod tests {
         let attrs = &inner.expect("the user's function").attrs;
         assert_eq!(attrs.len(), 1, "only the user's own");
         assert!(attrs[0].path().is_ident("deny"));
+    }
+
+    /// The wrapper is generic over the router's state, so that a state without idem's
+    /// store is reported with `HoldsStore`'s message on the route; under
+    /// `#[axum::debug_handler]`, which checks no generic function, it is written for the
+    /// state the check names, the `T` of `State<T>`, or axum's default `()`.
+    #[test]
+    fn wrapper_names_the_state_only_under_debug_handler() {
+        let with_state = quote!(
+            async fn f(State(s): State<App>, tx: Tx, Json(b): Json<B>) {}
+        );
+        let without = quote!(
+            async fn f(tx: Tx, Json(b): Json<B>) {}
+        );
+        let wrapper = |attr: TokenStream, func: &TokenStream| -> ItemFn {
+            syn::parse2(idempotent(quote!(scope = "s"), quote!(#attr #func))).expect("a function")
+        };
+
+        let generic = wrapper(quote!(), &with_state);
+        assert_eq!(generic.sig.generics.params.len(), 1);
+        let bound = generic
+            .sig
+            .generics
+            .where_clause
+            .to_token_stream()
+            .to_string();
+        assert!(bound.contains("HoldsStore"), "{bound}");
+
+        for (attr, func, state) in [
+            (quote!(#[axum::debug_handler]), &with_state, "App"),
+            (
+                quote!(#[axum::debug_handler(state = Outer)]),
+                &with_state,
+                "Outer",
+            ),
+            (quote!(#[axum::debug_handler]), &without, "()"),
+        ] {
+            let named = wrapper(attr, func);
+            assert!(named.sig.generics.params.is_empty());
+            assert!(named.sig.generics.where_clause.is_none());
+            let inputs = named.sig.inputs.to_token_stream().to_string();
+            assert!(inputs.contains(&format!("Guard < {state} >")), "{inputs}");
+        }
     }
 
     proptest! {

@@ -136,7 +136,33 @@ use proc_macro::TokenStream;
 /// The handler takes idem's `Store` from the router's state through `FromRef`: a
 /// `#[derive(Clone, FromRef)]` state with a `store: idem::Store` field, or the `Store`
 /// itself as the state. A route on a router whose state holds none fails to build on
-/// that route, `post(handler)`, naming the state.
+/// that route, `post(handler)`, naming the state and the fix:
+///
+/// ```compile_fail,E0277
+/// # use axum::{routing::post, Json, Router};
+/// # use idem::{idempotent, Tx};
+/// # use serde_json::Value;
+/// #[derive(Clone)]
+/// struct AppState {
+///     pool: sqlx::PgPool,
+/// }
+///
+/// #[idempotent(scope = "charges")]
+/// async fn create_charge(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+///     Json(v)
+/// }
+///
+/// // error[E0277]: the router's state `AppState` holds no `idem::Store`
+/// fn app(pool: sqlx::PgPool) -> Router {
+///     Router::new()
+///         .route("/charges", post(create_charge))
+///         .with_state(AppState { pool })
+/// }
+/// ```
+///
+/// The generated handler is generic over the router's state (except under
+/// `#[axum::debug_handler]`), which routing infers: name it in a route, not alone
+/// (`let _ = create_charge;` needs the state, `create_charge::<AppState>`).
 ///
 /// # Mistakes are compile errors
 ///

@@ -197,12 +197,13 @@ pub fn body_of<B: FingerprintBody>(body: &B) -> &B::Value {
 /// The generated handler's extractors require it rather than `Store: FromRef<S>`
 /// directly: `FromRef`'s one blanket impl (`T: FromRef<T>`) would otherwise make rustc
 /// infer the router's state to be `Store`, and report a state without one as
-/// "expected `Store`, found `AppState`" on `with_state`; with it, a route on a state
-/// without a store fails on that route, naming the state. Its own message shows only
-/// where the bound is checked outside axum's traits: axum reports a failed extractor as
-/// its own `Handler`, `FromRequestParts` or `FromRequest` bound (`do_not_recommend`
-/// impls, `on_unimplemented` notes), also under `#[axum::debug_handler]`. Implemented by
-/// the blanket impl only.
+/// "expected `Store`, found `AppState`" on `with_state`. The generated handler is
+/// generic over the state with a `where S: HoldsStore` of its own, checked on the route
+/// (`post(handler)`), so this message is the one a route on a state without a store
+/// gets: inside axum's traits the bound would be reported as axum's own `Handler`,
+/// `FromRequestParts` or `FromRequest` bound (`do_not_recommend` impls), as it still is
+/// under `#[axum::debug_handler]`, which checks no generic handler. Implemented by the
+/// blanket impl only.
 #[diagnostic::on_unimplemented(
     message = "the router's state `{Self}` holds no `idem::Store`",
     label = "an `#[idempotent]` handler takes idem's store from this state",

@@ -12,6 +12,7 @@ pub(crate) mod policy;
 pub(crate) mod problem;
 pub(crate) mod response;
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -80,7 +81,12 @@ impl Answer {
 
 /// The extractor the macro puts first: the store, the header's key and the request's
 /// target.
-pub struct Guard {
+///
+/// It names the router's state `S` and is an extractor for that state only, so that
+/// axum's `Handler` impl makes the generated handler's own type parameter the router's
+/// state, and the handler's `where S: HoldsStore` is checked on the route with
+/// [`HoldsStore`]'s message rather than reported as an unsatisfied `Handler` bound.
+pub struct Guard<S> {
     store: Store,
     key: KeyRead,
     principal: Option<String>,
@@ -88,9 +94,11 @@ pub struct Guard {
     route: Option<MatchedPath>,
     params: Option<RawPathParams>,
     query: Option<String>,
+    // `fn() -> S`: the guard is `Send` and `Sync` whatever the state.
+    state: PhantomData<fn() -> S>,
 }
 
-impl<S: HoldsStore> FromRequestParts<S> for Guard {
+impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
@@ -114,11 +122,12 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard {
             route: parts.extensions.get::<MatchedPath>().cloned(),
             params,
             query: parts.uri.query().map(str::to_owned),
+            state: PhantomData,
         })
     }
 }
 
-impl Guard {
+impl<S> Guard<S> {
     /// Starts the fingerprint with the request's target: method, route, path
     /// parameters and query string.
     pub fn fingerprint(&self, spec: &Spec) -> Fields {

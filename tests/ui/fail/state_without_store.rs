@@ -1,8 +1,7 @@
 //! A router whose state holds no `idem::Store`: the error lands on the idempotent
-//! handler's route, `post(create)`, with the state named, no longer as "expected `Store`,
-//! found `AppState`" on `with_state` (rustc inferred the state from `FromRef`'s one
-//! blanket impl). idem's `HoldsStore` message cannot show here: axum's `Handler` impls
-//! are `do_not_recommend`, so rustc reports the `Handler` bound.
+//! handler's route, `post(create)`, with idem's message naming the state, `FromRef` and
+//! `idem::Store`; no longer axum's unsatisfied `Handler` bound there, nor "expected
+//! `Store`, found `AppState`" on `with_state`, nor an error on an unrelated handler.
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Tx};

@@ -1,6 +1,7 @@
 //! Nested field paths are fingerprinted, and only those fields need `Serialize`.
-use axum::Json;
-use idem::{idempotent, Tx};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Store, Tx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Serialize)]
@@ -27,5 +28,5 @@ async fn create_order(tx: Tx, Json(order): Json<Order>) -> String {
 }
 
 fn main() {
-    let _ = create_order;
+    let _: Router<Store> = Router::new().route("/orders", post(create_order));
 }

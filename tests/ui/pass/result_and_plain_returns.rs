@@ -1,8 +1,9 @@
 //! `Result`, a `Result` alias, a plain response and `impl IntoResponse` all work.
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::Json;
-use idem::{idempotent, Problem, Tx};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Problem, Store, Tx};
 use serde_json::Value;
 
 type ApiResult<T> = Result<T, Problem>;
@@ -34,5 +35,10 @@ async fn opaque(_tx: Tx, Json(v): Json<Value>) -> impl IntoResponse {
 async fn unit(_tx: Tx) {}
 
 fn main() {
-    let _ = (result, alias, plain, opaque, unit);
+    let _: Router<Store> = Router::new()
+        .route("/a", post(result))
+        .route("/b", post(alias))
+        .route("/c", post(plain))
+        .route("/d", post(opaque))
+        .route("/e", post(unit));
 }

@@ -1,8 +1,9 @@
 //! `#[idempotent]` above `#[utoipa::path]`, the order that documents idem's parts, next
 //! to a handler without `#[utoipa::path]`: the check of the order fires on neither.
 use axum::http::StatusCode;
-use axum::Json;
-use idem::{idempotent, Problem, Tx};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Problem, Store, Tx};
 use serde_json::Value;
 use utoipa::OpenApi;
 
@@ -24,5 +25,5 @@ struct ApiDoc;
 fn main() {
     let doc = ApiDoc::openapi();
     assert!(doc.paths.paths.contains_key("/charges"));
-    let _ = create_refund;
+    let _: Router<Store> = Router::new().route("/refunds", post(create_refund));
 }
