@@ -16,7 +16,13 @@ use sqlx::{PgConnection, PgPool};
 struct AppState {
     idempotency: Store,
     pool: PgPool,
+    named: Named,
 }
+
+/// Whether the handlers' own statements are prepared under a name (sqlx's
+/// `persistent`): not behind a transaction pooler.
+#[derive(Clone, Copy)]
+struct Named(bool);
 
 #[derive(Deserialize, Serialize)]
 pub struct NewCharge {
@@ -63,7 +69,12 @@ pub async fn serve_with(
     let idempotency = configure(Store::builder(pool.clone()))
         .build()
         .map_err(std::io::Error::other)?;
-    let state = AppState { idempotency, pool };
+    let named = Named(idempotency.pooler() == idem::Pooler::Session);
+    let state = AppState {
+        idempotency,
+        pool,
+        named,
+    };
     let app = Router::new()
         .route("/bare", post(bare))
         .route("/idem", post(idem))
@@ -77,7 +88,11 @@ pub async fn serve_with(
 }
 
 /// The one write every handler does.
-async fn insert(conn: &mut PgConnection, req: &NewCharge) -> Result<Charge, sqlx::Error> {
+async fn insert(
+    conn: &mut PgConnection,
+    req: &NewCharge,
+    Named(named): Named,
+) -> Result<Charge, sqlx::Error> {
     let charge = sqlx::query_as(
         "INSERT INTO charges (amount, currency, customer) VALUES ($1, $2, $3) \
          RETURNING id, amount, currency, customer, created_at::text",
@@ -85,6 +100,7 @@ async fn insert(conn: &mut PgConnection, req: &NewCharge) -> Result<Charge, sqlx
     .bind(req.amount)
     .bind(&req.currency)
     .bind(&req.customer)
+    .persistent(named)
     .fetch_one(conn)
     .await?;
     if req.delay_ms > 0 {
@@ -100,10 +116,11 @@ fn failed(e: sqlx::Error) -> (StatusCode, String) {
 /// (a) The floor: the write in its own transaction, nothing else.
 async fn bare(
     State(pool): State<PgPool>,
+    State(named): State<Named>,
     Json(req): Json<NewCharge>,
 ) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
     let mut tx = pool.begin().await.map_err(failed)?;
-    let charge = insert(&mut tx, &req).await.map_err(failed)?;
+    let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
     tx.commit().await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(charge)))
 }
@@ -111,17 +128,18 @@ async fn bare(
 /// (b)-(c) The same write, idempotent.
 #[idempotent(scope = "charges", fields = [amount, currency, customer])]
 async fn idem(
+    State(named): State<Named>,
     mut tx: Tx,
     Json(req): Json<NewCharge>,
 ) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
-    let charge = insert(&mut tx, &req).await.map_err(failed)?;
+    let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(charge)))
 }
 
 /// (d) A request that holds its key for a long time, so that its duplicates get 409.
 #[idempotent(scope = "held", fields = [amount])]
 async fn hold(mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, (StatusCode, String)> {
-    insert(&mut tx, &req).await.map_err(failed)?;
+    insert(&mut tx, &req, Named(true)).await.map_err(failed)?;
     tokio::time::sleep(Duration::from_secs(600)).await;
     Ok(StatusCode::CREATED)
 }
@@ -151,7 +169,7 @@ async fn naive(
     }
     let charge = async {
         let mut tx = pool.begin().await?;
-        let charge = insert(&mut tx, &req).await?;
+        let charge = insert(&mut tx, &req, Named(true)).await?;
         tx.commit().await?;
         Ok::<_, sqlx::Error>(charge)
     }
