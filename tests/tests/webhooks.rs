@@ -335,6 +335,12 @@ async fn an_empty_event_id_is_refused() {
         s.deliver_stripe(&body, &sign_stripe(STRIPE, now(), &body))
             .await
             .assert_problem(400, "invalid-request");
+        // A `\u0000` in the payload, which jsonb cannot hold: 400, not 500.
+        let body =
+            json!({ "id": "evt_nul", "type": "x", "data": { "note": "a\u{0}b" } }).to_string();
+        s.deliver_stripe(&body, &sign_stripe(STRIPE, now(), &body))
+            .await
+            .assert_problem(400, "invalid-request");
         assert_eq!(s.count("webhook_events").await, 0);
     })
     .await;

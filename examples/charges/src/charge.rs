@@ -131,6 +131,10 @@ pub(crate) async fn get_charge(
     Extension(account): Extension<Account>,
     Path(id): Path<String>,
 ) -> Result<Json<Charge>, ApiError> {
+    // No id holds a NUL, and PostgreSQL's text cannot take one: no such charge.
+    if id.contains('\0') {
+        return Err(ApiError::not_found("charge"));
+    }
     let charge = if config.pooler == Pooler::Transaction {
         // sqlx parses a statement and runs it in two exchanges; a transaction pooler
         // keeps one client on one server connection only inside a transaction.

@@ -354,6 +354,13 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
+        // Text PostgreSQL cannot hold: a NUL character in a text value (22021) or a
+        // `\u0000` in jsonb (22P05). The request's content, not the service, is at fault.
+        let code = error.as_database_error().and_then(|e| e.code());
+        if matches!(code.as_deref(), Some("22021" | "22P05")) {
+            tracing::info!(%error, "request text refused by the database");
+            return Self::invalid("text must not contain NUL characters (U+0000)");
+        }
         if idem::is_unavailable(&error) {
             tracing::warn!(%error, "database unavailable");
             Self(
