@@ -10,27 +10,32 @@ use crate::attr::{Args, KeySource};
 
 /// `#[utoipa::path(...)]`, written with or without a leading `::`.
 pub fn is_utoipa_path(attr: &Attribute) -> bool {
-    let segments: Vec<String> = attr
-        .path()
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    segments == ["utoipa", "path"]
+    path_is(attr, &[&["utoipa", "path"]])
 }
 
 /// `#[axum::debug_handler]`, `#[axum_macros::debug_handler]` or `#[debug_handler]`.
 pub fn is_debug_handler(attr: &Attribute) -> bool {
-    let segments: Vec<String> = attr
-        .path()
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    matches!(
-        segments.iter().map(String::as_str).collect::<Vec<_>>()[..],
-        ["debug_handler"] | ["axum", "debug_handler"] | ["axum_macros", "debug_handler"]
+    path_is(
+        attr,
+        &[
+            &["debug_handler"],
+            &["axum", "debug_handler"],
+            &["axum_macros", "debug_handler"],
+        ],
     )
+}
+
+/// Whether the attribute's path is one of `spellings`, segment by segment (a leading
+/// `::` aside).
+fn path_is(attr: &Attribute, spellings: &[&[&str]]) -> bool {
+    let segments = &attr.path().segments;
+    spellings.iter().any(|spelling| {
+        segments.len() == spelling.len()
+            && segments
+                .iter()
+                .zip(*spelling)
+                .all(|(s, name)| s.ident == name)
+    })
 }
 
 /// The problem responses idem answers on an idempotent endpoint, as `(status,

@@ -304,10 +304,8 @@ fn standard_key(secret: Vec<u8>) -> Result<Vec<u8>, WebhookSecretError> {
 }
 
 fn standard_sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
-    let mut mac = hmac(key);
-    mac.update(format!("{id}.{timestamp}.").as_bytes());
-    mac.update(body);
-    format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
+    let mac = signed_mac(key, format!("{id}.{timestamp}.").as_bytes(), body);
+    format!("v1,{}", BASE64.encode(mac))
 }
 
 impl Scheme for StandardWebhooks {
@@ -411,12 +409,10 @@ fn timestamped_hex_sign(
     timestamp: u64,
     body: &[u8],
 ) -> (HeaderName, String) {
-    let mut mac = hmac(key);
-    mac.update(format!("{timestamp}.").as_bytes());
-    mac.update(body);
+    let mac = signed_mac(key, format!("{timestamp}.").as_bytes(), body);
     (
         HeaderName::from_bytes(header.as_bytes()).expect("a scheme's header name is valid"),
-        format!("t={timestamp},v1={}", hex(&mac.finalize().into_bytes())),
+        format!("t={timestamp},v1={}", hex(&mac)),
     )
 }
 
@@ -491,7 +487,7 @@ impl Scheme for GitHub {
     fn sign(key: &[u8], _: &str, _: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
         vec![(
             HeaderName::from_static(Self::SIGNATURE_HEADER),
-            format!("sha256={}", hex(&body_mac(key, body))),
+            format!("sha256={}", hex(&signed_mac(key, &[], body))),
         )]
     }
 }
@@ -510,9 +506,11 @@ fn body_only(
     })
 }
 
-/// The HMAC-SHA256 of `body` alone.
-fn body_mac(key: &[u8], body: &[u8]) -> [u8; 32] {
+/// The HMAC-SHA256 of what a scheme signs: `prefix` (what it signs before the body,
+/// as [`Candidates`] keeps it for checking; empty for a body alone), then the body.
+fn signed_mac(key: &[u8], prefix: &[u8], body: &[u8]) -> [u8; 32] {
     let mut mac = hmac(key);
+    mac.update(prefix);
     mac.update(body);
     mac.finalize().into_bytes().into()
 }
@@ -548,9 +546,7 @@ impl Scheme for Slack {
     }
 
     fn sign(key: &[u8], _: &str, timestamp: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
-        let mut mac = hmac(key);
-        mac.update(format!("v0:{timestamp}:").as_bytes());
-        mac.update(body);
+        let mac = signed_mac(key, format!("v0:{timestamp}:").as_bytes(), body);
         vec![
             (
                 HeaderName::from_static("x-slack-request-timestamp"),
@@ -558,7 +554,7 @@ impl Scheme for Slack {
             ),
             (
                 HeaderName::from_static(Self::SIGNATURE_HEADER),
-                format!("v0={}", hex(&mac.finalize().into_bytes())),
+                format!("v0={}", hex(&mac)),
             ),
         ]
     }
@@ -585,7 +581,7 @@ impl Scheme for Shopify {
     fn sign(key: &[u8], _: &str, _: u64, body: &[u8]) -> Vec<(HeaderName, String)> {
         vec![(
             HeaderName::from_static(Self::SIGNATURE_HEADER),
-            BASE64.encode(body_mac(key, body)),
+            BASE64.encode(signed_mac(key, &[], body)),
         )]
     }
 }
@@ -697,10 +693,8 @@ impl<S: Scheme> Verifier<S> {
     /// One MAC over the body per secret, compared in constant time with each candidate.
     fn check(&self, candidates: &Candidates, body: &[u8]) -> Result<(), SignatureError> {
         for key in &self.inner.keys {
-            let mut mac = hmac(key);
-            mac.update(&candidates.prefix);
-            mac.update(body);
-            let expected = mac.finalize();
+            let expected: CtOutput<Hmac<Sha256>> =
+                CtOutput::new(signed_mac(key, &candidates.prefix, body).into());
             // `CtOutput`'s `==` compares in constant time.
             if candidates
                 .signatures
