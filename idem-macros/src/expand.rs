@@ -251,10 +251,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         _ => (None, quote!(::core::option::Option::None)),
     };
-    // A signed body's key must be signed too: not a header's.
+    // A signed body's key must be signed too: not a header the scheme does not sign.
     let header_key = match (key_source, extracted.last()) {
         (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
             ::idem::__private::header_key::<{ ::idem::__private::header_hash(#name) }, _>(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            );
+        },
+        // Without `key = ..`, the `Idempotency-Key` header, which no scheme signs.
+        (None, Some((_, ty))) => quote_spanned! {ty.span()=>
+            ::idem::__private::default_key(
                 (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
             );
         },

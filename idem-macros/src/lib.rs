@@ -99,9 +99,9 @@ use proc_macro::TokenStream;
 /// A signed body (`idem::webhook::Signed<T, S>`) takes its key from what is signed:
 /// a field (`key = id`), the body's digest (`key = digest(body)`, for GitHub, which signs
 /// no id), or the id header of a scheme that signs it (`key = header("webhook-id")` for
-/// Standard Webhooks). Any other `key = header(..)` is a compile error there, since a
-/// header the signature does not cover would let a captured delivery run again under
-/// fresh ids.
+/// Standard Webhooks). Any other `key = header(..)` is a compile error there, and so is
+/// no `key = ..` at all (the default `Idempotency-Key` header), since a header the
+/// signature does not cover would let a captured delivery run again under fresh ids.
 ///
 /// Lints see the handler as you wrote it: the expansion allows none on your code. A
 /// handler with nothing to await is still `async`, and `clippy::unused_async` (pedantic)

@@ -30,6 +30,7 @@ use crate::tx::{KeyInScope, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
 /// match.
+#[derive(Clone)]
 pub(crate) struct Claim {
     pub(crate) key: KeyInScope,
     pub(crate) ttl: Duration,
@@ -88,6 +89,11 @@ pub(crate) enum CommitError {
     /// deadlock, 40P01): nothing was committed, and the same request can simply run
     /// again.
     Serialization(sqlx::Error),
+    /// A statement of the work failed and the work answered all the same: PostgreSQL
+    /// refuses every statement of the transaction after that (25P02), so nothing of it
+    /// can commit. It was rolled back; [`Retake::store_alone`] can store the answer by
+    /// itself.
+    Aborted(Retake),
     /// Any other database error.
     Database(sqlx::Error),
 }
@@ -108,6 +114,9 @@ impl CommitError {
 enum ClaimError {
     /// Another request holds the key (lock timeout) or won the race (primary key).
     InUse,
+    /// Above READ COMMITTED: the claim waited for a concurrent request's row, which then
+    /// committed (40001). A new transaction, with a new snapshot, sees what it committed.
+    NewSnapshot,
     Database(sqlx::Error),
 }
 
@@ -116,8 +125,28 @@ enum ClaimError {
 pub(crate) struct Attempt {
     store: Store,
     tx: Transaction<'static, Postgres>,
-    key: Option<KeyInScope>,
+    claim: Option<Claim>,
+    isolation: Isolation,
 }
+
+/// What is needed to claim a key again after its attempt was aborted.
+pub(crate) struct Retake {
+    store: Store,
+    claim: Claim,
+    isolation: Isolation,
+}
+
+impl std::fmt::Debug for Retake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retake")
+            .field("scope", &self.claim.key.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many new snapshots a claim above READ COMMITTED takes after 40001 before it
+/// answers "in use": each follows a commit of the key's row, so the next one sees it.
+const NEW_SNAPSHOTS: u32 = 3;
 
 /// How long a claim waits on the lock of an expired row: longer than a sweeper's batch
 /// takes to delete (milliseconds), so that sweeping never answers 409.
@@ -140,6 +169,7 @@ pub(crate) async fn begin(
     // So a short wait is tried three times, 5 ms and then 25 ms apart.
     let attempts = if wait < Duration::from_secs(1) { 3 } else { 1 };
     let mut round = 0;
+    let mut snapshots = 0;
     let mut checked_expiry = false;
     loop {
         round += 1;
@@ -153,7 +183,8 @@ pub(crate) async fn begin(
             return Ok(Begun::Run(Attempt {
                 store: store.clone(),
                 tx,
-                key: None,
+                claim: None,
+                isolation,
             }));
         };
         match claim_row(store, &mut tx, request, wait).await {
@@ -161,7 +192,8 @@ pub(crate) async fn begin(
                 return Ok(Begun::Run(Attempt {
                     store: store.clone(),
                     tx,
-                    key: claim.map(|c| c.key),
+                    claim,
+                    isolation,
                 }))
             }
             // Nothing was written; dropping the transaction frees the connection.
@@ -188,6 +220,13 @@ pub(crate) async fn begin(
                 let pause = if round == 1 { 5 } else { 25 };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
+            // Not a round of waiting: the row it waited for has committed, and the next
+            // snapshot replays it (or finds it expired, or mismatched).
+            Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => {
+                snapshots += 1;
+                round -= 1;
+            }
+            Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
     }
@@ -205,9 +244,9 @@ async fn claim_row(
         // 55P03: our lock_timeout expired while another request held the key's row.
         sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => ClaimError::InUse,
         // Above READ COMMITTED, a claim that waited for a concurrent request's row fails
-        // with 40001 when that request commits: the key is (or was just) in use, and a
-        // new transaction, with a new snapshot, sees what it committed.
-        sqlx::Error::Database(e) if e.code().as_deref() == Some("40001") => ClaimError::InUse,
+        // with 40001 when that request commits: a new transaction, with a new snapshot,
+        // sees what it committed.
+        sqlx::Error::Database(e) if e.code().as_deref() == Some("40001") => ClaimError::NewSnapshot,
         // A unique violation of the key's own primary key: a concurrent request won.
         // Any other unique violation is not ours to interpret.
         _ if table.is_key_conflict(&error) => ClaimError::InUse,
@@ -286,25 +325,39 @@ fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
 impl Attempt {
     /// The transaction, lent to the work.
     pub(crate) fn tx(&mut self) -> Tx<'_> {
-        Tx::new(&mut self.tx, self.key.as_ref())
+        Tx::new(&mut self.tx, self.claim.as_ref().map(|c| &c.key))
     }
 
     /// The claimed key; `None` for an attempt that records nothing.
     pub(crate) fn key(&self) -> Option<&KeyInScope> {
-        self.key.as_ref()
+        self.claim.as_ref().map(|c| &c.key)
     }
 
     /// Stores `record` with the key and commits it with everything the work wrote.
     /// Without a key, only commits.
     pub(crate) async fn commit(self, record: &Record) -> Result<(), CommitError> {
-        let Self { store, mut tx, key } = self;
-        if let Some(key) = &key {
+        let Self {
+            store,
+            mut tx,
+            claim,
+            isolation,
+        } = self;
+        if let Some(claim) = claim {
             let table = &store.inner.table;
-            match table.store(&mut tx, key, record).await {
+            match table.store(&mut tx, &claim.key, claim.ttl, record).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    escaped(&store, tx, key).await;
+                    escaped(&store, tx, &claim.key).await;
                     return Err(CommitError::Escaped);
+                }
+                // 25P02: a statement of the work failed, and it answered all the same.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                    drop(tx);
+                    return Err(CommitError::Aborted(Retake {
+                        store,
+                        claim,
+                        isolation,
+                    }));
                 }
                 Err(e) => return Err(CommitError::from_database(e)),
             }
@@ -317,13 +370,52 @@ impl Attempt {
 
     /// Commits what the work wrote, storing nothing: only for an attempt without a key.
     pub(crate) async fn commit_unrecorded(self) -> Result<(), CommitError> {
-        debug_assert!(self.key.is_none(), "a claimed key must commit its record");
+        debug_assert!(self.claim.is_none(), "a claimed key must commit its record");
         self.tx.commit().await.map_err(CommitError::from_database)
     }
 
     /// Rolls back everything the work wrote, and the claim with it.
     pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
         self.tx.rollback().await
+    }
+}
+
+/// What [`Retake::store_alone`] did.
+#[derive(Debug)]
+pub(crate) enum Alone {
+    /// The answer is stored, and committed by itself.
+    Stored,
+    /// Another attempt claimed the key after the aborted one rolled back, and committed
+    /// this record: it is the key's answer now.
+    Replay(Record),
+}
+
+impl Retake {
+    /// Stores `record` as the key's answer in a transaction of its own, with none of the
+    /// aborted work's writes (PostgreSQL rolled all of them back). The key is claimed
+    /// afresh, so the primary key still decides (invariant 3): a concurrent attempt that
+    /// claimed it in between wins, and its outcome is answered.
+    pub(crate) async fn store_alone(self, record: &Record) -> Result<Alone, Refusal> {
+        let Self {
+            store,
+            claim,
+            isolation,
+        } = self;
+        match begin(&store, Some(claim), isolation).await? {
+            Begun::Run(attempt) => match attempt.commit(record).await {
+                Ok(()) => Ok(Alone::Stored),
+                Err(CommitError::Unavailable(e)) => Err(Refusal::Unavailable(e)),
+                Err(CommitError::Serialization(e) | CommitError::Database(e)) => {
+                    Err(Refusal::Database(e))
+                }
+                // Nothing runs in this attempt but the store itself, so nothing can end
+                // or abort its transaction.
+                Err(CommitError::Escaped | CommitError::Aborted(_)) => Err(Refusal::Database(
+                    sqlx::Error::Protocol("the answer's own transaction was aborted".into()),
+                )),
+            },
+            Begun::Replay(record) => Ok(Alone::Replay(record)),
+        }
     }
 }
 
@@ -387,6 +479,16 @@ mod tests {
                 schema,
                 store,
             }
+        }
+
+        /// A store on this test's table, built with `configure`.
+        fn store_with(
+            &self,
+            configure: impl FnOnce(crate::StoreBuilder) -> crate::StoreBuilder,
+        ) -> Store {
+            configure(Store::builder(self.pool.clone()).table(format!("{}.keys", self.schema)))
+                .build()
+                .unwrap()
         }
 
         fn claim(&self, key: &str, payload: &str) -> Option<Claim> {
@@ -573,6 +675,192 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(db.notes().await, 1);
+        db.drop_schema().await;
+    }
+
+    /// Regression (issue 19, 3): `expires_at` counted from the claim, so a handler that
+    /// ran longer than its ttl committed a record that was already expired, and the next
+    /// retry ran it again.
+    #[tokio::test]
+    async fn a_record_lives_its_ttl_from_its_commit() {
+        let db = Db::new().await;
+        let claim = |payload| {
+            db.claim("k1", payload).map(|c| Claim {
+                ttl: Duration::from_millis(1500),
+                ..c
+            })
+        };
+        let mut attempt = run(begin(&db.store, claim("a"), Isolation::ReadCommitted).await);
+        db.write(&mut attempt).await;
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        attempt.commit(&record("slow")).await.unwrap();
+        match begin(&db.store, claim("a"), Isolation::ReadCommitted).await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, record("slow")),
+            Ok(Begun::Run(_)) => panic!("a record committed a moment ago ran again"),
+            Err(refusal) => panic!("refused: {refusal:?}"),
+        }
+        assert_eq!(db.notes().await, 1);
+        db.drop_schema().await;
+    }
+
+    /// Regression (issue 19, 4): above READ COMMITTED, a duplicate waiting for the
+    /// request in flight failed with 40001 when it committed, which was taken for "in
+    /// use": it waited the whole request and then answered 409 instead of the replay.
+    #[tokio::test]
+    async fn a_waiting_duplicate_above_read_committed_replays() {
+        let db = Db::new().await;
+        for isolation in [Isolation::RepeatableRead, Isolation::Serializable] {
+            let key = format!("{isolation:?}");
+            let claim = || {
+                db.claim(&key, "a").map(|c| Claim {
+                    conflict_wait: Some(Duration::from_secs(10)),
+                    ..c
+                })
+            };
+            let mut first = run(begin(&db.store, claim(), isolation).await);
+            db.write(&mut first).await;
+            let store = db.store.clone();
+            let duplicate = tokio::spawn({
+                let claim = claim();
+                async move { begin(&store, claim, isolation).await }
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            first.commit(&record("first")).await.unwrap();
+            match duplicate.await.unwrap() {
+                Ok(Begun::Replay(stored)) => assert_eq!(stored, record("first")),
+                Ok(Begun::Run(_)) => panic!("{isolation:?}: the duplicate ran"),
+                Err(refusal) => panic!("{isolation:?}: refused: {refusal:?}"),
+            }
+        }
+        assert_eq!(db.notes().await, 2);
+        db.drop_schema().await;
+    }
+
+    /// Regression (issue 19, 6): work that answered after one of its statements failed
+    /// could never store its answer (25P02), and every retry failed the same way. The
+    /// aborted attempt hands back a [`Retake`] that stores the answer alone.
+    #[tokio::test]
+    async fn an_answer_after_a_failed_statement_is_stored_alone() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        let failed = sqlx::query("SELECT 1 / 0")
+            .execute(&mut *attempt.tx())
+            .await;
+        assert!(failed.is_err());
+        let rejected = Record {
+            status: 409,
+            ..record("conflict")
+        };
+        let Err(CommitError::Aborted(retake)) = attempt.commit(&rejected).await else {
+            panic!("not aborted");
+        };
+        assert!(matches!(
+            retake.store_alone(&rejected).await,
+            Ok(Alone::Stored)
+        ));
+        match db.begin("k1", "a").await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, rejected),
+            _ => panic!("not a replay"),
+        }
+        // PostgreSQL rolled back what the work wrote before its statement failed.
+        assert_eq!(db.notes().await, 0);
+        db.drop_schema().await;
+    }
+
+    /// The key is claimed afresh for the answer alone: a request that claimed it in
+    /// between wins (invariant 3), and its record is the answer.
+    #[tokio::test]
+    async fn an_answer_stored_alone_yields_to_a_request_in_between() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        assert!(sqlx::query("SELECT 1 / 0")
+            .execute(&mut *attempt.tx())
+            .await
+            .is_err());
+        let Err(CommitError::Aborted(retake)) = attempt.commit(&record("late")).await else {
+            panic!("not aborted");
+        };
+        run(db.begin("k1", "a").await)
+            .commit(&record("in between"))
+            .await
+            .unwrap();
+        match retake.store_alone(&record("late")).await {
+            Ok(Alone::Replay(stored)) => assert_eq!(stored, record("in between")),
+            other => panic!("{other:?}"),
+        }
+        db.drop_schema().await;
+    }
+
+    /// Regression (issue 19, 8): the portable sweep deleted its batch in one statement
+    /// without `SKIP LOCKED`; waiting for a row a long request had taken over, it held
+    /// the locks of the rows it had already deleted, and claims of those keys waited the
+    /// expiry wait and were answered 409.
+    #[tokio::test]
+    async fn a_portable_sweep_never_makes_a_key_in_use() {
+        let db = Db::new().await;
+        let store = db.store_with(crate::StoreBuilder::portable);
+        let expired = |key: &str, age: u32| {
+            format!(
+                "INSERT INTO {}.keys (scope, principal, key, fingerprint, field_hashes, status, expires_at) \
+                 VALUES ('notes', '', '{key}', '\\x00', '\\x00', 201, now() - interval '{age} minutes');",
+                db.schema
+            )
+        };
+        let mut sql: String = (0..20).map(|i| expired(&format!("idle{i}"), 5)).collect();
+        // Inserted last (a scan meets it last), and oldest (a sweep picks it first).
+        sql.push_str(&expired("k1", 60));
+        sqlx::raw_sql(&sql).execute(&db.pool).await.unwrap();
+        // A long request takes the expired key k1 over and holds it.
+        let held = run(begin(&store, db.claim("k1", "a"), Isolation::ReadCommitted).await);
+        let sweeper = tokio::spawn({
+            let store = store.clone();
+            async move { store.purge_expired(100).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for i in 0..20 {
+            let claim = db.claim(&format!("idle{i}"), "a");
+            run(begin(&store, claim, Isolation::ReadCommitted).await)
+                .commit(&record("new"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            sweeper.await.unwrap().unwrap(),
+            20,
+            "k1 is left to a later sweep"
+        );
+        held.commit(&record("held")).await.unwrap();
+        db.drop_schema().await;
+    }
+
+    /// Regression (issue 19, 9): statements outside a request (the expiry check of the
+    /// 409 path, purge, inspect, forget) waited for a connection as long as the pool's
+    /// own bound (sqlx's 30 s default) instead of the store's `acquire_timeout`.
+    #[tokio::test]
+    async fn statements_outside_a_request_wait_the_acquire_timeout() {
+        let db = Db::new().await;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url)
+            .await
+            .unwrap();
+        let store = Store::builder(pool.clone())
+            .table(format!("{}.keys", db.schema))
+            .acquire_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let busy = pool.acquire().await.unwrap();
+        let purged = tokio::time::timeout(Duration::from_secs(10), store.purge_expired(10)).await;
+        assert!(
+            matches!(purged, Ok(Err(sqlx::Error::PoolTimedOut))),
+            "{purged:?}"
+        );
+        drop(busy);
+        pool.close().await;
         db.drop_schema().await;
     }
 

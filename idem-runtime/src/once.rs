@@ -177,6 +177,7 @@ impl RunOnce<'_> {
             Err(error) => {
                 let (outcome, error) = match error {
                     CommitError::Escaped => (Outcome::Failed, OnceError::Escaped),
+                    CommitError::Aborted(_) => (Outcome::Failed, OnceError::Aborted),
                     CommitError::Unavailable(e) => {
                         (Outcome::Unavailable, OnceError::Unavailable(e))
                     }
@@ -222,6 +223,10 @@ pub enum OnceError<E> {
     /// The work ran `COMMIT` or `ROLLBACK` itself: its writes escaped, nothing was
     /// stored.
     Escaped,
+    /// One of the work's statements failed and the work returned `Ok` all the same:
+    /// PostgreSQL rolled back everything it wrote, and nothing was stored. Return the
+    /// failure as `Err` (redelivered), or recover inside a savepoint of your own.
+    Aborted,
 }
 
 impl<E: fmt::Display> fmt::Display for OnceError<E> {
@@ -239,6 +244,9 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
             Self::Escaped => f.write_str(
                 "the work ended idem's transaction itself; its writes escaped, nothing was stored",
             ),
+            Self::Aborted => f.write_str(
+                "the work returned Ok after one of its statements failed; PostgreSQL rolled back its writes, nothing was stored",
+            ),
         }
     }
 }
@@ -251,7 +259,7 @@ impl<E: std::error::Error + 'static> std::error::Error for OnceError<E> {
             Self::Payload(e) => Some(e),
             Self::Unavailable(e) | Self::Database(e) => Some(e),
             Self::Result(e) => Some(e),
-            Self::InUse | Self::Mismatch | Self::Unreadable | Self::Escaped => None,
+            Self::InUse | Self::Mismatch | Self::Unreadable | Self::Escaped | Self::Aborted => None,
         }
     }
 }

@@ -441,6 +441,21 @@ impl<const H: u64, S: crate::webhook::SignsIdHeader<H>> HeaderKey<H> for SignedT
 /// [`header_hash`].
 pub fn header_key<const H: u64, Tag: HeaderKey<H>>(_: Tag) {}
 
+/// Without `key = ..`, a request is keyed by its `Idempotency-Key` header, which no
+/// signature scheme covers: a signed body must name a key its scheme signs.
+#[diagnostic::on_unimplemented(
+    message = "a signed body keyed by the `Idempotency-Key` header, which no signature covers: a captured delivery could run again under fresh keys",
+    label = "this body is signed: key it by something its scheme signs",
+    note = "take the key from the signed body (`key = id`, `key = meta.event_id`) or from its digest (`key = digest(body)`); Standard Webhooks also signs its id header (`key = header(\"webhook-id\")`, `svix-id` with `Svix`)"
+)]
+pub trait DefaultKey {}
+
+impl DefaultKey for UnsignedTag {}
+
+/// Asserts that a handler without `key = ..` has no signed body; `tag` comes from
+/// probing the last parameter.
+pub fn default_key<Tag: DefaultKey>(_: Tag) {}
+
 /// Used, and so warned about, by every handler that takes no `Tx`: its writes through
 /// a pool of its own (`State<PgPool>`) commit apart from the key, so a retry after a
 /// failure repeats them. `#[allow(deprecated)]` on a handler that writes nothing (or

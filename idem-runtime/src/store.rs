@@ -201,7 +201,9 @@ impl StoreBuilder {
     /// The SQL type of the `principal` column (default [`PrincipalType::Text`]): the
     /// type of your tenant column, so that a distributed engine can colocate idem's table
     /// with your tables. The [resolver](StoreBuilder::principal) still answers text: a
-    /// UUID in its usual form, or a decimal integer. Set it before [`Store::migrate`]
+    /// UUID in its usual form, or a decimal integer. The type's zero value (the nil
+    /// UUID, 0) keeps the keys without a principal, so a request whose principal is that
+    /// value is refused with 400 (`invalid-principal`). Set it before [`Store::migrate`]
     /// creates the table; it does not change an existing one.
     pub fn principal_type(mut self, principal_type: PrincipalType) -> Self {
         self.dialect.principal_type = principal_type;
@@ -251,7 +253,8 @@ impl StoreBuilder {
     /// are then looked up per (scope, principal, key): one principal never sees
     /// another's stored response.
     ///
-    /// Without a resolver, or when it answers `None`, keys are global to their scope:
+    /// Without a resolver, or when it answers `None` (or an empty principal, which is
+    /// no principal), keys are global to their scope:
     /// two tenants that pick the same key share one stored response. Multi-tenant
     /// services must configure a resolver (or `principal = ...` on each handler), and
     /// must run authentication before idem sees the request.
@@ -265,9 +268,9 @@ impl StoreBuilder {
 
     /// Strict mode for multi-tenant services: a keyed request for which neither the
     /// handler's `principal = ...` nor the [resolver](StoreBuilder::principal) names a
-    /// principal is refused with 401 (`missing-principal`) instead of running with keys
-    /// global to its scope, so a missing authentication layer cannot make one tenant's
-    /// key replay another's response.
+    /// principal (or names the empty one) is refused with 401 (`missing-principal`)
+    /// instead of running with keys global to its scope, so a missing authentication
+    /// layer cannot make one tenant's key replay another's response.
     pub fn require_principal(mut self) -> Self {
         self.require_principal = true;
         self
@@ -331,7 +334,7 @@ impl StoreBuilder {
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,
-                table: Table::new(&table_name, self.dialect),
+                table: Table::new(&table_name, self.dialect, self.acquire_timeout),
                 table_name,
                 acquire_timeout: self.acquire_timeout,
                 conflict_wait: self.conflict_wait,

@@ -152,9 +152,16 @@ RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
 /// is the transaction's start time): if the handler ran a raw COMMIT or ROLLBACK, this
 /// matches nothing and the escape is caught instead of stored.
 ///
-/// $1..$3 the key, $4 status, $5 headers, $6 body.
+/// The record's lifetime counts from here, just before COMMIT, not from the claim: a
+/// handler that runs longer than its ttl must not commit a record that is already
+/// expired, which the next retry would run again. (`statement_timestamp()` is stable,
+/// so a distributed engine evaluates it once, as it does `now()`.)
+///
+/// $1..$3 the key, $4 status, $5 headers, $6 body, $7 ttl in seconds.
 const STORE: &str = "\
-UPDATE {table} SET status = $4, headers = $5, body = $6
+UPDATE {table}
+   SET status = $4, headers = $5, body = $6,
+       expires_at = statement_timestamp() + $7::float8 * interval '1 second'
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NULL AND created_at = now()";
 
 /// Whether the committed row of a key is expired, read without waiting for locks: tells
@@ -223,17 +230,29 @@ UPDATE {table}
    AND (expires_at <= now() OR status IS NULL)
 RETURNING 1";
 
-/// [`PURGE`] in portable mode: no row locks (a distributed engine refuses `FOR UPDATE`
-/// across shards). A row a request is reclaiming right now is waited for by the delete,
-/// which then re-checks `expires_at` and leaves it: the reclaim moved it forward.
-const PURGE_PORTABLE: &str = "\
-DELETE FROM {table}
- WHERE (scope, principal, key) IN (
-        SELECT scope, principal, key FROM {table}
-         WHERE expires_at <= now()
-         ORDER BY expires_at
-         LIMIT $1)
-   AND expires_at <= now()";
+/// The oldest expired rows, read without locks: the candidates of a portable sweep. $1
+/// the batch size.
+const EXPIRED_BATCH_PORTABLE: &str = "\
+SELECT scope, principal::text AS principal, key FROM {table}
+ WHERE expires_at <= now()
+ ORDER BY expires_at
+ LIMIT $1";
+
+/// One expired row, by its primary key, in a transaction of its own, after `SET LOCAL
+/// lock_timeout` ([`SWEEP_WAIT`]): the portable sweep. A distributed engine refuses row
+/// locks across shards (`FOR UPDATE SKIP LOCKED`), and one `DELETE` of the whole batch
+/// that waits for a row a request is taking over holds the locks of every row it already
+/// deleted, so claims of those keys would wait behind it and be answered 409. One row
+/// per statement holds no other row's lock; a row a request holds is skipped when the
+/// wait expires, as `SKIP LOCKED` would skip it, and is not expired any more once that
+/// request commits. Binds as [`FORGET`].
+const SWEEP_ONE_PORTABLE: &str = "\
+DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at <= now()";
+
+/// How long a portable sweep waits for a row's lock before it leaves the row to a
+/// later sweep: far below a claim's wait for an expired row (one second), so that no
+/// claim waits for a sweep long enough to be answered 409.
+const SWEEP_WAIT: &str = "SET LOCAL lock_timeout = '50ms'";
 
 /// The statements Citus needs after [`DDL`], as comments, for a portable store: the
 /// table is distributed by `principal` and colocated with the user's tenant table.
@@ -362,13 +381,15 @@ pub enum PrincipalType {
 }
 
 impl PrincipalType {
-    /// Whether PostgreSQL takes `principal` as a value of the column's type: any text;
-    /// a UUID as 32 hex digits, plain or in the 8-4-4-4-12 groups, either optionally in
-    /// braces; a decimal `bigint`. What this refuses would fail the claim's cast.
+    /// Whether `principal` can key requests: a value of the column's type that PostgreSQL
+    /// casts (any text; a UUID as 32 hex digits, plain or in the 8-4-4-4-12 groups, either
+    /// optionally in braces; a decimal `bigint`), other than the value that keeps keys
+    /// without a principal (the nil UUID, 0; see [`Self::bound`]), which would share their
+    /// namespace. The empty text is "no principal" itself, decided before this.
     pub(crate) fn accepts(self, principal: &str) -> bool {
         match self {
             Self::Text => true,
-            Self::Bigint => principal.parse::<i64>().is_ok(),
+            Self::Bigint => principal.parse::<i64>().is_ok_and(|n| n != 0),
             Self::Uuid => {
                 let bare = principal
                     .strip_prefix('{')
@@ -378,13 +399,14 @@ impl PrincipalType {
                     part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit())
                 };
                 let groups: Vec<&str> = bare.split('-').collect();
-                match groups[..] {
+                let valid = match groups[..] {
                     [all] => hex(all, 32),
                     [a, b, c, d, e] => {
                         hex(a, 8) && hex(b, 4) && hex(c, 4) && hex(d, 4) && hex(e, 12)
                     }
                     _ => false,
-                }
+                };
+                valid && !bare.bytes().all(|b| b == b'0' || b == b'-')
             }
         }
     }
@@ -422,6 +444,7 @@ impl PrincipalType {
 /// The table of one store: its statements, rendered once.
 pub(crate) struct Table {
     dialect: Dialect,
+    acquire_timeout: Duration,
     ddl: String,
     /// The primary key's name: a unique violation of *this* constraint means a concurrent
     /// request with the same key won (invariant 3); any other belongs to the business
@@ -433,7 +456,9 @@ pub(crate) struct Table {
     store: String,
     expired: String,
     forget: String,
+    /// [`PURGE`], or in portable mode [`EXPIRED_BATCH_PORTABLE`].
     purge: String,
+    sweep_one: String,
     inspect: String,
 }
 
@@ -475,7 +500,9 @@ pub(crate) struct InspectedRow {
 }
 
 impl Table {
-    pub(crate) fn new(name: &TableName, dialect: Dialect) -> Self {
+    /// The table `name` in `dialect`; `acquire_timeout` bounds the wait for a connection
+    /// of the statements run outside a request ([`Self::single`]).
+    pub(crate) fn new(name: &TableName, dialect: Dialect, acquire_timeout: Duration) -> Self {
         let table = name.qualified();
         let render = |sql: &str| {
             sql.replace("{table}", &table)
@@ -504,6 +531,7 @@ impl Table {
             |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
         Self {
             dialect,
+            acquire_timeout,
             ddl,
             primary_key: format!("{}_pkey", name.name),
             claim: pick(CLAIM, CLAIM_PORTABLE),
@@ -512,7 +540,8 @@ impl Table {
             store: render(STORE),
             expired: render(EXPIRED),
             forget: render(FORGET),
-            purge: pick(PURGE, PURGE_PORTABLE),
+            purge: pick(PURGE, EXPIRED_BATCH_PORTABLE),
+            sweep_one: render(SWEEP_ONE_PORTABLE),
             inspect: render(INSPECT),
         }
     }
@@ -560,11 +589,21 @@ impl Table {
     /// A connection of `pool` for one statement outside a request's transaction: in a
     /// transaction of its own behind a transaction pooler, so that the statement's parse
     /// and execute steps reach the same server connection.
+    ///
+    /// Waiting for the connection is bounded by the store's `acquire_timeout`, as a
+    /// request's own transaction is: under pool exhaustion the 409 path (which asks
+    /// whether a row is expired) and the operators' calls fail fast with
+    /// [`sqlx::Error::PoolTimedOut`] instead of waiting for the pool's own bound.
     pub(crate) async fn single(&self, pool: &PgPool) -> Result<Single, sqlx::Error> {
-        Ok(match self.dialect.pooler {
-            Pooler::Session => Single::Direct(pool.acquire().await?),
-            Pooler::Transaction => Single::Pinned(pool.begin().await?),
-        })
+        let connect = async {
+            Ok(match self.dialect.pooler {
+                Pooler::Session => Single::Direct(pool.acquire().await?),
+                Pooler::Transaction => Single::Pinned(pool.begin().await?),
+            })
+        };
+        tokio::time::timeout(self.acquire_timeout, connect)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
     }
 
     /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
@@ -676,6 +715,7 @@ impl Table {
         &self,
         conn: &mut PgConnection,
         key: &KeyInScope,
+        ttl: Duration,
         record: &Record,
     ) -> Result<bool, sqlx::Error> {
         let done = self
@@ -683,6 +723,7 @@ impl Table {
             .bind(i16::try_from(record.status).unwrap_or(i16::MAX))
             .bind(&record.headers)
             .bind(record.body.as_ref())
+            .bind(ttl.as_secs_f64())
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -711,7 +752,12 @@ impl Table {
     }
 
     /// [`PURGE`]: how many rows one batch deleted.
+    /// In portable mode, [`EXPIRED_BATCH_PORTABLE`] and then [`SWEEP_ONE_PORTABLE`] for each
+    /// row it found: one statement and one short transaction a row.
     pub(crate) async fn purge(&self, pool: &PgPool, batch_size: i64) -> Result<u64, sqlx::Error> {
+        if self.dialect.portable {
+            return self.purge_portable(pool, batch_size).await;
+        }
         let mut conn = self.single(pool).await?;
         let done = self
             .query(&self.purge)
@@ -720,6 +766,50 @@ impl Table {
             .await?;
         conn.finish().await?;
         Ok(done.rows_affected())
+    }
+
+    async fn purge_portable(&self, pool: &PgPool, batch_size: i64) -> Result<u64, sqlx::Error> {
+        let mut conn = self.single(pool).await?;
+        let candidates = self
+            .query(&self.purge)
+            .bind(batch_size)
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        let mut deleted = 0;
+        for row in candidates {
+            let [scope, principal, key]: [String; 3] =
+                [row.try_get(0)?, row.try_get(1)?, row.try_get(2)?];
+            let mut tx = self.single_transaction(pool).await?;
+            sqlx::Executor::execute(&mut *tx, SWEEP_WAIT).await?;
+            let done = self
+                .query(&self.sweep_one)
+                .bind(&scope)
+                .bind(&principal)
+                .bind(&key)
+                .execute(&mut *tx)
+                .await;
+            match done {
+                Ok(done) => {
+                    tx.commit().await?;
+                    deleted += done.rows_affected();
+                }
+                // 55P03: a request holds the row; it is left for a later sweep.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// A transaction of `pool`, waited for no longer than the store's `acquire_timeout`.
+    async fn single_transaction(
+        &self,
+        pool: &PgPool,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        tokio::time::timeout(self.acquire_timeout, pool.begin())
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
     }
 
     /// [`INSPECT`] of (scope, principal, key) as stored.
@@ -843,7 +933,7 @@ mod tests {
         ] {
             assert!(!PrincipalType::Uuid.accepts(bad), "{bad}");
         }
-        for ok in ["0", "42", "-7", "9223372036854775807"] {
+        for ok in ["1", "42", "-7", "9223372036854775807"] {
             assert!(PrincipalType::Bigint.accepts(ok), "{ok}");
         }
         for bad in ["", "4.2", "acct_1", "9223372036854775808", "0x10"] {
@@ -852,13 +942,32 @@ mod tests {
         assert!(PrincipalType::Text.accepts("anything at all"));
     }
 
+    /// Regression (issue 19, 7): a resolver answering the nil UUID or 0 shared the
+    /// namespace of keys without a principal (global keys), and so their responses.
+    #[test]
+    fn no_principal_can_equal_the_value_of_none() {
+        let nil = "00000000-0000-0000-0000-000000000000";
+        for none in [nil, &nil.replace('-', ""), &format!("{{{nil}}}")] {
+            assert!(!PrincipalType::Uuid.accepts(none), "{none}");
+        }
+        assert_eq!(PrincipalType::Uuid.bound(""), nil);
+        for none in ["0", "-0", "+0", "000"] {
+            assert!(!PrincipalType::Bigint.accepts(none), "{none}");
+        }
+        assert_eq!(PrincipalType::Bigint.bound(""), "0");
+    }
+
     /// Invariant 5: the request path keeps to SQL that PostgreSQL-compatible distributed
     /// engines also run: INSERT .. ON CONFLICT, SELECT, UPDATE, DELETE, and lock_timeout
     /// (set through `set_config`, the function form of `SET LOCAL`). A construct outside
     /// this set needs a measured reason.
     #[test]
     fn request_sql_stays_portable() {
-        let table = Table::new(&TableName::default(), Dialect::default());
+        let table = Table::new(
+            &TableName::default(),
+            Dialect::default(),
+            Duration::from_secs(3),
+        );
         assert_eq!(
             Isolation::default().begin(),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -923,7 +1032,7 @@ mod tests {
                 portable: true,
                 principal_type,
             };
-            let table = Table::new(&TableName::default(), dialect);
+            let table = Table::new(&TableName::default(), dialect, Duration::from_secs(3));
             for statement in [
                 &table.claim,
                 &table.read,
@@ -932,6 +1041,7 @@ mod tests {
                 &table.expired,
                 &table.forget,
                 &table.purge,
+                &table.sweep_one,
                 &table.inspect,
             ] {
                 let lower = statement.to_lowercase();
@@ -966,7 +1076,12 @@ mod tests {
     fn the_shipped_sql_is_the_default_table() {
         assert_eq!(TableName::parse(DEFAULT_TABLE), Some(TableName::default()));
         assert_eq!(
-            Table::new(&TableName::default(), Dialect::default()).ddl(),
+            Table::new(
+                &TableName::default(),
+                Dialect::default(),
+                Duration::from_secs(3)
+            )
+            .ddl(),
             SCHEMA_SQL
         );
     }
@@ -976,7 +1091,7 @@ mod tests {
         let name = TableName::parse("ops.idem_keys").unwrap();
         assert_eq!(name.qualified(), "\"ops\".\"idem_keys\"");
         assert_eq!(name.to_string(), "ops.idem_keys");
-        let table = Table::new(&name, Dialect::default());
+        let table = Table::new(&name, Dialect::default(), Duration::from_secs(3));
         assert_eq!(table.primary_key, "idem_keys_pkey");
         assert!(table.ddl().starts_with("-- idem"));
         assert!(table.ddl().contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));

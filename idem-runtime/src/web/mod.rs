@@ -23,7 +23,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 use serde::Serialize;
 
-use crate::engine::{self, Attempt, Begun, Claim, CommitError, Refusal};
+use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
@@ -364,8 +364,26 @@ impl Claimed {
                 return observation.answer(Outcome::RolledBack, problem);
             }
         };
-        if let Err(error) = attempt.commit(&record).await {
-            return commit_failed(&store, observation, &error);
+        match attempt.commit(&record).await {
+            Ok(()) => {}
+            // A final 4xx after a failed statement (a unique violation answered 409, say):
+            // PostgreSQL rolled back whatever the handler wrote, and the rejection is
+            // stored by itself, so that its retries replay it rather than fail forever.
+            Err(CommitError::Aborted(retake)) if parts.status.is_client_error() => {
+                tracing::info!(
+                    parent: observation.span(),
+                    status = parts.status.as_u16(),
+                    "idem: the handler answered after a failed statement; its writes were rolled back and its answer is stored alone"
+                );
+                match retake.store_alone(&record).await {
+                    Ok(Alone::Stored) => {}
+                    Ok(Alone::Replay(record)) => {
+                        return observation.answer(Outcome::Replayed, response::replay(record))
+                    }
+                    Err(refusal) => return refused(&store, observation, &refusal),
+                }
+            }
+            Err(error) => return commit_failed(&store, observation, &error),
         }
         let status = parts.status;
         observation.finish(Outcome::Fresh, Some(status.as_u16()));
@@ -378,6 +396,13 @@ fn commit_failed(store: &Store, observation: Observation, error: &CommitError) -
     let outcome = match error {
         // The engine logged it where it happened.
         CommitError::Escaped => Outcome::Failed,
+        CommitError::Aborted(_) => {
+            tracing::error!(
+                parent: observation.span(),
+                "idem: the handler answered a success after one of its statements failed; PostgreSQL rolled back its writes; nothing was stored"
+            );
+            Outcome::Failed
+        }
         CommitError::Unavailable(error) => {
             tracing::warn!(parent: observation.span(), %error, "idem: database unavailable");
             Outcome::Unavailable

@@ -83,13 +83,15 @@ pub(crate) fn key(
 
 /// The principal a key is claimed for: the handler's own `principal = Type` wins over
 /// the store's resolver; with neither, the empty principal, which makes keys global to
-/// their scope, unless the store requires a principal (`None`: refuse the request).
+/// their scope, unless the store requires a principal (`None`: refuse the request). An
+/// empty principal is no principal: two tenants resolved to `""` would share keys.
 pub(crate) fn principal(
     own: Option<String>,
     resolved: Option<String>,
     required: bool,
 ) -> Option<String> {
-    match own.or(resolved) {
+    let non_empty = |p: Option<String>| p.filter(|p| !p.is_empty());
+    match non_empty(own).or(non_empty(resolved)) {
         None if required => None,
         principal => Some(principal.unwrap_or_default()),
     }
@@ -187,5 +189,17 @@ mod tests {
         );
         assert_eq!(principal(None, None, false).as_deref(), Some(""));
         assert_eq!(principal(None, None, true), None, "strict: no global keys");
+        // Regression (issue 19, 7): an empty principal passed strict mode and landed
+        // among the global keys.
+        let empty = || Some(String::new());
+        assert_eq!(principal(empty(), None, true), None);
+        assert_eq!(principal(None, empty(), true), None);
+        assert_eq!(principal(empty(), empty(), false).as_deref(), Some(""));
+        let acct = || Some("acct_1".to_owned());
+        assert_eq!(
+            principal(empty(), acct(), true),
+            acct(),
+            "an empty override defers"
+        );
     }
 }

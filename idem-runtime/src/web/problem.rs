@@ -48,6 +48,9 @@ pub mod problem_type {
     pub const SERIALIZATION_FAILURE: &str = "serialization-failure";
     /// 500: the handler's transaction was ended by the handler itself; nothing stored.
     pub const TRANSACTION_ESCAPED: &str = "transaction-escaped";
+    /// 500: a statement of the handler failed and the handler answered a success all the
+    /// same; PostgreSQL rolled its transaction back, so nothing was stored.
+    pub const TRANSACTION_ABORTED: &str = "transaction-aborted";
     /// 500: the response exceeds the stored-response size cap; nothing committed.
     pub const RESPONSE_TOO_LARGE: &str = "response-too-large";
     /// 500: an unexpected failure inside idem; nothing committed.
@@ -179,6 +182,15 @@ impl<'a> Problems<'a> {
                 .with_detail(
                     "the handler committed or rolled back idem's transaction itself; nothing was stored",
                 ),
+            CommitError::Aborted(_) => self
+                .problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    problem_type::TRANSACTION_ABORTED,
+                    "Success answered after a failed statement",
+                )
+                .with_detail(
+                    "one of the handler's statements failed, so PostgreSQL rolled back everything it wrote, yet it answered a success; nothing was stored; answer the failure as `Err`, or as a final 4xx",
+                ),
             CommitError::Unavailable(_) => self.unavailable(),
             CommitError::Serialization(_) => self
                 .problem(
@@ -235,7 +247,7 @@ impl<'a> Problems<'a> {
             "Invalid principal",
         )
         .with_detail(format!(
-            "this service keys idempotent requests per principal, a {expected}, and this request's principal is not one"
+            "this service keys idempotent requests per principal, a {expected} other than its zero value (which keeps keys without a principal), and this request's principal is not one"
         ))
     }
 
