@@ -12,6 +12,9 @@ use idem_tests::{with_test_db, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+/// A store's settings beyond the defaults.
+type Configure = fn(idem::StoreBuilder) -> idem::StoreBuilder;
+
 #[derive(Clone, FromRef)]
 struct AppState {
     idempotency: Store,
@@ -136,11 +139,7 @@ async fn note(mut tx: Tx, Json(v): Json<Value>) -> (StatusCode, Json<Value>) {
 }
 
 /// The `/notes` endpoint on a store whose principal is the `X-Tenant` header, as given.
-async fn tenants(
-    db: &TestDb,
-    table: &str,
-    configure: fn(idem::StoreBuilder) -> idem::StoreBuilder,
-) -> TestApp {
+async fn tenants(db: &TestDb, table: &str, configure: Configure) -> TestApp {
     let pool = db.pool(5).await;
     sqlx::raw_sql("CREATE TABLE IF NOT EXISTS audit (note text)")
         .execute(&pool)
@@ -185,12 +184,7 @@ async fn an_empty_principal_is_no_principal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_principal_equals_the_value_that_keeps_global_keys() {
     with_test_db(async |db| {
-        let cases: [(
-            &str,
-            fn(idem::StoreBuilder) -> idem::StoreBuilder,
-            &str,
-            &str,
-        ); 2] = [
+        let cases: [(&str, Configure, &str, &str); 2] = [
             (
                 "uuid_keys",
                 |b| b.principal_type(PrincipalType::Uuid),
