@@ -10,11 +10,13 @@
 //!   `#[sqlx::test(migrations = "migrations")]` all create the table with your own tables.
 //! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
 //!
-//! sqlx 0.8 records every migrator's versions in one table, `_sqlx_migrations` (its name
-//! cannot be changed), and a migrator that finds a version it does not know stops with
-//! `VersionMissing`. Two migrators, yours and a second one for idem, work only if both
-//! call `Migrator::set_ignore_missing(true)`, which also hides a migration that really went
-//! missing. That is why idem ships files for your directory and not a migrator of its own.
+//! sqlx records every migrator's versions in one table, `_sqlx_migrations`, and a migrator
+//! that finds a version it does not know stops with `VersionMissing`. Two migrators, yours
+//! and a second one for idem, work only if both call `Migrator::set_ignore_missing(true)`,
+//! which also hides a migration that really went missing, or if one of them keeps its
+//! versions elsewhere (sqlx 0.9's `Migrator::dangerous_set_table_name`, which sqlx warns
+//! re-runs every migration when changed on a live database). That is why idem ships files
+//! for your directory and not a migrator of its own.
 //!
 //! # Upgrades across idem versions
 //!

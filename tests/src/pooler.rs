@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 
 use crate::TestDb;
 
@@ -139,7 +139,9 @@ impl Pgbouncer {
     /// `RESUME` ...), which speaks only the simple query protocol.
     pub async fn admin(&self, command: &str) -> Result<(), sqlx::Error> {
         let mut console = PgConnection::connect_with(&self.options().database("pgbouncer")).await?;
-        sqlx::raw_sql(command).execute(&mut console).await?;
+        sqlx::raw_sql(AssertSqlSafe(command))
+            .execute(&mut console)
+            .await?;
         console.close().await
     }
 

@@ -11,7 +11,7 @@ use axum::Router;
 use idem::{idempotent, Store, Tx, VerifyError, MIGRATIONS, SCHEMA_SQL};
 use idem_tests::{with_test_db, TestApp};
 use sqlx::migrate::Migrator;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 /// idem's migrations, as a user's `#[sqlx::test]` names its own `migrations/` directory.
 #[sqlx::test(migrations = "../idem-runtime/migrations")]
@@ -26,7 +26,7 @@ async fn sqlx_test_with_idems_migrations_serves_idempotent_requests(pool: PgPool
     #[idempotent(scope = "notes")]
     async fn create(mut tx: Tx) -> Result<StatusCode, String> {
         sqlx::query("SELECT 1")
-            .execute(&mut tx)
+            .execute(&mut *tx)
             .await
             .map_err(|e| e.to_string())?;
         Ok(StatusCode::CREATED)
@@ -79,7 +79,10 @@ async fn verify_after(setup: &str) -> Result<(), VerifyError> {
     let mut outcome = None;
     with_test_db(async |db| {
         let pool = db.pool(2).await;
-        sqlx::raw_sql(setup).execute(&pool).await.expect("setup");
+        sqlx::raw_sql(AssertSqlSafe(setup))
+            .execute(&pool)
+            .await
+            .expect("setup");
         outcome = Some(Store::new(pool).verify().await);
     })
     .await;

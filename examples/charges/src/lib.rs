@@ -97,7 +97,7 @@ impl Default for Config {
 /// lends to other clients, whose statements of the same name fail ("prepared statement
 /// \"sqlx_s_1\" already exists"), and a client's next transaction may run on a server
 /// connection that never saw it. So there each statement goes unnamed,
-/// `.persistent(false)`: sqlx 0.8's `statement_cache_capacity(0)` alone does not do that,
+/// `.persistent(false)`: sqlx's `statement_cache_capacity(0)` alone does not do that,
 /// it still parses persistent statements under a name, only without caching (or closing)
 /// them.
 fn persistent(pooler: Pooler) -> bool {
