@@ -531,6 +531,11 @@ impl Table {
         }
     }
 
+    /// Whether this store is in portable mode.
+    pub(crate) fn portable(&self) -> bool {
+        self.dialect.portable
+    }
+
     /// Whether this store's statements are prepared once per connection and reused: not
     /// behind a transaction pooler, where they go unnamed.
     pub(crate) fn persistent(&self) -> bool {

@@ -135,6 +135,15 @@ impl Pgbouncer {
             .disable_statement_logging()
     }
 
+    /// A URL of the test database through PgBouncer, for processes of their own (trust
+    /// authentication: no password).
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            self.user, self.port, self.database
+        )
+    }
+
     /// Runs `command` on PgBouncer's admin console (`SHOW POOLS`, `RECONNECT`, `KILL`,
     /// `RESUME` ...), which speaks only the simple query protocol.
     pub async fn admin(&self, command: &str) -> Result<(), sqlx::Error> {

@@ -299,7 +299,14 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
     // with it now, not in a 500 on the first request.
     doing(store.verify().await, || {
-        format!("{server} does not suit idem")
+        format!(
+            "{server} does not suit the idempotency store as configured (DB_POOLER={}, \
+             DB_PORTABLE={portable})",
+            match pooler {
+                Pooler::Transaction => "transaction",
+                _ => "session",
+            }
+        )
     })?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
     let _sweeper = doing(store.spawn_sweeper(Duration::from_secs(60), 1_000), || {
