@@ -202,7 +202,10 @@ async fn a_store_that_is_not_portable_on_citus_is_refused() {
     let error = verify_with(&setup, Store::new)
         .await
         .expect_err("not portable on Citus");
-    assert!(matches!(error, VerifyError::NotPortable { .. }), "{error:?}");
+    assert!(
+        matches!(error, VerifyError::NotPortable { .. }),
+        "{error:?}"
+    );
     assert_eq!(
         error.to_string(),
         "the database is distributed (Citus 13.0.1 (simulated)), but the store is not \
