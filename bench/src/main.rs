@@ -15,6 +15,7 @@ mod record;
 mod server;
 
 use std::collections::BTreeMap;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -191,7 +192,18 @@ fn answers(statuses: &BTreeMap<u16, usize>) -> String {
     answers.join(" ")
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> ExitCode {
+    match bench() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with its causes, not the `Debug` dump of `fn main() -> Result`.
+            eprintln!("idem-bench: {}", charges::one_line(&*error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options::parse()?;
     record::install();
     // The server and the load generator each get their own runtime, as they would be

@@ -51,10 +51,11 @@ fn fallback(item: TokenStream, error: syn::Error) -> TokenStream {
     quote!(#item #error)
 }
 
-/// The fallback for a function: as written, but with `Tx` lifetimes made explicit, so
-/// the only errors are the real ones.
+/// The fallback for a function: as written, but with `Tx` lifetimes made explicit and
+/// a refused `tx.commit()` replaced, so the only errors are the real ones.
 fn fallback_fn(mut func: ItemFn, error: syn::Error) -> TokenStream {
     elide_tx_lifetimes(&mut func.sig);
+    valid::defuse_tx_endings(&mut func);
     fallback(quote!(#func), error)
 }
 

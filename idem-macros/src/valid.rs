@@ -200,3 +200,47 @@ impl<'ast> Visit<'ast> for TxMisuse<'_> {
     // A nested item is another function: its names are not the handler's.
     fn visit_item(&mut self, _: &'ast syn::Item) {}
 }
+
+/// After `tx.commit()` or `tx.rollback()` was refused, the fallback's body calls
+/// `::idem::__private::ended_by_idem(&tx)` in their place: a future with the output of
+/// sqlx's `Transaction::commit`, so that `.await?`, `.await.ok()` and the like type-check
+/// and the refusal is the build's only error (not also rustc's "no method `commit`",
+/// with its suggestion to import a trait of sqlx's internals).
+pub fn defuse_tx_endings(func: &mut syn::ItemFn) {
+    let tx = func.sig.inputs.iter().find_map(|input| match input {
+        syn::FnArg::Typed(param) if is_tx(&param.ty) => match &*param.pat {
+            Pat::Ident(binding) => Some(binding.ident.clone()),
+            _ => None,
+        },
+        _ => None,
+    });
+    if let Some(tx) = tx {
+        syn::visit_mut::VisitMut::visit_block_mut(&mut Defuse { tx: &tx }, &mut func.block);
+    }
+}
+
+struct Defuse<'a> {
+    tx: &'a Ident,
+}
+
+impl syn::visit_mut::VisitMut for Defuse<'_> {
+    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        if let Expr::MethodCall(call) = expr {
+            let on_tx = matches!(&*call.receiver, Expr::Path(p) if p.qself.is_none() && p.path.is_ident(self.tx));
+            if on_tx
+                && (call.method == "commit" || call.method == "rollback")
+                && call.args.is_empty()
+            {
+                let receiver = &call.receiver;
+                *expr = syn::parse_quote_spanned!(call.method.span()=>
+                    ::idem::__private::ended_by_idem(&#receiver)
+                );
+                return;
+            }
+        }
+        syn::visit_mut::visit_expr_mut(self, expr);
+    }
+
+    // A nested item is another function: its names are not the handler's.
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+}

@@ -12,5 +12,12 @@ pub use crate::web::extract::{
 };
 pub use crate::web::{Answer, Claimed, Fields, Guard, Spec};
 
+/// What a refused `tx.commit()` or `tx.rollback()` becomes in the function
+/// `#[idempotent]` emits beside its error: the output of sqlx's `Transaction::commit`, so
+/// that the code around it type-checks and the refusal is the only error.
+pub async fn ended_by_idem(_: &crate::Tx<'_>) -> Result<(), sqlx::Error> {
+    Ok(())
+}
+
 /// For the crate's own benchmarks: the fingerprint, measured alone.
 pub use crate::fingerprint::Fingerprint;

@@ -440,7 +440,7 @@ async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInS
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use sqlx::PgPool;
+    use sqlx::{AssertSqlSafe, PgPool};
 
     use super::*;
 
@@ -470,10 +470,12 @@ mod tests {
                 .build()
                 .unwrap();
             store.migrate().await.unwrap();
-            sqlx::raw_sql(&format!("CREATE TABLE {schema}.notes (body text)"))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "CREATE TABLE {schema}.notes (body text)"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
             Self {
                 pool,
                 schema,
@@ -517,22 +519,31 @@ mod tests {
         }
 
         async fn notes(&self) -> i64 {
-            sqlx::query_scalar(&format!("SELECT count(*) FROM {}.notes", self.schema))
-                .fetch_one(&self.pool)
-                .await
-                .unwrap()
+            sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT count(*) FROM {}.notes",
+                self.schema
+            )))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
         }
 
         async fn write(&self, attempt: &mut Attempt) {
             let sql = format!("INSERT INTO {}.notes VALUES ('n')", self.schema);
-            sqlx::query(&sql).execute(&mut *attempt.tx()).await.unwrap();
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .execute(&mut *attempt.tx())
+                .await
+                .unwrap();
         }
 
         async fn drop_schema(self) {
-            sqlx::raw_sql(&format!("DROP SCHEMA {} CASCADE", self.schema))
-                .execute(&self.pool)
-                .await
-                .unwrap();
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP SCHEMA {} CASCADE",
+                self.schema
+            )))
+            .execute(&self.pool)
+            .await
+            .unwrap();
         }
     }
 
@@ -597,11 +608,11 @@ mod tests {
 
     /// An expired record of key `k1`, as a sweeper finds it.
     async fn expired_row(db: &Db) {
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(AssertSqlSafe(format!(
             "INSERT INTO {}.keys (scope, principal, key, fingerprint, field_hashes, status, expires_at) \
              VALUES ('notes', '', 'k1', '\\x00', '\\x00', 201, now() - interval '1 day')",
             db.schema
-        ))
+        )))
         .execute(&db.pool)
         .await
         .unwrap();
@@ -615,10 +626,13 @@ mod tests {
         expired_row(&db).await;
         // A sweeper's batch: it deletes the row and commits 300 ms later.
         let mut sweep = db.pool.begin().await.unwrap();
-        sqlx::query(&format!("DELETE FROM {}.keys WHERE key = 'k1'", db.schema))
-            .execute(&mut *sweep)
-            .await
-            .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {}.keys WHERE key = 'k1'",
+            db.schema
+        )))
+        .execute(&mut *sweep)
+        .await
+        .unwrap();
         let sweeper = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
             sweep.commit().await.unwrap();
@@ -660,7 +674,10 @@ mod tests {
         // Write skew: each reads what the other writes.
         for attempt in [&mut first, &mut second] {
             let sql = format!("SELECT count(*) FROM {}.notes", db.schema);
-            sqlx::query(&sql).execute(&mut *attempt.tx()).await.unwrap();
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .execute(&mut *attempt.tx())
+                .await
+                .unwrap();
         }
         db.write(&mut first).await;
         db.write(&mut second).await;
@@ -810,7 +827,10 @@ mod tests {
         let mut sql: String = (0..20).map(|i| expired(&format!("idle{i}"), 5)).collect();
         // Inserted last (a scan meets it last), and oldest (a sweep picks it first).
         sql.push_str(&expired("k1", 60));
-        sqlx::raw_sql(&sql).execute(&db.pool).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
         // A long request takes the expired key k1 over and holds it.
         let held = run(begin(&store, db.claim("k1", "a"), Isolation::ReadCommitted).await);
         let sweeper = tokio::spawn({
@@ -926,10 +946,13 @@ mod tests {
         db.write(&mut attempt).await;
         attempt.commit_unrecorded().await.unwrap();
         assert_eq!(db.notes().await, 1);
-        let keys: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}.keys", db.schema))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let keys: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.keys",
+            db.schema
+        )))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
         assert_eq!(keys, 0);
         db.drop_schema().await;
     }

@@ -126,6 +126,7 @@
 
 #[doc(hidden)]
 pub mod __private;
+mod deployment;
 mod engine;
 mod expiry;
 mod fingerprint;

@@ -10,11 +10,13 @@
 //!   `#[sqlx::test(migrations = "migrations")]` all create the table with your own tables.
 //! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
 //!
-//! sqlx 0.8 records every migrator's versions in one table, `_sqlx_migrations` (its name
-//! cannot be changed), and a migrator that finds a version it does not know stops with
-//! `VersionMissing`. Two migrators, yours and a second one for idem, work only if both
-//! call `Migrator::set_ignore_missing(true)`, which also hides a migration that really went
-//! missing. That is why idem ships files for your directory and not a migrator of its own.
+//! sqlx records every migrator's versions in one table, `_sqlx_migrations`, and a migrator
+//! that finds a version it does not know stops with `VersionMissing`. Two migrators, yours
+//! and a second one for idem, work only if both call `Migrator::set_ignore_missing(true)`,
+//! which also hides a migration that really went missing, or if one of them keeps its
+//! versions elsewhere (sqlx 0.9's `Migrator::dangerous_set_table_name`, which sqlx warns
+//! re-runs every migration when changed on a live database). That is why idem ships files
+//! for your directory and not a migrator of its own.
 //!
 //! # Upgrades across idem versions
 //!
@@ -27,6 +29,7 @@
 
 use std::fmt;
 
+use crate::deployment;
 use crate::store::Store;
 
 /// The migrations of the idempotency table, oldest first, as `(file name, SQL)`: the files
@@ -87,10 +90,37 @@ pub enum VerifyError {
         /// The constraint idem expects.
         constraint: String,
     },
+    /// PostgreSQL is reached through a pooler in transaction mode, and the store names
+    /// its statements ([`Pooler::Session`](crate::Pooler::Session)): the first requests
+    /// would fail on another client's `sqlx_s_1`.
+    TransactionPooler {
+        /// What showed it: server processes that changed under one client connection, or
+        /// PostgreSQL refusing a named prepared statement.
+        evidence: String,
+    },
+    /// The database is a distributed engine (Citus), and the store is not portable: its
+    /// claim sets custom settings that the nodes running it never see.
+    NotPortable {
+        /// The engine and its version, as it reports them.
+        engine: String,
+    },
+    /// The store is portable on a distributed engine, but its table is not distributed by
+    /// `principal`: a request's claim and its business writes are not one node's
+    /// transaction.
+    NotDistributed {
+        /// The table, as configured.
+        table: String,
+        /// How the engine keeps it: "a local table", "a reference table", "distributed
+        /// by `x`".
+        found: String,
+    },
 }
 
 const FIX: &str = "run `Store::migrate()` at startup, or add idem's migrations \
                    (`idem::MIGRATIONS`, idem-runtime/migrations/) to your own";
+
+/// Where the README explains the production settings.
+const PRODUCTION: &str = "README, \"Running in production\"";
 
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -120,6 +150,27 @@ impl fmt::Display for VerifyError {
                 "the idempotency table `{table}` lacks its primary key `{constraint}` on \
                  (scope, principal, key): {FIX}"
             ),
+            Self::TransactionPooler { evidence } => write!(
+                f,
+                "PostgreSQL is reached through a pooler in transaction mode (PgBouncer \
+                 `pool_mode = transaction` or alike: {evidence}), but the store names its \
+                 prepared statements: build it with `.pooler(Pooler::Transaction)` and give \
+                 the pool `statement_cache_capacity(0)` ({PRODUCTION}, \"Behind a transaction \
+                 pooler\")"
+            ),
+            Self::NotPortable { engine } => write!(
+                f,
+                "the database is distributed ({engine}), but the store is not portable: build \
+                 it with `.portable()` and distribute its table by principal ({PRODUCTION}, \
+                 \"Distributed PostgreSQL (Citus)\")"
+            ),
+            Self::NotDistributed { table, found } => write!(
+                f,
+                "the idempotency table `{table}` is {found}, not distributed by `principal`: \
+                 run `SELECT create_distributed_table('{table}', 'principal', colocate_with \
+                 => '<your tenant table>')` as `Store::schema_sql()` says ({PRODUCTION}, \
+                 \"Distributed PostgreSQL (Citus)\")"
+            ),
         }
     }
 }
@@ -140,10 +191,24 @@ impl From<sqlx::Error> for VerifyError {
 }
 
 impl Store {
-    /// Checks that this store's table exists with every column this version of idem uses,
-    /// of a usable type, and its primary key: call it at startup after your migrations, so
-    /// that a missing or outdated table stops the service with a message naming it,
-    /// instead of failing its first idempotent request. Reads the catalog only.
+    /// Checks that this store suits the database it reaches: call it at startup after
+    /// your migrations, so that a mistake stops the service with one line naming it and
+    /// its fix, instead of failing its first idempotent request. It checks, in order:
+    ///
+    /// - a store in the default [`Pooler::Session`](crate::Pooler::Session) mode is not
+    ///   behind a pooler in transaction mode ([`VerifyError::TransactionPooler`]): two
+    ///   connections of its own ask for their server process with `pg_backend_pid()`,
+    ///   and one client's transactions landing on different server processes (or two
+    ///   clients' on one) gives the pooler away; so does PostgreSQL refusing one of the
+    ///   checks' named statements ("prepared statement \"sqlx_s_1\" already exists",
+    ///   42P05, or "does not exist", 26000);
+    /// - the table exists with every column this version of idem uses, of a usable type,
+    ///   and its primary key (the catalog: `to_regclass`, `pg_attribute`,
+    ///   `pg_constraint`);
+    /// - on a distributed engine, found by Citus's function `citus_version()`, the store
+    ///   is portable ([`VerifyError::NotPortable`]) and its table is hash-distributed by
+    ///   `principal` ([`VerifyError::NotDistributed`]), as Citus's metadata table
+    ///   `pg_dist_partition` and its function `column_to_column_name` say.
     ///
     /// ```no_run
     /// # async fn f(store: idem::Store) -> Result<(), Box<dyn std::error::Error>> {
@@ -151,13 +216,34 @@ impl Store {
     /// # Ok(()) }
     /// ```
     pub async fn verify(&self) -> Result<(), VerifyError> {
-        let name = &self.inner.table_name;
-        let table = name.to_string();
-        let qualified = name.qualified();
         // Behind a transaction pooler: unnamed statements, in a transaction of their own
         // (a named one collides with another client's of the same name on a shared server
         // connection: "prepared statement \"sqlx_s_1\" already exists").
         let persistent = self.inner.table.persistent();
+        if persistent {
+            // First, before any named statement could fail for the same reason.
+            let options = self.inner.pool.connect_options();
+            if let Some(evidence) = deployment::transaction_pooler(&options).await? {
+                return Err(VerifyError::TransactionPooler { evidence });
+            }
+        }
+        self.verify_table(persistent).await.map_err(|e| match e {
+            VerifyError::Database(e)
+                if persistent && deployment::is_prepared_statement_clash(&e) =>
+            {
+                VerifyError::TransactionPooler {
+                    evidence: format!("PostgreSQL answered {e}"),
+                }
+            }
+            e => e,
+        })
+    }
+
+    /// [`Store::verify`] past the pooler probe: the table, and the distributed engine.
+    async fn verify_table(&self, persistent: bool) -> Result<(), VerifyError> {
+        let name = &self.inner.table_name;
+        let table = name.to_string();
+        let qualified = name.qualified();
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
             .bind(&qualified)
@@ -202,11 +288,29 @@ impl Store {
         .persistent(persistent)
         .fetch_one(&mut *conn)
         .await?;
-        conn.finish().await?;
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
-        Ok(())
+        let outcome = match deployment::distributed_engine(&mut conn, persistent).await? {
+            None => Ok(()),
+            Some(engine) if !self.inner.table.portable() => {
+                Err(VerifyError::NotPortable { engine })
+            }
+            Some(_) => match deployment::distribution(&mut conn, persistent, &qualified).await? {
+                Some((method, Some(column))) if method == "h" && column == "principal" => Ok(()),
+                found => Err(VerifyError::NotDistributed {
+                    table,
+                    found: match found {
+                        None => "a local table".into(),
+                        Some((method, _)) if method == "n" => "a reference table".into(),
+                        Some((_, Some(column))) => format!("distributed by `{column}`"),
+                        Some((method, None)) => format!("distributed (method {method:?})"),
+                    },
+                }),
+            },
+        };
+        conn.finish().await?;
+        outcome
     }
 }
 

@@ -175,7 +175,7 @@ impl StoreBuilder {
     /// a transaction. Your own statements must follow the same two rules: send them with
     /// sqlx's `.persistent(false)` (build the pool with
     /// `PgConnectOptions::statement_cache_capacity(0)` as well, but that alone is not
-    /// enough: sqlx 0.8 still parses a persistent statement under a name, only without
+    /// enough: sqlx still parses a persistent statement under a name, only without
     /// caching it), and run those with parameters inside a transaction, since sqlx parses
     /// and executes them in two exchanges that a pooler may send to two server
     /// connections. See the README's "Running in production".

@@ -19,13 +19,14 @@
 //! 1 ms ([`lock_timeout`]).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::tx::KeyInScope;
@@ -441,25 +442,35 @@ impl PrincipalType {
     }
 }
 
-/// The table of one store: its statements, rendered once.
+/// The table of one store: its statements, rendered once. Each is an [`SqlStr`] shared
+/// by reference count, so a request's statement costs no copy of its text.
 pub(crate) struct Table {
     dialect: Dialect,
     acquire_timeout: Duration,
-    ddl: String,
+    ddl: SqlStr,
     /// The primary key's name: a unique violation of *this* constraint means a concurrent
     /// request with the same key won (invariant 3); any other belongs to the business
     /// tables.
     primary_key: String,
-    claim: String,
-    read: String,
-    reclaim: String,
-    store: String,
-    expired: String,
-    forget: String,
+    claim: SqlStr,
+    read: SqlStr,
+    reclaim: SqlStr,
+    store: SqlStr,
+    expired: SqlStr,
+    forget: SqlStr,
     /// [`PURGE`], or in portable mode [`EXPIRED_BATCH_PORTABLE`].
-    purge: String,
-    sweep_one: String,
-    inspect: String,
+    purge: SqlStr,
+    sweep_one: SqlStr,
+    inspect: SqlStr,
+}
+
+/// One of this module's statements with the table's name filled in. sqlx takes dynamic
+/// SQL only through [`AssertSqlSafe`], and this is the one place idem asserts it: the text
+/// is a constant of this module, the name a [`TableName`] (lowercase ASCII letters,
+/// digits and `_`, quoted) and the principal's cast a constant; nothing a client sends
+/// reaches it, values go as binds.
+fn statement(sql: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
 }
 
 /// What a claim found.
@@ -505,8 +516,10 @@ impl Table {
     pub(crate) fn new(name: &TableName, dialect: Dialect, acquire_timeout: Duration) -> Self {
         let table = name.qualified();
         let render = |sql: &str| {
-            sql.replace("{table}", &table)
-                .replace("{p2}", dialect.principal_type.parameter())
+            statement(
+                sql.replace("{table}", &table)
+                    .replace("{p2}", dialect.principal_type.parameter()),
+            )
         };
         let create_schema = match &name.schema {
             Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
@@ -523,10 +536,11 @@ impl Table {
                     .replace("{name_literal}", &name.to_string()),
             );
         }
-        let ddl = ddl
-            .replace("{create_schema}", &create_schema)
-            .replace("{table}", &table)
-            .replace("{name}", &name.name);
+        let ddl = statement(
+            ddl.replace("{create_schema}", &create_schema)
+                .replace("{table}", &table)
+                .replace("{name}", &name.name),
+        );
         let pick =
             |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
         Self {
@@ -546,6 +560,11 @@ impl Table {
         }
     }
 
+    /// Whether this store is in portable mode.
+    pub(crate) fn portable(&self) -> bool {
+        self.dialect.portable
+    }
+
     /// Whether this store's statements are prepared once per connection and reused: not
     /// behind a transaction pooler, where they go unnamed.
     pub(crate) fn persistent(&self) -> bool {
@@ -553,12 +572,12 @@ impl Table {
     }
 
     /// A statement as this store sends it: unnamed behind a transaction pooler.
-    fn query<'q>(&self, sql: &'q str) -> Query<'q, Postgres, PgArguments> {
-        sqlx::query(sql).persistent(self.persistent())
+    fn query(&self, sql: &SqlStr) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(sql.clone()).persistent(self.persistent())
     }
 
     /// A statement whose first three parameters are the key: (scope, principal, key).
-    fn keyed<'q>(&self, sql: &'q str, key: &'q KeyInScope) -> Query<'q, Postgres, PgArguments> {
+    fn keyed(&self, sql: &SqlStr, key: &KeyInScope) -> Query<'static, Postgres, PgArguments> {
         self.query(sql)
             .bind(&*key.scope)
             .bind(self.dialect.principal_type.bound(&key.principal))
@@ -566,13 +585,13 @@ impl Table {
     }
 
     /// [`CLAIM`] and [`RECLAIM`] (or their portable forms), bound.
-    fn claiming<'q>(
+    fn claiming(
         &self,
-        sql: &'q str,
-        key: &'q KeyInScope,
-        fingerprint: &'q Fingerprint,
+        sql: &SqlStr,
+        key: &KeyInScope,
+        fingerprint: &Fingerprint,
         timeouts: Timeouts,
-    ) -> Query<'q, Postgres, PgArguments> {
+    ) -> Query<'static, Postgres, PgArguments> {
         let query = self
             .keyed(sql, key)
             .bind(fingerprint.combined().as_slice())
@@ -627,9 +646,12 @@ impl Table {
             ));
         }
         // A query without arguments goes by the simple protocol: unnamed, and several
-        // statements at once. (`raw_sql` would do the same, but its future is not `Send`
-        // behind a `&mut PgConnection`, which handlers need.)
-        sqlx::Executor::execute(conn, sql.as_str()).await.map(drop)
+        // statements at once, as `raw_sql` sends them. Asserted safe: both values are
+        // digits and "ms" (above), nothing from a client.
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     /// Portable mode: after a successful claim, gives the handler the session's default
@@ -640,14 +662,15 @@ impl Table {
         if !self.dialect.portable {
             return Ok(());
         }
-        sqlx::Executor::execute(conn, "SET LOCAL lock_timeout TO DEFAULT")
+        sqlx::raw_sql("SET LOCAL lock_timeout TO DEFAULT")
+            .execute(conn)
             .await
             .map(drop)
     }
 
     /// The table's DDL.
     pub(crate) fn ddl(&self) -> &str {
-        &self.ddl
+        self.ddl.as_str()
     }
 
     /// Whether `error` is a unique violation of this table's primary key.
@@ -662,7 +685,7 @@ impl Table {
     pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         let mut attempt = 0;
         loop {
-            match sqlx::raw_sql(&self.ddl).execute(pool).await {
+            match sqlx::raw_sql(self.ddl.clone()).execute(pool).await {
                 Ok(_) => return Ok(()),
                 Err(sqlx::Error::Database(e))
                     if attempt < 5
@@ -981,6 +1004,7 @@ mod tests {
             &table.expired,
             &table.forget,
         ] {
+            let statement = statement.as_str();
             let first = statement.split_whitespace().next().unwrap_or_default();
             assert!(
                 ["WITH", "SELECT", "UPDATE", "DELETE"].contains(&first),
@@ -1014,6 +1038,7 @@ mod tests {
         }
         assert!(table
             .claim
+            .as_str()
             .contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
     }
 
@@ -1044,13 +1069,15 @@ mod tests {
                 &table.sweep_one,
                 &table.inspect,
             ] {
+                let is_purge = *statement == table.purge;
+                let statement = statement.as_str();
                 let lower = statement.to_lowercase();
                 for setting in ["set_config", "current_setting", "for update", "skip locked"] {
                     assert!(!lower.contains(setting), "{setting:?} in: {statement}");
                 }
                 assert!(!statement.contains('{'), "unrendered: {statement}");
                 assert!(
-                    *statement == table.purge || statement.contains(principal_type.parameter()),
+                    is_purge || statement.contains(principal_type.parameter()),
                     "{statement}"
                 );
             }
@@ -1098,7 +1125,10 @@ mod tests {
         assert!(table
             .ddl()
             .contains("CONSTRAINT \"idem_keys_pkey\" PRIMARY KEY"));
-        assert!(table.claim.contains("INSERT INTO \"ops\".\"idem_keys\""));
+        assert!(table
+            .claim
+            .as_str()
+            .contains("INSERT INTO \"ops\".\"idem_keys\""));
         for bad in [
             "",
             "Keys",

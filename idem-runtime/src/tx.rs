@@ -3,11 +3,8 @@
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
-use futures_core::future::BoxFuture;
-use futures_core::stream::BoxStream;
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
-use sqlx::{Describe, Either, Execute, PgConnection, Postgres};
+use sqlx::PgConnection;
 
 use crate::fingerprint::hex;
 use crate::key::IdempotencyKey;
@@ -18,9 +15,10 @@ use crate::key::IdempotencyKey;
 /// transaction, claims the key and lends the `Tx` to the handler. Without the attribute,
 /// axum has nothing to extract it from.
 ///
-/// `&mut tx` is an sqlx [`Executor`](sqlx::Executor), and `Tx` derefs to the
-/// transaction's [`PgConnection`], so `&mut *tx` works as well. Code you already have
-/// takes either form:
+/// `Tx` derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx
+/// [`Executor`](sqlx::Executor), exactly as `&mut *transaction` is for sqlx's own
+/// `Transaction` (sqlx 0.9 made the dereference the one spelling for both). A function
+/// taking `&mut PgConnection` also takes `&mut tx`, by deref coercion:
 ///
 /// ```
 /// use sqlx::{PgConnection, PgExecutor};
@@ -35,12 +33,16 @@ use crate::key::IdempotencyKey;
 /// }
 ///
 /// # async fn f(mut tx: idem::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
-/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut tx).await?;
-/// insert(&mut tx, amount).await?;
+/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
 /// insert(&mut *tx, amount).await?;
 /// let _n = count(&mut tx).await?;
 /// # Ok(()) }
 /// ```
+///
+/// `Tx` is not an `Executor` itself: sqlx 0.9 requires an executor to implement a
+/// hidden, feature-dependent method (`describe`, present only with sqlx's `macros`
+/// feature) that is outside its stability promise, so an implementation outside sqlx
+/// would break with a user's feature choice or a patch release.
 ///
 /// A function that takes `&mut Transaction<'_, Postgres>` cannot be given a `Tx`: a
 /// `Transaction` can commit, and idem owns the commit. Change its parameter to
@@ -113,55 +115,6 @@ impl Deref for Tx<'_> {
 impl DerefMut for Tx<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         self.conn
-    }
-}
-
-/// `&mut tx` as an executor: every call goes to the transaction's connection, as with
-/// `&mut *tx`.
-impl<'c> sqlx::Executor<'c> for &'c mut Tx<'_> {
-    type Database = Postgres;
-
-    fn fetch_many<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + Execute<'q, Postgres>,
-    {
-        self.conn.fetch_many(query)
-    }
-
-    fn fetch_optional<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + Execute<'q, Postgres>,
-    {
-        self.conn.fetch_optional(query)
-    }
-
-    fn prepare_with<'e, 'q: 'e>(
-        self,
-        sql: &'q str,
-        parameters: &'e [PgTypeInfo],
-    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        self.conn.prepare_with(sql, parameters)
-    }
-
-    fn describe<'e, 'q: 'e>(
-        self,
-        sql: &'q str,
-    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        self.conn.describe(sql)
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool};
 
 /// `DATABASE_URL`, or a local trust-auth PostgreSQL.
 fn server_url() -> String {
@@ -51,7 +51,7 @@ impl TestDb {
         let mut admin = PgConnection::connect_with(&admin_options())
             .await
             .expect("cannot reach PostgreSQL: is it running, and DATABASE_URL right?");
-        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await
             .expect("create test database");
@@ -63,10 +63,10 @@ impl TestDb {
     /// Drops the database, ending any connection still open on it.
     pub async fn drop_database(self) -> Result<(), sqlx::Error> {
         let mut admin = PgConnection::connect_with(&admin_options()).await?;
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.name
-        ))
+        )))
         .execute(&mut admin)
         .await?;
         admin.close().await
@@ -109,7 +109,7 @@ pub async fn with_test_db(test: impl AsyncFnOnce(&TestDb)) {
 
 /// Counts the rows of a table (or any `FROM` clause).
 pub async fn count(pool: &PgPool, from: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {from}"))
+    sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {from}")))
         .fetch_one(pool)
         .await
         .expect("count")

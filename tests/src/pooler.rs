@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 
 use crate::TestDb;
 
@@ -135,11 +135,22 @@ impl Pgbouncer {
             .disable_statement_logging()
     }
 
+    /// A URL of the test database through PgBouncer, for processes of their own (trust
+    /// authentication: no password).
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            self.user, self.port, self.database
+        )
+    }
+
     /// Runs `command` on PgBouncer's admin console (`SHOW POOLS`, `RECONNECT`, `KILL`,
     /// `RESUME` ...), which speaks only the simple query protocol.
     pub async fn admin(&self, command: &str) -> Result<(), sqlx::Error> {
         let mut console = PgConnection::connect_with(&self.options().database("pgbouncer")).await?;
-        sqlx::raw_sql(command).execute(&mut console).await?;
+        sqlx::raw_sql(AssertSqlSafe(command))
+            .execute(&mut console)
+            .await?;
         console.close().await
     }
 

@@ -420,7 +420,7 @@ async fn a_client_that_disconnects_mid_request_leaves_nothing() {
 }
 
 /// Polls `sql` (a count) until it is positive.
-async fn wait_until(pool: &PgPool, sql: &str) {
+async fn wait_until(pool: &PgPool, sql: &'static str) {
     for _ in 0..200 {
         let n: i64 = sqlx::query_scalar(sql).fetch_one(pool).await.unwrap();
         if n > 0 {

@@ -1,6 +1,6 @@
-//! idem beside code written for plain sqlx: `&mut tx` as an executor, and functions
-//! taking `&mut PgConnection` or `impl PgExecutor`, all inside the request's transaction,
-//! against a real PostgreSQL over real HTTP.
+//! idem beside code written for plain sqlx: `&mut *tx` as an executor, and functions
+//! taking `&mut PgConnection` (given `&mut tx` or `&mut *tx`) or `impl PgExecutor`, all
+//! inside the request's transaction, against a real PostgreSQL over real HTTP.
 
 use axum::extract::FromRef;
 use axum::http::StatusCode;
@@ -24,6 +24,15 @@ async fn insert(db: impl PgExecutor<'_>, amount: i64) -> Result<i64, sqlx::Error
         .await
 }
 
+/// Written for sqlx too, on a connection.
+async fn insert_on(conn: &mut PgConnection, amount: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO charges (amount) VALUES ($1)")
+        .bind(amount)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
 /// Also written for sqlx: sees the transaction's uncommitted rows.
 async fn count(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT count(*) FROM charges")
@@ -42,11 +51,11 @@ async fn create(
     let amount = req["amount"].as_i64().unwrap_or(1);
     sqlx::query("INSERT INTO charges (amount) VALUES ($1)")
         .bind(amount)
-        .execute(&mut tx)
+        .execute(&mut *tx)
         .await
         .map_err(fail)?;
-    insert(&mut tx, amount).await.map_err(fail)?;
     insert(&mut *tx, amount).await.map_err(fail)?;
+    insert_on(&mut tx, amount).await.map_err(fail)?;
     let seen = count(&mut tx).await.map_err(fail)?;
     if req["fail"] == true {
         return Err((

@@ -13,7 +13,7 @@ use idem::{idempotent, Principal, Problem, Store, StoreBuilder, Tx};
 use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 #[derive(Clone, FromRef)]
 struct AppState {
@@ -60,9 +60,10 @@ async fn effect(mut tx: Tx, Json(req): Json<Effect>) -> Result<(StatusCode, Json
 #[idempotent(scope = "escape")]
 async fn escape(mut tx: Tx, Json(req): Json<Effect>) -> Result<StatusCode, Problem> {
     write_effect(&mut tx, &req.note).await?;
-    // `raw_sql(..).execute(&mut *tx)` trips sqlx#3581 in any axum handler; this is the
-    // documented equivalent (simple query protocol, several statements allowed).
-    sqlx::Executor::execute(&mut *tx, req.note.as_str())
+    // The note is the test's own SQL (a COMMIT): the simple query protocol, as a user's
+    // raw `COMMIT` would go.
+    sqlx::raw_sql(AssertSqlSafe(req.note))
+        .execute(&mut *tx)
         .await
         .map_err(db_problem)?;
     Ok(StatusCode::CREATED)
@@ -287,10 +288,10 @@ async fn a_waiting_duplicate_replays_the_winner() {
 async fn a_waiting_duplicate_replays_under_a_repeatable_read_default() {
     with_test_db(async |db| {
         let admin = db.pool(1).await;
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(AssertSqlSafe(format!(
             "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
             db.name
-        ))
+        )))
         .execute(&admin)
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use axum::Router;
 use idem::{idempotent, Store, Tx, VerifyError, MIGRATIONS, SCHEMA_SQL};
 use idem_tests::{with_test_db, TestApp};
 use sqlx::migrate::Migrator;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 /// idem's migrations, as a user's `#[sqlx::test]` names its own `migrations/` directory.
 #[sqlx::test(migrations = "../idem-runtime/migrations")]
@@ -26,7 +26,7 @@ async fn sqlx_test_with_idems_migrations_serves_idempotent_requests(pool: PgPool
     #[idempotent(scope = "notes")]
     async fn create(mut tx: Tx) -> Result<StatusCode, String> {
         sqlx::query("SELECT 1")
-            .execute(&mut tx)
+            .execute(&mut *tx)
             .await
             .map_err(|e| e.to_string())?;
         Ok(StatusCode::CREATED)
@@ -79,7 +79,10 @@ async fn verify_after(setup: &str) -> Result<(), VerifyError> {
     let mut outcome = None;
     with_test_db(async |db| {
         let pool = db.pool(2).await;
-        sqlx::raw_sql(setup).execute(&pool).await.expect("setup");
+        sqlx::raw_sql(AssertSqlSafe(setup))
+            .execute(&pool)
+            .await
+            .expect("setup");
         outcome = Some(Store::new(pool).verify().await);
     })
     .await;
@@ -154,4 +157,101 @@ async fn a_principal_of_type_uuid_or_bigint_verifies() {
             .await
             .unwrap_or_else(|e| panic!("{ty}: {e}"));
     }
+}
+
+/// What `verify` reads of Citus, made by hand on plain PostgreSQL (Citus is not in the
+/// registries the suite installs from): its `citus_version()` function, its metadata
+/// table `pg_dist_partition` (one row per distributed table: method `h` hash or `n`
+/// reference, and the distribution column in `partkey`) and `column_to_column_name`,
+/// which here reads the column's name from `partkey` as given.
+const SIMULATED_CITUS: &str = "
+CREATE FUNCTION citus_version() RETURNS text LANGUAGE sql
+    AS $$ SELECT 'Citus 13.0.1 (simulated)' $$;
+CREATE TABLE pg_dist_partition (logicalrelid regclass, partmethod \"char\", partkey text);
+CREATE FUNCTION column_to_column_name(regclass, text) RETURNS text LANGUAGE sql
+    AS $$ SELECT $2 $$;
+";
+
+/// `verify` of `store` (built on a pool of a fresh database) after `setup`.
+async fn verify_with(
+    setup: &str,
+    store: impl FnOnce(sqlx::PgPool) -> Store,
+) -> Result<(), VerifyError> {
+    let mut outcome = None;
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        sqlx::raw_sql(AssertSqlSafe(setup))
+            .execute(&pool)
+            .await
+            .expect("setup");
+        outcome = Some(store(pool).verify().await);
+    })
+    .await;
+    outcome.expect("ran")
+}
+
+fn portable(pool: sqlx::PgPool) -> Store {
+    Store::builder(pool).portable().build().unwrap()
+}
+
+/// Issue 20: on Citus, a store that is not portable stops at `verify` with one line
+/// naming the engine, the setting and the README section.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_is_not_portable_on_citus_is_refused() {
+    let setup = format!("{SCHEMA_SQL}\n{SIMULATED_CITUS}");
+    let error = verify_with(&setup, Store::new)
+        .await
+        .expect_err("not portable on Citus");
+    assert!(
+        matches!(error, VerifyError::NotPortable { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "the database is distributed (Citus 13.0.1 (simulated)), but the store is not \
+         portable: build it with `.portable()` and distribute its table by principal \
+         (README, \"Running in production\", \"Distributed PostgreSQL (Citus)\")"
+    );
+}
+
+/// Issue 20: a portable store on Citus whose table is not distributed by `principal`
+/// (local, a reference table, or by another column) stops at `verify`; distributed as
+/// `Store::schema_sql()` says, it verifies. Without Citus, a portable store verifies.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
+    let citus = format!("{SCHEMA_SQL}\n{SIMULATED_CITUS}");
+    let distributed = |method: &str, column: &str| {
+        format!(
+            "{citus}\nINSERT INTO pg_dist_partition \
+             VALUES ('idempotency_keys', '{method}', '{column}');"
+        )
+    };
+    for (setup, found) in [
+        (citus.clone(), "a local table"),
+        (distributed("n", ""), "a reference table"),
+        (distributed("h", "key"), "distributed by `key`"),
+    ] {
+        let error = verify_with(&setup, portable)
+            .await
+            .expect_err("not distributed by principal");
+        assert!(
+            matches!(error, VerifyError::NotDistributed { .. }),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "the idempotency table `idempotency_keys` is {found}, not distributed by \
+                 `principal`: run `SELECT create_distributed_table('idempotency_keys', \
+                 'principal', colocate_with"
+            )) && message.ends_with("\"Distributed PostgreSQL (Citus)\")"),
+            "{message}"
+        );
+    }
+    verify_with(&distributed("h", "principal"), portable)
+        .await
+        .expect("distributed by principal");
+    verify_with(SCHEMA_SQL, portable)
+        .await
+        .expect("portable on plain PostgreSQL");
 }

@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use idem::{idempotent, Store, StoreBuilder, Tx};
 use idem_tests::{percentiles, send, with_test_db, TestApp, TestDb};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 #[derive(Clone, FromRef)]
 struct AppState {
@@ -76,12 +76,12 @@ async fn start(
 /// Fills the table with `expired` expired rows and `live` live ones, as fast as
 /// PostgreSQL can write them.
 async fn backlog(pool: &PgPool, table: &str, expired: i64, live: i64) {
-    sqlx::query(&format!(
+    sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, status, headers, body, created_at, expires_at) \
          SELECT 'backlog', 'p', 'k' || g, '\\x00', '\\x00', 201, '', 'x', now() - interval '2 days', \
                 CASE WHEN g <= $1 THEN now() - interval '1 day' - g * interval '1 millisecond' ELSE now() + interval '1 day' END \
            FROM generate_series(1, $1 + $2) AS g"
-    ))
+    )))
     .bind(expired)
     .bind(live)
     .execute(pool)

@@ -3,7 +3,8 @@
 //! `Pooler::Transaction` is for: duplicate storms and killed server connections keep the
 //! contract (one charge per key, nothing but 503 among the 5xx), and the migration,
 //! the table check and the sweeper work through the pooler too. A control run with the
-//! default `Pooler::Session` and sqlx's statement cache shows what the setting prevents.
+//! default `Pooler::Session` and sqlx's statement cache shows what the setting prevents,
+//! and that `Store::verify` (so the example, at its start) refuses it with one line.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use charges::Config;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
-use idem::{Pooler, Store};
+use idem::{Pooler, Store, VerifyError};
 use idem_tests::{
     admin_options, tally, with_test_db, Answer, Pgbouncer, SpanFields, TestApp, TestDb,
 };
@@ -390,6 +391,111 @@ async fn without_the_pooler_setting_named_statements_collide_through_pgbouncer()
         // Even so, no key is charged twice: the failures roll back.
         let per_key = charges_per_key(db).await;
         assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
+    })
+    .await;
+}
+
+/// Issue 20: a store in the default mode behind a transaction pooler is refused by
+/// `verify`, in one line that names the pooler, the setting and the README section,
+/// before a request can fail; the same store reaching PostgreSQL directly verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_refuses_a_session_store_behind_a_transaction_pooler() {
+    with_test_db(async |db| {
+        let bouncer = Pgbouncer::start(db);
+        let pool = charges::connect_with(bouncer.options(), Pooler::Session, 4)
+            .await
+            .expect("connect through pgbouncer");
+        charges::migrate(&pool)
+            .await
+            .expect("migrate through pgbouncer");
+        // Every time, not only when a collision happens to occur.
+        for _ in 0..3 {
+            let error = Store::new(pool.clone())
+                .verify()
+                .await
+                .expect_err("a session store behind a transaction pooler");
+            assert!(
+                matches!(error, VerifyError::TransactionPooler { .. }),
+                "{error:?}"
+            );
+            let line = error.to_string();
+            assert!(!line.contains('\n'), "{line}");
+            for part in [
+                "pooler in transaction mode (PgBouncer `pool_mode = transaction`",
+                "server process",
+                "`.pooler(Pooler::Transaction)`",
+                "`statement_cache_capacity(0)`",
+                "README, \"Running in production\", \"Behind a transaction pooler\"",
+            ] {
+                assert!(line.contains(part), "{part:?} not in: {line}");
+            }
+        }
+        Store::new(db.pool(2).await)
+            .verify()
+            .await
+            .expect("the same store, directly on PostgreSQL");
+    })
+    .await;
+}
+
+/// Issue 20: the example started behind PgBouncer without `DB_POOLER=transaction` stops
+/// at once with one line saying what is wrong and which setting fixes it, instead of
+/// answering 500s (or dumping a driver struct on its next start); with the setting, it
+/// serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_refuses_to_start_behind_a_transaction_pooler_without_its_setting() {
+    use std::process::{Command, Stdio};
+    with_test_db(async |db| {
+        let bouncer = Pgbouncer::start(db);
+        let start = |pooler: Option<&str>| {
+            let addr = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap();
+            let mut command = Command::new(env!("CARGO_BIN_EXE_charges-server"));
+            command
+                .env("BIND_ADDR", addr.to_string())
+                .env("DATABASE_URL", bouncer.url())
+                .env("RUST_LOG", "error")
+                .env_remove("DB_POOLER")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            if let Some(pooler) = pooler {
+                command.env("DB_POOLER", pooler);
+            }
+            (command.spawn().expect("start the charges server"), addr)
+        };
+
+        let (child, _) = start(None);
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr}");
+        for part in [
+            "charges: ",
+            "(DB_POOLER=session, DB_PORTABLE=false)",
+            "pooler in transaction mode",
+            "`.pooler(Pooler::Transaction)`",
+            "\"Behind a transaction pooler\"",
+        ] {
+            assert!(lines[0].contains(part), "{part:?} not in: {stderr}");
+        }
+
+        let (mut child, addr) = start(Some("transaction"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the service stopped with DB_POOLER=transaction"
+            );
+            assert!(Instant::now() < deadline, "the service does not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
     })
     .await;
 }

@@ -97,7 +97,7 @@ impl Default for Config {
 /// lends to other clients, whose statements of the same name fail ("prepared statement
 /// \"sqlx_s_1\" already exists"), and a client's next transaction may run on a server
 /// connection that never saw it. So there each statement goes unnamed,
-/// `.persistent(false)`: sqlx 0.8's `statement_cache_capacity(0)` alone does not do that,
+/// `.persistent(false)`: sqlx's `statement_cache_capacity(0)` alone does not do that,
 /// it still parses persistent statements under a name, only without caching (or closing)
 /// them.
 fn persistent(pooler: Pooler) -> bool {
@@ -172,42 +172,120 @@ pub async fn connect_with(
         .await
 }
 
+/// Why the service did not start, or stopped serving: what it was doing, and the cause.
+#[derive(Debug)]
+pub struct ServiceError {
+    doing: String,
+    cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl ServiceError {
+    /// A setting that is wrong: the message says which and what would be valid.
+    fn setting(message: String) -> Self {
+        Self {
+            doing: message,
+            cause: None,
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.doing)
+    }
+}
+
+impl std::error::Error for ServiceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_deref().map(|c| c as _)
+    }
+}
+
+/// `result`, its error as the step of starting that failed.
+fn doing<T, E>(result: Result<T, E>, step: impl FnOnce() -> String) -> Result<T, ServiceError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    result.map_err(|e| ServiceError {
+        doing: step(),
+        cause: Some(e.into()),
+    })
+}
+
+/// `error` and its causes on one line, each cause once: `cannot connect to PostgreSQL at
+/// 127.0.0.1:5432: error communicating with database: Connection refused (os error 111)`.
+/// How a binary should print a startup failure, instead of the `Debug` dump that
+/// `fn main() -> Result<..>` prints.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // sqlx's errors repeat their source's text ("error returned from database: ..").
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line.replace('\n', " ")
+}
+
 /// The service as the binary runs it: settings from the environment (see `main.rs`),
-/// tables created, expired records swept, serving until Ctrl-C.
-pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
+/// tables created, the store verified, expired records swept, serving until Ctrl-C.
+pub async fn main_from_env() -> Result<(), ServiceError> {
     const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
     let bind = std::env::var("BIND_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let database_url =
         std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
-    let number = |name: &str, default: u64| -> Result<u64, String> {
+    let number = |name: &str, default: u64| -> Result<u64, ServiceError> {
         match std::env::var(name) {
-            Ok(v) => v
-                .parse()
-                .map_err(|_| format!("{name} must be a whole number, not {v:?}")),
+            Ok(v) => v.parse().map_err(|_| {
+                ServiceError::setting(format!("{name} must be a whole number, not {v:?}"))
+            }),
             Err(_) => Ok(default),
         }
     };
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
-    let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())?;
-    let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())?;
+    let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())
+        .map_err(ServiceError::setting)?;
+    let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())
+        .map_err(ServiceError::setting)?;
 
     // Before connecting: a bad secret stops the service at once, with one message.
     let payments = webhook_verifier(
         std::env::var_os("WEBHOOK_SECRET"),
         std::env::var_os("WEBHOOK_SECRET_PREVIOUS"),
-    )?;
+    )
+    .map_err(ServiceError::setting)?;
     let stripe = provider_verifier(
         "STRIPE_WEBHOOK_SECRET",
         std::env::var_os("STRIPE_WEBHOOK_SECRET"),
-    )?;
+    )
+    .map_err(ServiceError::setting)?;
     let github = provider_verifier(
         "GITHUB_WEBHOOK_SECRET",
         std::env::var_os("GITHUB_WEBHOOK_SECRET"),
-    )?;
+    )
+    .map_err(ServiceError::setting)?;
 
-    let pool = connect_with(database_url.parse()?, pooler, pool_size).await?;
-    migrate(&pool).await?;
+    let options: PgConnectOptions = doing(database_url.parse(), || {
+        "DATABASE_URL is not a PostgreSQL URL".into()
+    })?;
+    // Where, without the password, for the messages below.
+    let server = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    );
+    let pool = doing(connect_with(options, pooler, pool_size).await, || {
+        format!("cannot connect to PostgreSQL at {server}")
+    })?;
+    doing(migrate(&pool).await, || {
+        format!("cannot create the tables in {server}")
+    })?;
     let config = Config {
         processor_delay: Duration::from_millis(delay_ms),
         payments,
@@ -220,18 +298,35 @@ pub async fn main_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let store = store(pool.clone(), &config);
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
     // with it now, not in a 500 on the first request.
-    store.verify().await?;
+    doing(store.verify().await, || {
+        format!(
+            "{server} does not suit the idempotency store as configured (DB_POOLER={}, \
+             DB_PORTABLE={portable})",
+            match pooler {
+                Pooler::Transaction => "transaction",
+                _ => "session",
+            }
+        )
+    })?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = store.spawn_sweeper(Duration::from_secs(60), 1_000)?;
+    let _sweeper = doing(store.spawn_sweeper(Duration::from_secs(60), 1_000), || {
+        "cannot start the sweeper".into()
+    })?;
     let app = app(pool, config);
-    let listener = tokio::net::TcpListener::bind(&bind).await?;
-    tracing::info!(addr = %listener.local_addr()?, "charges service listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
-    Ok(())
+    let listener = doing(tokio::net::TcpListener::bind(&bind).await, || {
+        format!("cannot listen on {bind}")
+    })?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "charges service listening");
+    }
+    doing(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await,
+        || "the server stopped".into(),
+    )
 }
 
 /// Creates idem's table and the example's tables. Safe to run again, and from several

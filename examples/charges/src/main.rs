@@ -10,12 +10,21 @@
 //! PgBouncer's `pool_mode = transaction`; anything else stops the service at start),
 //! `RUST_LOG` (default `info`).
 
+use std::process::ExitCode;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    charges::main_from_env().await
+    match charges::main_from_env().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with its causes, not the `Debug` dump of `fn main() -> Result`.
+            eprintln!("charges: {}", charges::one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
 }

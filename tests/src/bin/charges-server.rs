@@ -1,12 +1,20 @@
 //! The charges example's binary, built beside the tests so that the reliability
 //! harness can run it as real OS processes (`CARGO_BIN_EXE_charges-server`).
 
+use std::process::ExitCode;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    charges::main_from_env().await
+    match charges::main_from_env().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("charges: {}", charges::one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! `tx` passed by value where sqlx wants an executor: the error points to `&mut tx`.
+//! `tx` by value where sqlx wants an executor: the error lists `&mut PgConnection` (`&mut *tx`).
 use axum::Json;
 use idem::{idempotent, Tx};
 use serde_json::Value;

@@ -1,0 +1,178 @@
+//! The README's compatibility promise, held: a throwaway crate made of exactly the
+//! README's `Cargo.toml` and `src/main.rs` (read from README.md by their markers, so
+//! they cannot drift), with idem by path and no lockfile, so cargo resolves the newest
+//! releases the stated ranges allow. It must build, serve, and replay a retry. The day a
+//! new axum, sqlx or tokio release breaks the promise, this test says so.
+//!
+//! Needs crates.io (the newest releases are the point). Its build directory is kept in
+//! `target/compatibility`, so a later run only rebuilds what a new release changed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idem_tests::with_test_db;
+
+const README: &str = include_str!("../../README.md");
+
+/// The path the README's `Cargo.toml` gives for idem, replaced by this checkout's.
+const README_IDEM_PATH: &str = "../idem/idem-runtime";
+
+/// The fenced block right after the line `<!-- compatibility: {name} -->`.
+fn block(name: &str) -> &'static str {
+    let marker = format!("<!-- compatibility: {name} -->\n");
+    let start = README
+        .find(&marker)
+        .unwrap_or_else(|| panic!("README.md has no {marker:?}"))
+        + marker.len();
+    let fenced = &README[start..];
+    let body = fenced
+        .find('\n')
+        .filter(|_| fenced.starts_with("```"))
+        .unwrap_or_else(|| panic!("a ``` block right after {marker:?}"))
+        + 1;
+    let end = fenced[body..]
+        .find("\n```")
+        .expect("the block's closing ```");
+    &fenced[body..=body + end]
+}
+
+/// The first ```rust block of the README, the one a reader meets first.
+fn first_rust_example() -> &'static str {
+    let start = README.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let end = README[start..].find("\n```").expect("its end");
+    &README[start..=start + end]
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_owned()
+}
+
+#[test]
+fn the_first_example_is_part_of_the_program_the_suite_builds() {
+    let main = block("main.rs");
+    let first = first_rust_example();
+    assert!(
+        main.contains(first),
+        "the README's first example is not in its `main.rs`, so it is not compiled:\n{first}"
+    );
+    let manifest = block("Cargo.toml");
+    assert!(manifest.contains(&format!("idem = {{ path = \"{README_IDEM_PATH}\" }}")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_service_from_the_readme_builds_with_the_newest_releases_and_serves() {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir =
+        std::env::temp_dir().join(format!("idem-compatibility-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let idem = workspace().join("idem-runtime");
+    let manifest = block("Cargo.toml").replace(
+        README_IDEM_PATH,
+        idem.to_str().expect("a UTF-8 checkout path"),
+    );
+    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(dir.join("src/main.rs"), block("main.rs")).unwrap();
+
+    let target = workspace().join("target/compatibility");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let dir_for_build = dir.clone();
+    let target_for_build = target.clone();
+    let build = tokio::task::spawn_blocking(move || {
+        Command::new(cargo)
+            .args(["build", "--quiet"])
+            .current_dir(&dir_for_build)
+            .env("CARGO_TARGET_DIR", &target_for_build)
+            // The outer `cargo test`'s settings are not a new service's.
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET_DIR")
+            .stdout(Stdio::inherit())
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("run cargo");
+    let lockfile = std::fs::read_to_string(dir.join("Cargo.lock")).unwrap_or_default();
+    assert!(
+        build.status.success(),
+        "the README's service does not build with today's releases:\n{}\nresolved:\n{}",
+        String::from_utf8_lossy(&build.stderr),
+        resolved(&lockfile)
+    );
+    eprintln!("built with: {}", resolved(&lockfile));
+
+    with_test_db(async |db| {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        let mut service = Command::new(target.join("debug/charges-service"))
+            .env("DATABASE_URL", db.url())
+            .env("BIND_ADDR", addr.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the built service");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                service.try_wait().unwrap().is_none(),
+                "the README's service stopped at start"
+            );
+            assert!(Instant::now() < deadline, "the service does not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let client = reqwest::Client::new();
+        let post = |description: &'static str| {
+            client
+                .post(format!("http://{addr}/charges"))
+                .header("idempotency-key", "compat-1")
+                .json(&serde_json::json!({
+                    "amount": 1000, "currency": "usd", "customer": "cus_42",
+                    "description": description,
+                }))
+                .send()
+        };
+        let first = post("first").await.unwrap();
+        assert_eq!(first.status(), 201);
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        let first_body = first.text().await.unwrap();
+        // Another description is not in `fields`: the retry replays.
+        let retry = post("second").await.unwrap();
+        assert_eq!(retry.status(), 201);
+        assert_eq!(
+            retry
+                .headers()
+                .get("idempotent-replayed")
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..])
+        );
+        assert_eq!(retry.text().await.unwrap(), first_body);
+        service.kill().unwrap();
+        service.wait().unwrap();
+    })
+    .await;
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The versions of the crates the promise is about, from a lockfile.
+fn resolved(lockfile: &str) -> String {
+    let mut found = Vec::new();
+    let mut name = "";
+    for line in lockfile.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = n.trim_matches('"');
+        } else if let Some(version) = line.strip_prefix("version = ") {
+            if ["axum", "sqlx", "tokio", "serde", "utoipa"].contains(&name) {
+                found.push(format!("{name} {}", version.trim_matches('"')));
+            }
+        }
+    }
+    found.join(", ")
+}
