@@ -651,7 +651,8 @@ async fn a_handler_without_tx_is_idempotent_too() {
         .fetch_one(&s.pool)
         .await
         .unwrap();
-        assert_eq!(ttl, 90.0);
+        // Counted from the commit: the claim's time plus the handler's.
+        assert!((90.0..90.0 + 10.0).contains(&ttl), "{ttl} s");
     })
     .await;
 }
