@@ -185,8 +185,12 @@ impl FingerprintBuilder {
 
     /// Adds the request's raw query string (without `?`) to the target, canonically:
     /// each `name=value` pair percent-decoded with `+` as a space (as HTML forms and
-    /// `serde_urlencoded` read it), the pairs sorted. So `?b=2&a=1` and `?a=%31&b=2` are
-    /// the same target, and `?amount=1` and `?amount=2` are not.
+    /// `serde_urlencoded` read it), the pairs sorted by name, a repeated name's values
+    /// kept in the order they came. So `?b=2&a=1` and `?a=%31&b=2` are the same target,
+    /// and `?amount=1` and `?amount=2` are not, nor `?a=1&a=2` and `?a=2&a=1`: an
+    /// extractor that reads a repeated name as a list sees its values in order. (Sorting
+    /// by name only changes nothing for a query whose names are all different, so such
+    /// targets are as before.)
     ///
     /// A query without pairs (none, `?` or `?&`) leaves the target exactly as it was
     /// before queries were fingerprinted, so keys stored by earlier versions keep
@@ -203,7 +207,8 @@ impl FingerprintBuilder {
         if pairs.is_empty() {
             return;
         }
-        pairs.sort_unstable();
+        // Stable: the values of one name keep their order.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
         let mut hasher = domain(b'q');
         hasher.put(&self.target);
         put_len(&mut hasher, pairs.len());
@@ -1091,6 +1096,26 @@ mod tests {
         assert_ne!(build(Some("a=b%26c")), build(Some("a=b&c")));
         assert_ne!(build(Some("a%3Db=c")), build(Some("a=b%3Dc")));
         assert_ne!(build(Some("a=1&a=2")), build(Some("a=1")));
+    }
+
+    /// Pins issue 19's "repeated query names are sorted with their values": `?a=1&a=2`
+    /// was the target of `?a=2&a=1`, while an extractor that reads `a` as a list sees
+    /// `[1, 2]` and `[2, 1]`.
+    #[test]
+    fn a_repeated_query_name_keeps_its_values_in_order() {
+        let build = |query: &str| {
+            let mut b = Fingerprint::builder("q", "POST", "/q", []);
+            b.query(query);
+            b.finish()
+        };
+        assert_ne!(build("a=1&a=2"), build("a=2&a=1"));
+        assert_ne!(build("a=1&b=x&a=2"), build("a=2&b=x&a=1"));
+        // Other names still move freely around them, and the values' order survives.
+        assert_eq!(build("a=1&b=x&a=2"), build("b=x&a=1&a=2"));
+        assert_eq!(build("a=1&a=2&b=x"), build("a=1&b=x&a=2"));
+        assert_eq!(build("b=x&a=1&c=y&a=2"), build("c=y&a=1&a=2&b=x"));
+        // Decoding comes first: the same value spelt two ways is one value.
+        assert_eq!(build("a=%31&a=2"), build("a=1&a=2"));
     }
 
     #[test]
