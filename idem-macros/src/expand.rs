@@ -202,9 +202,24 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         .extracted()
         .map(|(i, param)| (format_ident!("__idem_arg{}", i), &*param.ty))
         .collect();
-    let unwrap = extracted
-        .iter()
-        .map(|(arg, _)| quote!(let ::idem::__private::Extract(#arg) = #arg;));
+    // Without `fields`, the last parameter's whole value identifies the request: if it
+    // reads the body under the router's state, idem must know how to fingerprint it
+    // (`idem::__private::ExtractsLast`). The state is known where the handler is
+    // routed: the generic wrapper takes the parameter as `LastExtract<T, __IdemVia>`,
+    // whose two impls (head or body) let rustc infer `__IdemVia` with axum's own choice,
+    // and bounds `__IdemState: ExtractsLast<T, __IdemVia>`; a wrapper written for one
+    // state checks it inside.
+    let whole_last = match (&args.fields, extracted.last()) {
+        (None, Some((arg, ty))) => Some((arg, *ty)),
+        _ => None,
+    };
+    let last_via = whole_last.filter(|_| state.is_none());
+    let unwrap = extracted.iter().map(|(arg, _)| match last_via {
+        Some((last, _)) if last == arg => {
+            quote!(let ::idem::__private::LastExtract(#arg, _) = #arg;)
+        }
+        _ => quote!(let ::idem::__private::Extract(#arg) = #arg;),
+    });
     // The body, if any, is last: axum reads it after every other extractor.
     let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
         quote_spanned! {ty.span()=>
@@ -333,17 +348,42 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     // which the user's function inside it would inherit.
     let (last_param, before_last) = match extracted.split_last() {
         Some(((arg, ty), before)) => (
-            Some(quote_spanned!(ty.span()=> #arg: ::idem::__private::Extract<#ty>)),
+            Some(if last_via.is_some() {
+                quote_spanned!(ty.span()=> #arg: ::idem::__private::LastExtract<#ty, __IdemVia>)
+            } else {
+                quote_spanned!(ty.span()=> #arg: ::idem::__private::Extract<#ty>)
+            }),
             before,
         ),
         None => (None, &[][..]),
     };
-    let (generics, state_bound, state) = match &state {
-        Some(state) => (quote!(), quote!(), quote!(#state)),
-        None => (
+    let (generics, state_bound, state, body_check) = match (&state, whole_last) {
+        (Some(state), last) => (
+            quote!(),
+            quote!(),
+            quote!(#state),
+            last.map(|(_, ty)| {
+                quote_spanned! {ty.span()=>
+                    ::idem::__private::extracts_last::<#ty, _, _>(&__idem_guard);
+                }
+            }),
+        ),
+        (None, Some((_, ty))) => {
+            let bound = quote_spanned! {ty.span()=>
+                __IdemState: ::idem::__private::ExtractsLast<#ty, __IdemVia>
+            };
+            (
+                quote!(<__IdemState, __IdemVia>),
+                quote!(where __IdemState: ::idem::__private::HoldsStore, #bound),
+                quote!(__IdemState),
+                None,
+            )
+        }
+        (None, None) => (
             quote!(<__IdemState>),
             quote!(where __IdemState: ::idem::__private::HoldsStore),
             quote!(__IdemState),
+            None,
         ),
     };
     let guard = (
@@ -421,7 +461,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 BodyLevel as _, KnownBodyLevel as _, NotAResponseLevel as _, NotSerializeLevel as _,
                 OtherHeadLevel as _, OtherLevel as _, PartsLevel as _, ReadsBodyLevel as _,
                 ResponseLevel as _, ResultLevel as _, SerializeLevel as _, SignedLevel as _,
-                UnfingerprintedBodyLevel as _, UnserializableBodyLevel as _, UnsignedLevel as _,
+                UnserializableBodyLevel as _, UnsignedLevel as _,
             };
             static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
                 scope: #scope,
@@ -432,6 +472,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 statement_timeout: #statement_timeout,
             };
             #(#not_bodies)*
+            #body_check
             #utoipa_order
             #header_key
             #without_tx
@@ -657,7 +698,8 @@ mod tests {
         };
 
         let generic = wrapper(quote!(), &with_state);
-        assert_eq!(generic.sig.generics.params.len(), 1);
+        // The state, and how the body is extracted under it (`ExtractsLast`).
+        assert_eq!(generic.sig.generics.params.len(), 2);
         let bound = generic
             .sig
             .generics
@@ -665,6 +707,12 @@ mod tests {
             .to_token_stream()
             .to_string();
         assert!(bound.contains("HoldsStore"), "{bound}");
+        assert!(
+            bound.contains(
+                "__IdemState : :: idem :: __private :: ExtractsLast < Json < B > , __IdemVia >"
+            ),
+            "{bound}"
+        );
 
         for (attr, func, state) in [
             (quote!(#[axum::debug_handler]), &with_state, "App"),
@@ -680,7 +728,33 @@ mod tests {
             assert!(named.sig.generics.where_clause.is_none());
             let inputs = named.sig.inputs.to_token_stream().to_string();
             assert!(inputs.contains(&format!("Guard < {state} >")), "{inputs}");
+            let body = named.block.to_token_stream().to_string();
+            assert!(
+                body.contains("extracts_last :: < Json < B > , _ , _ > (& __idem_guard)"),
+                "{body}"
+            );
         }
+    }
+
+    /// With `fields = [...]` the body must be a `FingerprintBody` anyway (its fields are
+    /// read through it): the wrapper needs no `ExtractsLast` bound, nor its parameter.
+    #[test]
+    fn named_fields_need_no_last_param_bound() {
+        let expanded = idempotent(
+            quote!(scope = "s", fields = [amount]),
+            quote!(
+                async fn f(tx: Tx, Json(b): Json<B>) {}
+            ),
+        );
+        let wrapper: ItemFn = syn::parse2(expanded).expect("a function");
+        assert_eq!(wrapper.sig.generics.params.len(), 1);
+        let bound = wrapper
+            .sig
+            .generics
+            .where_clause
+            .to_token_stream()
+            .to_string();
+        assert!(!bound.contains("ExtractsLast"), "{bound}");
     }
 
     proptest! {

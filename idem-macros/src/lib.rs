@@ -87,9 +87,13 @@ use proc_macro::TokenStream;
 /// `Bytes`, an `Option` or `Result` of one, and any extractor implementing
 /// `idem::FingerprintBody` are; a last parameter that reads the body and is none of
 /// these is a compile error, since a payload left out would let a reused key with
-/// another payload replay the first answer. A last parameter that reads the request's
-/// head only (`Path`, `State`, `HeaderMap`) means the handler has no body: its method
-/// and path identify it.
+/// another payload replay the first answer. That holds whatever state the extractor is
+/// written for (`impl FromRequest<AppState> for AppJson<T>` too): whether a parameter
+/// reads the body depends on the router's state, so the error is reported where the
+/// handler is routed (`post(handler)`), or on the parameter under
+/// `#[axum::debug_handler]`. A last parameter that reads the request's head only
+/// (`Path`, `State`, `HeaderMap`) means the handler has no body: its method and path
+/// identify it.
 ///
 /// A handler without `Tx` gets a warning (a `deprecated` one, the only kind a macro can
 /// raise on stable): its writes through a pool of its own commit apart from the key, and

@@ -9,6 +9,7 @@ pub use crate::probe::*;
 pub use crate::table::Isolation;
 pub use crate::web::extract::{
     body_of, key_from_header, key_of, key_of_digest, principal_of, Extract, HoldsStore, KeySource,
+    LastExtract,
 };
 pub use crate::web::{Answer, Claimed, Fields, Guard, Spec};
 

@@ -13,6 +13,10 @@
 //! and every value is tagged and self-delimiting (strings and bytes are length-prefixed,
 //! sequences and maps are bracketed), so no two different values encode alike.
 //!
+//! Sequences keep their order, except an unordered set's: a `HashSet` serializes in
+//! hash order, which differs between two sets of the same elements, so its elements
+//! are encoded aside and written sorted by their encodings (see [`is_unordered_set`]).
+//!
 //! Beside the combined hash, each field keeps its own hash. After a deploy that changes
 //! an endpoint's `fields`, a retry is compared on the fields both versions share
 //! instead of being refused by the new list ([`Fingerprint::matches`]).
@@ -174,15 +178,19 @@ impl FingerprintBuilder {
         let mut hasher = Sha256::new();
         hasher.put(b"f");
         put_str(&mut hasher, name.as_bytes());
-        value.serialize(Encoder { out: &mut hasher })?;
+        value.serialize(Encoder::of::<T>(&mut hasher))?;
         self.fields.push((name, hasher.finalize().into()));
         Ok(())
     }
 
     /// Adds the request's raw query string (without `?`) to the target, canonically:
     /// each `name=value` pair percent-decoded with `+` as a space (as HTML forms and
-    /// `serde_urlencoded` read it), the pairs sorted. So `?b=2&a=1` and `?a=%31&b=2` are
-    /// the same target, and `?amount=1` and `?amount=2` are not.
+    /// `serde_urlencoded` read it), the pairs sorted by name, a repeated name's values
+    /// kept in the order they came. So `?b=2&a=1` and `?a=%31&b=2` are the same target,
+    /// and `?amount=1` and `?amount=2` are not, nor `?a=1&a=2` and `?a=2&a=1`: an
+    /// extractor that reads a repeated name as a list sees its values in order. (Sorting
+    /// by name only changes nothing for a query whose names are all different, so such
+    /// targets are as before.)
     ///
     /// A query without pairs (none, `?` or `?&`) leaves the target exactly as it was
     /// before queries were fingerprinted, so keys stored by earlier versions keep
@@ -199,7 +207,8 @@ impl FingerprintBuilder {
         if pairs.is_empty() {
             return;
         }
-        pairs.sort_unstable();
+        // Stable: the values of one name keep their order.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
         let mut hasher = domain(b'q');
         hasher.put(&self.target);
         put_len(&mut hasher, pairs.len());
@@ -263,7 +272,7 @@ fn form_decode(text: &str) -> Vec<u8> {
 /// reports an error.
 pub(crate) fn key_digest<T: Serialize + ?Sized>(body: &T) -> Result<Digest32, FingerprintError> {
     let mut hasher = domain(b'k');
-    body.serialize(Encoder { out: &mut hasher })?;
+    body.serialize(Encoder::of::<T>(&mut hasher))?;
     Ok(hasher.finalize().into())
 }
 
@@ -362,15 +371,74 @@ fn put_int(out: &mut impl Sink, value: i128) {
     out.put(&encoded);
 }
 
-/// Encodes one value into `out`.
+/// Encodes one value into `out`. `ty` is the name of the value's Rust type, which
+/// `serde` does not pass on: the one thing it tells is whether a sequence is an
+/// unordered set (see [`is_unordered_set`]).
 struct Encoder<'a, W> {
     out: &'a mut W,
+    ty: &'static str,
+}
+
+impl<'a, W> Encoder<'a, W> {
+    /// The encoder of a value of type `T`. Wherever a value's type is known (a field, an
+    /// element, a map's key or value, inside `Some` or a newtype), it is encoded with
+    /// this, so that a set is recognised at any depth.
+    fn of<T: ?Sized>(out: &'a mut W) -> Self {
+        Self {
+            out,
+            ty: std::any::type_name::<T>(),
+        }
+    }
+}
+
+/// Whether `ty`, a [`type_name`](std::any::type_name), names a set whose `Serialize`
+/// iterates in an order that is not the elements' own: `std`'s and `hashbrown`'s
+/// `HashSet` (with any hasher), `ahash`'s `AHashSet`, `dashmap`'s `DashSet`, also
+/// behind `&`, `Box`, `Rc`, `Arc` or `Cow`, whose `Serialize` is the set's.
+///
+/// Two sets of the same elements iterate in different orders (each `HashSet` has its
+/// own random hasher keys), so encoded in iteration order the same request would
+/// fingerprint differently nearly every time. Ordered sets (`BTreeSet`) and sets kept
+/// in insertion order (`IndexSet`, whose order a handler can see) keep their order.
+/// A set whose type the encoder does not see is not recognised: one behind
+/// `#[serde(transparent)]`, `serialize_with` or a `Serialize` impl of one's own;
+/// a `BTreeSet` is canonical there.
+fn is_unordered_set(ty: &str) -> bool {
+    let mut ty = ty;
+    loop {
+        if let Some(rest) = ty.strip_prefix("&mut ").or_else(|| ty.strip_prefix('&')) {
+            ty = rest;
+            continue;
+        }
+        let (path, args) = ty.split_once('<').unwrap_or((ty, ""));
+        // `Serialize` of these is their content's: look inside.
+        if matches!(
+            path,
+            "alloc::boxed::Box" | "alloc::rc::Rc" | "alloc::sync::Arc" | "alloc::borrow::Cow"
+        ) {
+            // `Cow<'_, T>`: past the lifetime.
+            ty = match args.strip_prefix('\'') {
+                Some(lifetime) => lifetime.split_once(", ").map_or("", |(_, rest)| rest),
+                None => args,
+            };
+            continue;
+        }
+        // A slice, array, tuple, pointer or `dyn` is no set, whatever it holds.
+        if !path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+        {
+            return false;
+        }
+        let name = path.rsplit("::").next().unwrap_or(path);
+        return matches!(name, "HashSet" | "AHashSet" | "DashSet");
+    }
 }
 
 #[cfg(test)]
 fn encode_to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
     let mut buf = Vec::new();
-    value.serialize(Encoder { out: &mut buf })?;
+    value.serialize(Encoder::of::<T>(&mut buf))?;
     Ok(buf)
 }
 
@@ -472,7 +540,7 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
 
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), FingerprintError> {
         self.out.put(&[tag::SOME]);
-        value.serialize(self)
+        value.serialize(Encoder::of::<T>(self.out))
     }
 
     fn serialize_unit(self) -> Result<(), FingerprintError> {
@@ -500,7 +568,7 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
         _name: &'static str,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        value.serialize(self)
+        value.serialize(Encoder::of::<T>(self.out))
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -511,24 +579,31 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
         value: &T,
     ) -> Result<(), FingerprintError> {
         put_variant(self.out, variant);
-        value.serialize(self)
+        value.serialize(Encoder::of::<T>(self.out))
     }
 
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a, W>, FingerprintError> {
+    fn serialize_seq(self, len: Option<usize>) -> Result<Seq<'a, W>, FingerprintError> {
         self.out.put(&[tag::SEQ]);
-        Ok(Seq { out: self.out })
+        let unordered = is_unordered_set(self.ty).then(|| Elements {
+            buf: Vec::new(),
+            ranges: Vec::with_capacity(len.unwrap_or(0)),
+        });
+        Ok(Seq {
+            out: self.out,
+            unordered,
+        })
     }
 
-    fn serialize_tuple(self, len: usize) -> Result<Seq<'a, W>, FingerprintError> {
-        self.serialize_seq(Some(len))
+    fn serialize_tuple(self, _len: usize) -> Result<Seq<'a, W>, FingerprintError> {
+        Ok(Seq::ordered(self.out))
     }
 
     fn serialize_tuple_struct(
         self,
         _name: &'static str,
-        len: usize,
+        _len: usize,
     ) -> Result<Seq<'a, W>, FingerprintError> {
-        self.serialize_seq(Some(len))
+        Ok(Seq::ordered(self.out))
     }
 
     fn serialize_tuple_variant(
@@ -536,10 +611,10 @@ impl<'a, W: Sink> ser::Serializer for Encoder<'a, W> {
         _name: &'static str,
         _index: u32,
         variant: &'static str,
-        len: usize,
+        _len: usize,
     ) -> Result<Seq<'a, W>, FingerprintError> {
         put_variant(self.out, variant);
-        self.serialize_seq(Some(len))
+        Ok(Seq::ordered(self.out))
     }
 
     fn serialize_map(self, len: Option<usize>) -> Result<Map<'a, W>, FingerprintError> {
@@ -577,18 +652,51 @@ fn put_variant(out: &mut impl Sink, variant: &str) {
     put_tagged(out, tag::VARIANT, variant.as_bytes());
 }
 
+/// Sequences and tuples: `[tag::SEQ]`, the elements, `[tag::END]`. The elements of an
+/// unordered set are encoded aside and written sorted by their encodings, which are
+/// self-delimiting: equal sets write the same bytes whatever their iteration order, and
+/// different sets different bytes. So a set encodes like the sequence of its elements
+/// in that order.
 struct Seq<'a, W> {
     out: &'a mut W,
+    unordered: Option<Elements>,
 }
 
-impl<W: Sink> Seq<'_, W> {
-    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
-        value.serialize(Encoder {
-            out: &mut *self.out,
-        })
+/// An unordered set's elements, encoded one after another in `buf`; `ranges` holds
+/// each one's place in it.
+struct Elements {
+    buf: Vec<u8>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl<'a, W: Sink> Seq<'a, W> {
+    fn ordered(out: &'a mut W) -> Self {
+        out.put(&[tag::SEQ]);
+        Self {
+            out,
+            unordered: None,
+        }
     }
 
-    fn close(self) -> Result<(), FingerprintError> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        match &mut self.unordered {
+            None => value.serialize(Encoder::of::<T>(&mut *self.out)),
+            Some(elements) => {
+                let start = elements.buf.len();
+                value.serialize(Encoder::of::<T>(&mut elements.buf))?;
+                elements.ranges.push(start..elements.buf.len());
+                Ok(())
+            }
+        }
+    }
+
+    fn close(mut self) -> Result<(), FingerprintError> {
+        if let Some(Elements { buf, mut ranges }) = self.unordered.take() {
+            ranges.sort_unstable_by(|a, b| buf[a.clone()].cmp(&buf[b.clone()]));
+            for range in ranges {
+                self.out.put(&buf[range]);
+            }
+        }
         self.out.put(&[tag::END]);
         Ok(())
     }
@@ -688,7 +796,7 @@ impl<W: Sink> Map<'_, W> {
         value: &T,
     ) -> Result<Range<usize>, FingerprintError> {
         let start = self.buf.len();
-        value.serialize(Encoder { out: &mut self.buf })?;
+        value.serialize(Encoder::of::<T>(&mut self.buf))?;
         Ok(start..self.buf.len())
     }
 
@@ -769,7 +877,7 @@ impl<W: Sink> ser::SerializeStructVariant for Map<'_, W> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashMap};
+    use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
     use proptest::prelude::*;
     use serde::{Deserialize, Serialize};
@@ -990,6 +1098,26 @@ mod tests {
         assert_ne!(build(Some("a=1&a=2")), build(Some("a=1")));
     }
 
+    /// Pins issue 19's "repeated query names are sorted with their values": `?a=1&a=2`
+    /// was the target of `?a=2&a=1`, while an extractor that reads `a` as a list sees
+    /// `[1, 2]` and `[2, 1]`.
+    #[test]
+    fn a_repeated_query_name_keeps_its_values_in_order() {
+        let build = |query: &str| {
+            let mut b = Fingerprint::builder("q", "POST", "/q", []);
+            b.query(query);
+            b.finish()
+        };
+        assert_ne!(build("a=1&a=2"), build("a=2&a=1"));
+        assert_ne!(build("a=1&b=x&a=2"), build("a=2&b=x&a=1"));
+        // Other names still move freely around them, and the values' order survives.
+        assert_eq!(build("a=1&b=x&a=2"), build("b=x&a=1&a=2"));
+        assert_eq!(build("a=1&a=2&b=x"), build("a=1&b=x&a=2"));
+        assert_eq!(build("b=x&a=1&c=y&a=2"), build("c=y&a=1&a=2&b=x"));
+        // Decoding comes first: the same value spelt two ways is one value.
+        assert_eq!(build("a=%31&a=2"), build("a=1&a=2"));
+    }
+
     #[test]
     fn enums_are_encoded_by_variant_name() {
         #[derive(Serialize)]
@@ -1001,6 +1129,245 @@ mod tests {
         assert_ne!(encode(&A::X), encode(&A::Y(0)));
         assert_ne!(encode(&A::Y(1)), encode(&A::Z { v: 1 }));
         assert_ne!(encode(&A::X), encode(&"X"));
+    }
+
+    /// A hasher whose keys are fixed by a seed: two sets built with different seeds
+    /// iterate in different orders, deterministically.
+    #[derive(Clone, Default)]
+    struct Seeded(u64);
+
+    impl std::hash::BuildHasher for Seeded {
+        type Hasher = std::hash::DefaultHasher;
+
+        fn build_hasher(&self) -> Self::Hasher {
+            let mut hasher = std::hash::DefaultHasher::new();
+            std::hash::Hasher::write_u64(&mut hasher, self.0);
+            hasher
+        }
+    }
+
+    fn set<T: std::hash::Hash + Eq>(
+        items: impl IntoIterator<Item = T>,
+        seed: u64,
+    ) -> HashSet<T, Seeded> {
+        let mut set = HashSet::with_hasher(Seeded(seed));
+        set.extend(items);
+        set
+    }
+
+    fn words(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("w{i}")).collect()
+    }
+
+    /// Pins issue 19's "a `HashSet` fingerprints differently on every request": a set
+    /// serializes in hash order, and the encoder wrote sequences in the order given.
+    #[test]
+    fn a_set_encodes_alike_whatever_its_iteration_order() {
+        let a = set(words(64), 1);
+        let b = set(words(64).into_iter().rev(), 2);
+        assert_eq!(a, b);
+        assert!(
+            a.iter().ne(b.iter()),
+            "the two sets must iterate in different orders for this test to mean anything"
+        );
+        assert_eq!(encode(&a), encode(&b));
+
+        // At any depth where the set's type is known.
+        #[derive(Serialize)]
+        struct Order {
+            tags: HashSet<String, Seeded>,
+            by_kind: HashMap<String, HashSet<String, Seeded>>,
+            batches: Vec<HashSet<String, Seeded>>,
+            maybe: Option<HashSet<String, Seeded>>,
+            // A set behind a pointer, as a body may hold one (`Box`'s `Serialize` is
+            // the set's).
+            #[allow(clippy::box_collection)]
+            boxed: Box<HashSet<String, Seeded>>,
+            wrapped: Tags,
+            tuple: (u8, HashSet<String, Seeded>),
+            variant: Holder,
+        }
+        #[derive(Serialize)]
+        struct Tags(HashSet<String, Seeded>);
+        #[derive(Serialize)]
+        enum Holder {
+            Set(HashSet<String, Seeded>),
+        }
+        let order = |seed: u64| Order {
+            tags: set(words(20), seed),
+            by_kind: [("k".to_owned(), set(words(20), seed + 1))]
+                .into_iter()
+                .collect(),
+            batches: vec![set(words(20), seed + 2), set(words(3), seed + 3)],
+            maybe: Some(set(words(20), seed + 4)),
+            boxed: Box::new(set(words(20), seed + 5)),
+            wrapped: Tags(set(words(20), seed + 6)),
+            tuple: (1, set(words(20), seed + 7)),
+            variant: Holder::Set(set(words(20), seed + 8)),
+        };
+        assert_eq!(encode(&order(10)), encode(&order(100)));
+        assert_eq!(encode(&&order(10)), encode(&order(100)));
+
+        // The fingerprint, and `key = digest(body)`, alike.
+        let fingerprint = |seed| {
+            let mut builder = Fingerprint::builder("s", "POST", "/s", []);
+            builder.whole_body(&order(seed)).unwrap();
+            builder.field("tags", &set(words(20), seed)).unwrap();
+            builder.finish()
+        };
+        assert_eq!(fingerprint(10), fingerprint(100));
+        assert_eq!(
+            key_digest(&order(10)).unwrap(),
+            key_digest(&order(100)).unwrap()
+        );
+
+        // hashbrown's set too.
+        let mut c = hashbrown::HashSet::with_hasher(Seeded(3));
+        c.extend(words(64));
+        let mut d = hashbrown::HashSet::with_hasher(Seeded(4));
+        d.extend(words(64).into_iter().rev());
+        assert!(c.iter().ne(d.iter()));
+        assert_eq!(encode(&c), encode(&d));
+        assert_eq!(encode(&c), encode(&a));
+    }
+
+    /// A set encodes like the sequence of its elements sorted by their encodings, so two
+    /// different sets encode apart, and nested sets are canonical at every level.
+    #[test]
+    fn a_set_encodes_as_its_sorted_elements() {
+        let by_encoding = |mut items: Vec<Vec<u8>>| {
+            items.sort();
+            let mut out = vec![tag::SEQ];
+            items.into_iter().for_each(|item| out.extend(item));
+            out.push(tag::END);
+            out
+        };
+        let strings = ["b", "aa", "", "ab\"", "é"];
+        assert_eq!(
+            encode(&set(strings, 7)),
+            by_encoding(strings.iter().map(encode).collect())
+        );
+        let numbers = [-1_i64, 0, 1, i64::MIN, i64::MAX, 256];
+        assert_eq!(
+            encode(&set(numbers, 7)),
+            by_encoding(numbers.iter().map(encode).collect())
+        );
+        assert_ne!(encode(&set(["a", "b"], 1)), encode(&set(["a"], 1)));
+        assert_ne!(encode(&set(["a", "b"], 1)), encode(&set(["ab"], 1)));
+        assert_ne!(encode(&set(["a", "b"], 1)), encode(&set(["a", "c"], 1)));
+        assert_ne!(
+            encode(&vec![set(["a"], 1), set(["b"], 1)]),
+            encode(&vec![set(["a", "b"], 1), set([], 1)])
+        );
+        assert_ne!(
+            encode(&set(Vec::<&str>::new(), 1)),
+            encode(&Option::<()>::None)
+        );
+        // Sets of sets (an ordered inner set, as a `HashSet` is no `Hash`).
+        let nested = |seed| {
+            set(
+                (0..8).map(|i| (0..i).map(|j| j * 3).collect::<BTreeSet<i32>>()),
+                seed,
+            )
+        };
+        assert_eq!(encode(&nested(1)), encode(&nested(2)));
+    }
+
+    /// Ordered collections keep their order; a set that only `serde` sees (behind
+    /// `#[serde(transparent)]`) is not recognised, as the docs say.
+    #[test]
+    fn only_unordered_sets_are_sorted() {
+        assert_ne!(encode(&vec!["b", "a"]), encode(&vec!["a", "b"]));
+        assert_ne!(encode(&("b", "a")), encode(&("a", "b")));
+        let ordered: BTreeSet<&str> = ["b", "aa"].into_iter().collect();
+        assert_eq!(encode(&ordered), encode(&vec!["aa", "b"]));
+        assert_eq!(encode(&set(["b", "aa"], 1)), encode(&vec!["b", "aa"]));
+
+        for unordered in [
+            std::any::type_name::<HashSet<String>>(),
+            std::any::type_name::<&HashSet<String, Seeded>>(),
+            std::any::type_name::<&mut HashSet<Vec<u8>>>(),
+            std::any::type_name::<Box<HashSet<String>>>(),
+            std::any::type_name::<std::sync::Arc<HashSet<String>>>(),
+            std::any::type_name::<std::rc::Rc<&HashSet<String>>>(),
+            std::any::type_name::<std::borrow::Cow<'_, HashSet<String>>>(),
+            std::any::type_name::<hashbrown::HashSet<String>>(),
+            "ahash::hash_set::AHashSet<alloc::string::String>",
+            "dashmap::set::DashSet<u64>",
+        ] {
+            assert!(is_unordered_set(unordered), "{unordered}");
+        }
+        for ordered in [
+            std::any::type_name::<Vec<HashSet<String>>>(),
+            std::any::type_name::<BTreeSet<String>>(),
+            std::any::type_name::<Option<HashSet<String>>>(),
+            std::any::type_name::<HashMap<String, String>>(),
+            std::any::type_name::<[u8]>(),
+            std::any::type_name::<Box<[HashSet<u8>]>>(),
+            std::any::type_name::<[HashSet<u8>; 2]>(),
+            std::any::type_name::<(HashSet<u8>,)>(),
+            std::any::type_name::<*const HashSet<u8>>(),
+            "indexmap::set::IndexSet<u64>",
+            "my_app::HashSetLike",
+        ] {
+            assert!(!is_unordered_set(ordered), "{ordered}");
+        }
+    }
+
+    /// The encoding of every value that was already canonical is unchanged by issue 19
+    /// (sets, query names): fingerprints stored before keep matching. The digests were
+    /// taken from the code before it.
+    #[test]
+    fn encodings_of_canonical_values_are_unchanged() {
+        #[derive(Serialize)]
+        enum Kind {
+            Card,
+            Bank { iban: String },
+            Wallet(u8, bool),
+        }
+        #[derive(Serialize)]
+        struct Cents(i64);
+        #[derive(Serialize)]
+        struct Body {
+            amount: Cents,
+            currency: &'static str,
+            tags: BTreeSet<&'static str>,
+            lines: Vec<(u32, f64)>,
+            meta: HashMap<&'static str, BTreeMap<&'static str, i32>>,
+            note: Option<String>,
+            kinds: Vec<Kind>,
+            raw: Value,
+        }
+        let body = Body {
+            amount: Cents(-1250),
+            currency: "eur",
+            tags: ["b", "aa", "c"].into_iter().collect(),
+            lines: vec![(2, 0.5), (1, -0.0)],
+            meta: [("x", [("k", 1), ("j", 2)].into()), ("a", BTreeMap::new())].into(),
+            note: None,
+            kinds: vec![
+                Kind::Card,
+                Kind::Bank { iban: "DE1".into() },
+                Kind::Wallet(7, true),
+            ],
+            raw: json!({"z": [1, "2", null, {"b": true, "a": 1.5}], "y": u64::MAX}),
+        };
+        let mut builder =
+            Fingerprint::builder("charges", "POST", "/charges/{id}", [("id", "ch_1")]);
+        builder.query("b=2&a=1");
+        builder.whole_body(&body).unwrap();
+        builder.field("tags", &body.tags).unwrap();
+        let fingerprint = builder.finish();
+        assert_eq!(
+            hex(fingerprint.combined()),
+            "5e711f03ceab0aed1e82f859bab8e0d46620b0cbbabab964e2333727d26f4ce5"
+        );
+        assert_eq!(hex(&fingerprint.parts()), "e0dbe8a0f08034f39f73cc04aa58ce8ed277bcdbf52a94497e70b57c24a2455b000073bc5aa6ac07fb1ef32ecca6d55efbff824ea508c52293142b5e7096b16b21060004746167737aa68ba9ac649c5afd0b6de57b6fbdf67b8a1f2d4bee92e43419fd61b124ec90");
+        assert_eq!(hex(&encode(&body)), "6d0000000873000000037261776d00000002730000000179690000000000000000ffffffffffffffff73000000017a6c6900000000000000000000000000000001730000000132756d00000002730000000161463ff800000000000073000000016242012e73000000046d6574616d000000027300000001616d000000007300000001786d0000000273000000016a690000000000000000000000000000000273000000016b690000000000000000000000000000000173000000046e6f74656e7300000004746167736c730000000261617300000001627300000001632e73000000056b696e64736c76000000044361726475760000000442616e6b6d0000000173000000046962616e7300000003444531760000000657616c6c65746c690000000000000000000000000000000742012e2e73000000056c696e65736c6c6900000000000000000000000000000002463fe00000000000002e6c69000000000000000000000000000000014600000000000000002e2e7300000006616d6f756e7469fffffffffffffffffffffffffffffb1e730000000863757272656e63797300000003657572");
+        assert_eq!(
+            hex(&key_digest(&body).unwrap()),
+            "aefc8a6fe21fc6c5a335fde8faa9c1b87bf4ae8df5937df6b32e0bdcd088b747"
+        );
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
@@ -1019,6 +1386,33 @@ mod tests {
                     .prop_map(|entries| Value::Object(entries.into_iter().collect())),
             ]
         })
+    }
+
+    /// A set element: text, an integer, or a pair, with near misses (`"1"` and `1`,
+    /// `"ab"` and `("a", "b")`) common.
+    #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+    enum SetItem {
+        Text(String),
+        Number(i64),
+        Pair(String, String),
+        Unit,
+    }
+
+    fn set_item() -> impl Strategy<Value = SetItem> {
+        prop_oneof![
+            "[ab1\\\" .]{0,3}".prop_map(SetItem::Text),
+            (-2_i64..300).prop_map(SetItem::Number),
+            ("[ab]{0,2}", "[ab]{0,2}").prop_map(|(a, b)| SetItem::Pair(a, b)),
+            Just(SetItem::Unit),
+        ]
+    }
+
+    fn ordered(items: &[i64], rev: bool) -> Vec<i64> {
+        let mut items = items.to_vec();
+        if rev {
+            items.reverse();
+        }
+        items
     }
 
     /// The same value with every object's entries in reverse insertion order.
@@ -1049,6 +1443,48 @@ mod tests {
             // serde_json compares objects regardless of entry order, as the encoding does.
             prop_assert_eq!(a == b, encode(&a) == encode(&b));
             prop_assert_eq!(a == b, fingerprint(&[("f", &a)]) == fingerprint(&[("f", &b)]));
+        }
+
+        /// A set, alone or nested in a map, a sequence or a struct, encodes alike
+        /// whatever order its elements were inserted in and its hasher iterates them.
+        #[test]
+        fn sets_encode_alike_whatever_their_order(
+            items in proptest::collection::vec(set_item(), 0..24),
+            nested in proptest::collection::vec(proptest::collection::vec(any::<i64>(), 0..6), 0..5),
+            seeds in (any::<u64>(), any::<u64>()),
+        ) {
+            let reversed: Vec<_> = items.iter().rev().cloned().collect();
+            prop_assert_eq!(encode(&set(items.clone(), seeds.0)), encode(&set(reversed.clone(), seeds.1)));
+
+            #[derive(Serialize)]
+            struct Body {
+                items: HashSet<SetItem, Seeded>,
+                groups: BTreeMap<usize, HashSet<i64, Seeded>>,
+                lists: Vec<HashSet<i64, Seeded>>,
+            }
+            let body = |items: &[SetItem], seed: u64, rev: bool| Body {
+                items: set(items.iter().cloned(), seed),
+                groups: nested
+                    .iter()
+                    .enumerate()
+                    .map(|(i, group)| (i, set(ordered(group, rev), seed ^ i as u64)))
+                    .collect(),
+                lists: nested.iter().map(|group| set(ordered(group, rev), !seed)).collect(),
+            };
+            prop_assert_eq!(encode(&body(&items, seeds.0, false)), encode(&body(&reversed, seeds.1, true)));
+        }
+
+        /// Two sets encode alike exactly when they are equal.
+        #[test]
+        fn different_sets_encode_apart(
+            a in proptest::collection::vec(set_item(), 0..8),
+            b in proptest::collection::vec(set_item(), 0..8),
+            seeds in (any::<u64>(), any::<u64>()),
+        ) {
+            let (a, b) = (set(a, seeds.0), set(b, seeds.1));
+            prop_assert_eq!(a == b, encode(&a) == encode(&b));
+            let (a, b) = (vec![a], vec![b]);
+            prop_assert_eq!(a == b, encode(&a) == encode(&b));
         }
     }
 }

@@ -83,6 +83,32 @@
 //! | K older than its `ttl` | treated as new |
 //! | database unreachable | 503 problem with `Retry-After`; the handler does not run |
 //!
+//! # The fingerprint
+//!
+//! A retry is the same request when it has the same fingerprint: a SHA-256 over the
+//! scope, the method, the matched route and its path parameters, the query string, and
+//! the named `fields` (without `fields`, the whole body), encoded from the deserialized
+//! values. Whitespace and key order in the client's JSON never matter: map and struct
+//! entries are sorted, and so are the elements of an unordered set (`std`'s or
+//! `hashbrown`'s `HashSet`, at any depth), which serializes in its hasher's order.
+//! Sequences keep their order. The query's pairs are decoded and sorted by name, the
+//! values of a repeated name kept in the order they came: `?a=1&a=2` is not `?a=2&a=1`.
+//!
+//! The encoder sees values through `serde`, so two things escape it:
+//!
+//! - A whole body is compared through its `Serialize` impl, and what that impl leaves
+//!   out is not compared. A field marked `#[serde(skip_serializing)]` (or `skip`), or
+//!   left out by a `skip_serializing_if` that holds for more than one value, is read by
+//!   the handler, yet a retry that changes only that field replays the first answer
+//!   instead of being refused with 422. Name the fields that identify the request with
+//!   `fields = [...]` (a named field is hashed from its own value, whatever the
+//!   struct's serde attributes), or do not skip fields of a request body.
+//! - A set is recognised by its type, which the encoder sees wherever a value is a
+//!   field, an element, a map entry, or inside `Some`, `Box` or a newtype. A set behind
+//!   `#[serde(transparent)]`, `serialize_with` or a `Serialize` impl of one's own is
+//!   encoded in its iteration order, and identical retries would be refused: use a
+//!   `BTreeSet` there.
+//!
 //! # Where exactly-once ends
 //!
 //! Only writes made through [`Tx`] share the transaction. A call to another service (a

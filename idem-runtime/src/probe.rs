@@ -231,6 +231,17 @@ const NO_BODY: &str = "<no body>";
 /// The field a rejected body (`Err`) adds.
 const REJECTED_BODY: &str = "<rejected body>";
 
+/// A body idem knows how to read for the fingerprint, whether or not its value is
+/// `Serialize`: a [`FingerprintBody`], or an `Option` or `Result` of one.
+pub trait KnownBody {}
+
+impl<B: FingerprintBody> KnownBody for B {}
+
+// Apart from the impl above as `FingerprintWhole`'s are.
+impl<B: KnownBody> KnownBody for Option<B> {}
+
+impl<B: KnownBody, E> KnownBody for Result<B, E> {}
+
 /// First choice: a body that can be fingerprinted whole.
 pub trait BodyLevel {
     /// The tag.
@@ -249,22 +260,11 @@ pub trait UnserializableBodyLevel {
     }
 }
 
-impl<T: FingerprintBody> UnserializableBodyLevel for &&&Probe<T> {}
+impl<T: KnownBody> UnserializableBodyLevel for &&&Probe<T> {}
 
-/// Third choice: an extractor that reads the body and is no [`FingerprintBody`].
-///
-/// Only state-independent extractors are seen here (the probe has no state type):
-/// every body extractor of axum's, and the user's own written for any state.
-pub trait UnfingerprintedBodyLevel {
-    /// The tag.
-    fn __idem_param(&self) -> UnfingerprintedBodyParam {
-        UnfingerprintedBodyParam
-    }
-}
-
-impl<T: FromRequest<()>> UnfingerprintedBodyLevel for &Probe<T> {}
-
-/// Last choice: not a body.
+/// Last choice: nothing to add. Either the parameter reads the request's head only, or
+/// it reads the body and is no [`KnownBody`]: [`ExtractsLast`], checked with the router's
+/// state, refuses the second.
 pub trait OtherLevel {
     /// The tag.
     fn __idem_param(&self) -> OtherParam {
@@ -273,6 +273,46 @@ pub trait OtherLevel {
 }
 
 impl<T> OtherLevel for Probe<T> {}
+
+/// Holds for the router's state `Self` when it extracts the last parameter `T` from the
+/// request's head (`M` is [`ReadsHead`]), or from the body (`M` is [`ReadsBody`]) and
+/// idem knows how to fingerprint it ([`KnownBody`]); checked when the endpoint names no
+/// fields.
+///
+/// The probes above see the parameter's type only. Whether it reads the body depends on
+/// the state too: an extractor written `impl FromRequest<AppState> for AppJson<T>`
+/// reads it under `AppState` and is no extractor at all under any other state. So this
+/// is a bound of the generated handler, which is generic over the state and over `M`,
+/// the parameter of its [`LastExtract`](crate::web::extract::LastExtract) that rustc
+/// infers with axum's own choice of impl. It is checked where the handler is routed
+/// (`post(handler)`), once the state is known, or, under `#[axum::debug_handler]`, in the
+/// handler with the state that names. Without it, a body extractor bound to one state
+/// added nothing to the fingerprint, and a reused key with another payload replayed the
+/// first answer. (The state is `Self` so that the bound waits for it: with the parameter's
+/// type as `Self`, rustc would report a failure twice, once before the state is known.)
+#[diagnostic::on_unimplemented(
+    message = "`{T}` reads the request body, but idem cannot fingerprint it",
+    label = "without `fields = [...]`, the whole body identifies the request",
+    note = "implement `idem::FingerprintBody` for `{T}`, whatever state its `FromRequest` is written for, so that idem fingerprints its value; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
+)]
+pub trait ExtractsLast<T, M> {}
+
+/// [`ExtractsLast`]'s `M` for a parameter that reads the request's head only.
+pub enum ReadsHead {}
+
+/// [`ExtractsLast`]'s `M` for a parameter that reads the body.
+pub enum ReadsBody {}
+
+impl<S, T: FromRequestParts<S>> ExtractsLast<T, ReadsHead> for S {}
+
+// `FromRequest<S>` is `FromRequest<S, ViaRequest>`: what reads the body, never an
+// extractor of the head (those are `FromRequest<S, ViaParts>`).
+impl<S, T: FromRequest<S> + KnownBody> ExtractsLast<T, ReadsBody> for S {}
+
+/// Asserts [`ExtractsLast`] with the state of a handler written for one (under
+/// `#[axum::debug_handler]`, which checks no generic handler), read off its guard so
+/// that a failure is reported on the call, which the macro spans on the parameter.
+pub fn extracts_last<T, S: ExtractsLast<T, M>, M>(_: &crate::web::Guard<S>) {}
 
 /// An extractor that reads the request's head only: `Path`, `Query`, `HeaderMap` ...
 pub struct PartsParam;
@@ -349,13 +389,6 @@ impl<B: FingerprintWhole> WholeBody<B> for BodyParam {
     fn add(self, fields: &mut Fields, body: &B) {
         body.add_whole(fields);
     }
-}
-
-// The bound fails, with `FingerprintBody`'s own message on the user's type: a body
-// idem cannot fingerprint is a compile error, not a payload silently left out. (Were it
-// met, the first probe level would have been chosen.)
-impl<B: FingerprintBody> WholeBody<B> for UnfingerprintedBodyParam {
-    fn add(self, _: &mut Fields, _: &B) {}
 }
 
 impl<B> WholeBody<B> for OtherParam {

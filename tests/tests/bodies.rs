@@ -2,7 +2,10 @@
 //! same key with the same payload replays, with another payload is refused with 422.
 //! Pins the bug where a `Form`, a `Query` payload, an `Option<Json>`, a
 //! `Result<Json, JsonRejection>` or a custom extractor added nothing to the fingerprint,
-//! so a reused key with a different payload replayed the first answer.
+//! so a reused key with a different payload replayed the first answer; and issue 19's
+//! body extractor written for the app's own state (`FromRequest<AppState>`), which the
+//! macro now recognises as the body under the router's state (one that is no
+//! `FingerprintBody` is a compile error: `ui/fail/body_for_one_state_without_fingerprint.rs`).
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
@@ -12,12 +15,14 @@ use axum::routing::post;
 use axum::{Form, Json, Router};
 use idem::{idempotent, FingerprintBody, Store, Tx};
 use idem_tests::{send, with_test_db, Answer, TestApp};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 #[derive(Clone, FromRef)]
 struct AppState {
     idempotency: Store,
+    max_amount: i64,
 }
 
 #[derive(Deserialize, Serialize)]
@@ -90,6 +95,41 @@ async fn lines(_tx: Tx, Lines(lines): Lines) -> String {
     lines.len().to_string()
 }
 
+/// JSON checked against the app's configuration: a body extractor for `AppState` only.
+struct AppJson<T>(T);
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for AppJson<T> {
+    type Rejection = StatusCode;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, StatusCode> {
+        let Json(value) = Json::<Value>::from_request(req, state)
+            .await
+            .map_err(|_| StatusCode::BAD_REQUEST)?;
+        if value["amount"]
+            .as_i64()
+            .is_some_and(|a| a > state.max_amount)
+        {
+            return Err(StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        serde_json::from_value(value)
+            .map(Self)
+            .map_err(|_| StatusCode::BAD_REQUEST)
+    }
+}
+
+impl<T> FingerprintBody for AppJson<T> {
+    type Value = T;
+
+    fn fingerprint_value(&self) -> &T {
+        &self.0
+    }
+}
+
+#[idempotent(scope = "app-json")]
+async fn app_json(_tx: Tx, AppJson(charge): AppJson<Charge>) -> String {
+    charge.amount.to_string()
+}
+
 async fn serve(db: &idem_tests::TestDb) -> TestApp {
     let pool = db.pool(5).await;
     let idempotency = Store::new(pool.clone());
@@ -103,7 +143,11 @@ async fn serve(db: &idem_tests::TestDb) -> TestApp {
         .route("/text", post(text))
         .route("/bytes", post(bytes))
         .route("/lines", post(lines))
-        .with_state(AppState { idempotency });
+        .route("/app-json", post(app_json))
+        .with_state(AppState {
+            idempotency,
+            max_amount: 1_000,
+        });
     TestApp::serve(pool, app).await
 }
 
@@ -185,6 +229,10 @@ async fn each_body_extractor_tells_a_reused_key_with_another_payload() {
             (sent("/text", TEXT, "one"), sent("/text", TEXT, "two")),
             (sent("/bytes", OCTETS, "one"), sent("/bytes", OCTETS, "two")),
             (sent("/lines", TEXT, "a\nb"), sent("/lines", TEXT, "a\nc")),
+            (
+                sent("/app-json", JSON, r#"{"amount":1}"#),
+                sent("/app-json", JSON, r#"{"amount":2}"#),
+            ),
         ];
         for (i, (first, other)) in cases.iter().enumerate() {
             assert_told_apart(&s, &format!("key-{i}"), first, other).await;

@@ -3,6 +3,7 @@
 //! problem+json.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use axum::body::Bytes;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Query, Request};
@@ -12,6 +13,7 @@ use http::request::Parts;
 use http::HeaderMap;
 use serde::Serialize;
 
+use crate::probe::{ReadsBody, ReadsHead};
 use crate::store::Store;
 use crate::web::policy::KeyRead;
 use crate::web::problem::Problems;
@@ -25,9 +27,11 @@ use crate::web::problem::Problems;
 /// as the payload), [`String`] and [`Bytes`]; an `Option` or `Result` of one of these
 /// (`Option<Json<T>>`, `Result<Json<T>, JsonRejection>`) is fingerprinted whole too, an
 /// absent or rejected body apart from every present one. Implement it for your own body
-/// extractors: a last parameter that reads the body and is none of these is a compile
-/// error, since a payload left out of the fingerprint would let a reused key with
-/// another payload replay the first answer.
+/// extractors, whatever state their `FromRequest` is written for: a last parameter that
+/// reads the body and is none of these is a compile error (where the handler is routed,
+/// since whether it reads the body depends on the router's state), since a payload left
+/// out of the fingerprint would let a reused key with another payload replay the first
+/// answer.
 ///
 /// [`fingerprint_value`]: FingerprintBody::fingerprint_value
 #[diagnostic::on_unimplemented(
@@ -265,6 +269,40 @@ where
             Ok(value) => Ok(Self(value)),
             Err(rejection) => Err(rejected(state, rejection).await),
         }
+    }
+}
+
+/// The last parameter of a handler that names no fields, extracted as [`Extract`] does.
+/// `M` says how: from the request's head ([`ReadsHead`]) or from its body
+/// ([`ReadsBody`]), whichever impl holds under the router's state. The generated handler
+/// is generic over `M`, so rustc infers it together with axum's own choice, and bounds
+/// the state by [`ExtractsLast<T, M>`](crate::probe::ExtractsLast): a body idem cannot
+/// fingerprint is refused whatever state its extractor is written for.
+pub struct LastExtract<T, M>(pub T, pub PhantomData<fn() -> M>);
+
+impl<S, T> FromRequestParts<S> for LastExtract<T, ReadsHead>
+where
+    T: FromRequestParts<S> + Send,
+    S: HoldsStore,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Extract(value) = Extract::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(value, PhantomData))
+    }
+}
+
+impl<S, T> FromRequest<S> for LastExtract<T, ReadsBody>
+where
+    T: FromRequest<S> + Send,
+    S: HoldsStore,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let Extract(value) = <Extract<T> as FromRequest<S>>::from_request(req, state).await?;
+        Ok(Self(value, PhantomData))
     }
 }
 

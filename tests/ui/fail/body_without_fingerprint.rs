@@ -1,8 +1,12 @@
 //! A body extractor of the user's own that is no `FingerprintBody`: left out of the
-//! fingerprint, a reused key with another payload would replay the first answer.
+//! fingerprint, a reused key with another payload would replay the first answer. Whether
+//! a parameter reads the body depends on the router's state, so the error is on the
+//! route.
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use idem::{idempotent, Tx};
+use axum::routing::post;
+use axum::Router;
+use idem::{idempotent, Store, Tx};
 
 struct Csv(Vec<String>);
 
@@ -20,4 +24,10 @@ async fn import(_tx: Tx, Csv(rows): Csv) -> String {
     rows.len().to_string()
 }
 
-fn main() {}
+fn app(store: Store) -> Router {
+    Router::new().route("/imports", post(import)).with_state(store)
+}
+
+fn main() {
+    let _ = app;
+}
