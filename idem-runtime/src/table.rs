@@ -620,6 +620,14 @@ impl Table {
                 Pooler::Transaction => Single::Pinned(pool.begin().await?),
             })
         };
+        self.bounded(connect).await
+    }
+
+    /// `connect`, waited for no longer than the store's `acquire_timeout`.
+    async fn bounded<T>(
+        &self,
+        connect: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
         tokio::time::timeout(self.acquire_timeout, connect)
             .await
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))
@@ -830,9 +838,7 @@ impl Table {
         &self,
         pool: &PgPool,
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        tokio::time::timeout(self.acquire_timeout, pool.begin())
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+        self.bounded(pool.begin()).await
     }
 
     /// [`INSPECT`] of (scope, principal, key) as stored.
