@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth] [--modes]
+//!     [--chart PATH] [--peer-store redis|memory]
 //! ```
 //!
 //! `--modes` runs only the comparison of the store's production modes.
@@ -14,8 +15,9 @@
 //! naming every such cell. The pools are sized from the server's `max_connections`, less
 //! what others already hold, and each section closes the pools it opened.
 //!
-//! The peer cells (`axum-idempotent` on Redis, `REDIS_URL`'s server at 127.0.0.1:6379)
-//! use Redis databases 10 to 14, one per cell, and delete their session at the end.
+//! The peer cells (`axum-idempotent` on Redis at 127.0.0.1:6379) use Redis databases 10
+//! to 14, one per cell, and delete their session at the end. With `--peer-store memory`
+//! each peer cell has a `ruts` `MemoryStore` of its own instead.
 //!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`);
 //! the benchmark creates its own database there and drops it at the end.
@@ -42,6 +44,18 @@ struct Options {
     growth: bool,
     modes_only: bool,
     chart: String,
+    peer_store: PeerStore,
+}
+
+/// Where the peer keeps its responses.
+#[derive(Clone, Copy, PartialEq)]
+enum PeerStore {
+    /// `ruts`' `RedisStore` (through `fred`) on 127.0.0.1:6379: it needs Redis 7.4 or
+    /// later (`HEXPIRE`); on an older Redis the run stops and says so.
+    Redis,
+    /// `ruts`' `MemoryStore`, in the server's process (the peer's own documented
+    /// example): for a machine whose Redis is older than 7.4.
+    Memory,
 }
 
 impl Options {
@@ -52,6 +66,7 @@ impl Options {
             growth: true,
             modes_only: false,
             chart: concat!(env!("CARGO_MANIFEST_DIR"), "/throughput.svg").to_owned(),
+            peer_store: PeerStore::Redis,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -66,9 +81,16 @@ impl Options {
                 "--no-growth" => options.growth = false,
                 "--modes" => options.modes_only = true,
                 "--chart" => options.chart = args.next().ok_or("--chart needs a path")?,
+                "--peer-store" => {
+                    options.peer_store = match args.next().as_deref() {
+                        Some("redis") => PeerStore::Redis,
+                        Some("memory") => PeerStore::Memory,
+                        _ => return Err("--peer-store needs redis or memory".to_owned()),
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes, --chart PATH"
+                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes, --chart PATH, --peer-store redis|memory"
                     ))
                 }
             }
@@ -156,9 +178,11 @@ async fn connection_budget(db: &TestDb) -> Result<u32, Box<dyn std::error::Error
     let reserved: String = sqlx::query_scalar("SHOW superuser_reserved_connections")
         .fetch_one(&mut conn)
         .await?;
-    let in_use: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
-        .fetch_one(&mut conn)
-        .await?;
+    let in_use: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+    )
+    .fetch_one(&mut conn)
+    .await?;
     let (max, reserved): (i64, i64) = (max.parse()?, reserved.parse()?);
     // This connection is counted in `in_use` and closes now; 4 more for the margin.
     let budget = max - reserved - in_use - 4;
@@ -322,6 +346,7 @@ fn run(
     server_rt: &tokio::runtime::Runtime,
     client_rt: &tokio::runtime::Runtime,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    println!("# idem load benchmark\n");
     let budget = client_rt.block_on(connection_budget(db))?;
     // The main server's pool lives the whole run (throughput, storm, peer, growth) and
     // takes at most half the budget; the counting server's 2 close after their section,
@@ -331,7 +356,6 @@ fn run(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()?;
-    println!("# idem load benchmark\n");
 
     if options.modes_only {
         let modes = server_rt.block_on(serve_modes(db, modes_size))?;
@@ -379,7 +403,14 @@ fn run(
     ));
     server_rt.block_on(counting_pool.close());
 
-    let peers = server_rt.block_on(Peers::serve(&pool))?;
+    let peers = server_rt.block_on(Peers::serve(&pool, options.peer_store))?;
+    println!(
+        "Peer: axum-idempotent 0.2.7 keyed by the Idempotency-Key header, TTL 24 h, responses in ruts' {}.\n",
+        match options.peer_store {
+            PeerStore::Redis => "RedisStore on 127.0.0.1:6379, databases 10-14 (one per cell)",
+            PeerStore::Memory => "MemoryStore in the server's process, one per cell (--peer-store memory)",
+        }
+    );
     let series = client_rt.block_on(throughput(&client, &base, &pool, &peers, options))?;
     chart::write(&options.chart, &series)?;
     println!("Chart: {}\n", options.chart);
@@ -415,18 +446,66 @@ struct Peers {
 struct Peer {
     base: String,
     cookie: String,
-    redis: fred::clients::Client,
+    /// The cell's Redis database, to delete its session from; none in memory.
+    redis: Option<fred::clients::Client>,
+}
+
+/// The version of the Redis at 127.0.0.1:6379, and whether `ruts`' store can run on it:
+/// every write of its `RedisStore` calls `HEXPIRE` or `HPERSIST`, new in Redis 7.4.
+async fn redis_version(
+    redis: &fred::clients::Client,
+) -> Result<(String, bool), Box<dyn std::error::Error>> {
+    use fred::prelude::ClientLike;
+    let info: String = redis.custom(fred::cmd!("INFO"), vec!["server"]).await?;
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("unknown")
+        .trim()
+        .to_owned();
+    let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+    let supported = parts
+        .first()
+        .zip(parts.get(1))
+        .is_some_and(|(&major, &minor)| (major, minor) >= (7, 4));
+    Ok((version, supported))
 }
 
 impl Peer {
-    async fn serve(pool: &PgPool, redis_db: u8) -> Result<Self, Box<dyn std::error::Error>> {
+    async fn serve(
+        pool: &PgPool,
+        store: PeerStore,
+        redis_db: u8,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         use fred::prelude::{Builder, ClientLike, Config};
-        let addr = server::serve_peer(pool.clone(), redis_db).await?;
-        let redis = Builder::from_config(Config::from_url(&format!(
-            "redis://127.0.0.1:6379/{redis_db}"
-        ))?)
-        .build()?;
-        redis.init().await?;
+        let url = format!("redis://127.0.0.1:6379/{redis_db}");
+        let (addr, redis) = match store {
+            PeerStore::Redis => {
+                let redis = Builder::from_config(Config::from_url(&url)?).build()?;
+                redis.init().await?;
+                let (version, supported) = redis_version(&redis).await?;
+                if !supported {
+                    return Err(format!(
+                        "the peer cannot run on this Redis ({version}): ruts' RedisStore, which \
+                         axum-idempotent 0.2 stores responses in, calls HEXPIRE/HPERSIST (Redis \
+                         7.4 or later) on every write, so every write fails and no session \
+                         cookie is ever issued; run with --peer-store memory, or a Redis >= 7.4"
+                    )
+                    .into());
+                }
+                let pool_of_4 = Builder::from_config(Config::from_url(&url)?).build_pool(4)?;
+                pool_of_4.init().await?;
+                let store = ruts::store::redis::RedisStore::new(Arc::new(pool_of_4)).await?;
+                (
+                    server::serve_peer(pool.clone(), Arc::new(store)).await?,
+                    Some(redis),
+                )
+            }
+            PeerStore::Memory => {
+                let store = Arc::new(ruts::store::memory::MemoryStore::new());
+                (server::serve_peer(pool.clone(), store).await?, None)
+            }
+        };
         let base = format!("http://{addr}");
         // The first stored response opens the session; its cookie is the client's from
         // then on.
@@ -447,7 +526,7 @@ impl Peer {
             .and_then(|v| v.split(';').next())
             .ok_or_else(|| {
                 format!(
-                    "the peer on Redis database {redis_db} set no session cookie (status {})",
+                    "the peer (cell {redis_db}) set no session cookie (status {})",
                     answer.status
                 )
             })?
@@ -484,22 +563,24 @@ impl Peer {
     /// Deletes this cell's session from Redis.
     async fn clean(&self) -> Result<(), Box<dyn std::error::Error>> {
         use fred::prelude::KeysInterface;
-        let id = self.cookie.trim_start_matches("session=");
-        let _: i64 = self.redis.del(id).await?;
+        if let Some(redis) = &self.redis {
+            let id = self.cookie.trim_start_matches("session=");
+            let _: i64 = redis.del(id).await?;
+        }
         Ok(())
     }
 }
 
 impl Peers {
-    async fn serve(pool: &PgPool) -> Result<Self, Box<dyn std::error::Error>> {
+    async fn serve(pool: &PgPool, store: PeerStore) -> Result<Self, Box<dyn std::error::Error>> {
         let mut fresh = Vec::new();
         for db in 10..13 {
-            fresh.push(Peer::serve(pool, db).await?);
+            fresh.push(Peer::serve(pool, store, db).await?);
         }
         Ok(Self {
             fresh,
-            replay: Peer::serve(pool, 13).await?,
-            storm: Peer::serve(pool, 14).await?,
+            replay: Peer::serve(pool, store, 13).await?,
+            storm: Peer::serve(pool, store, 14).await?,
         })
     }
 
@@ -749,21 +830,52 @@ async fn throughput(
         }
     }
     let mut summary = Vec::new();
-    let mut series: Series = ["bare", "floor", "idem fresh", "idem replay", "peer fresh", "peer replay"]
-        .into_iter()
-        .map(|name| (name, Vec::new()))
-        .collect();
+    let mut series: Series = [
+        "bare",
+        "floor",
+        "idem fresh",
+        "idem replay",
+        "peer fresh",
+        "peer replay",
+    ]
+    .into_iter()
+    .map(|name| (name, Vec::new()))
+    .collect();
     for (i, concurrency) in [1, 16, 64].into_iter().enumerate() {
         let run_id = format!("c{concurrency}");
         let seconds = options.seconds;
-        let bare = cell(client, format!("{base}/bare"), concurrency, seconds, |_| None, |n| n).await;
+        let bare = cell(
+            client,
+            format!("{base}/bare"),
+            concurrency,
+            seconds,
+            |_| None,
+            |n| n,
+        )
+        .await;
         let floor = {
             let run_id = run_id.clone();
-            cell(client, format!("{base}/floor"), concurrency, seconds, move |n| Some(format!("floor-{run_id}-{n}")), |n| n).await
+            cell(
+                client,
+                format!("{base}/floor"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("floor-{run_id}-{n}")),
+                |n| n,
+            )
+            .await
         };
         let fresh = {
             let run_id = run_id.clone();
-            cell(client, format!("{base}/idem"), concurrency, seconds, move |n| Some(format!("fresh-{run_id}-{n}")), |n| n).await
+            cell(
+                client,
+                format!("{base}/idem"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("fresh-{run_id}-{n}")),
+                |n| n,
+            )
+            .await
         };
         let replay = cell(
             client,
@@ -783,19 +895,38 @@ async fn throughput(
                 async move { send(&client, &url, Some(&held), &charge(1)).await }
             });
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let stats = cell(client, format!("{base}/hold"), concurrency, seconds, move |_| Some(held.clone()), |_| 1).await;
+            let stats = cell(
+                client,
+                format!("{base}/hold"),
+                concurrency,
+                seconds,
+                move |_| Some(held.clone()),
+                |_| 1,
+            )
+            .await;
             holder.abort();
             stats
         };
         let naive = {
             let run_id = run_id.clone();
-            cell(client, format!("{base}/naive"), concurrency, seconds, move |n| Some(format!("naive-{run_id}-{n}")), |n| n).await
+            cell(
+                client,
+                format!("{base}/naive"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("naive-{run_id}-{n}")),
+                |n| n,
+            )
+            .await
         };
         let peer_fresh = {
             let (client, peer) = (client.clone(), Arc::new(peers.fresh[i].clone_handle()));
             drive(concurrency, seconds, move |n| {
                 let (client, peer) = (client.clone(), Arc::clone(&peer));
-                async move { peer.send(&client, &format!("peer-fresh-{n}"), &charge(n)).await }
+                async move {
+                    peer.send(&client, &format!("peer-fresh-{n}"), &charge(n))
+                        .await
+                }
             })
             .await
         };
@@ -804,7 +935,10 @@ async fn throughput(
             drive(concurrency, seconds, move |n| {
                 let (client, peer) = (client.clone(), Arc::clone(&peer));
                 let k = replayed(n);
-                async move { peer.send(&client, &format!("peer-replay-{k}"), &charge(k)).await }
+                async move {
+                    peer.send(&client, &format!("peer-replay-{k}"), &charge(k))
+                        .await
+                }
             })
             .await
         };
@@ -818,7 +952,11 @@ async fn throughput(
             ("(p) peer `axum-idempotent`, fresh keys", &peer_fresh, 201),
             ("(q) peer `axum-idempotent`, replays", &peer_replay, 201),
         ] {
-            let mark = verdict(&format!("{label} c={concurrency}"), &stats.statuses, &[expected]);
+            let mark = verdict(
+                &format!("{label} c={concurrency}"),
+                &stats.statuses,
+                &[expected],
+            );
             println!(
                 "| {label} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.0} + {:.0} | {}{mark} |",
                 stats.throughput(),
@@ -829,9 +967,10 @@ async fn throughput(
                 answers(&stats.statuses)
             );
         }
-        for ((_, points), stats) in series
-            .iter_mut()
-            .zip([&bare, &floor, &fresh, &replay, &peer_fresh, &peer_replay])
+        for ((_, points), stats) in
+            series
+                .iter_mut()
+                .zip([&bare, &floor, &fresh, &replay, &peer_fresh, &peer_replay])
         {
             points.push((concurrency, stats.throughput()));
         }

@@ -154,7 +154,8 @@ async fn floor(
     let field_hashes = fingerprint.repeat(4);
     let mut tx = pool.begin().await.map_err(failed)?;
     let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
-    let body = serde_json::to_vec(&charge).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let body = serde_json::to_vec(&charge)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     sqlx::query(
         "INSERT INTO floor_keys \
            (scope, principal, key, fingerprint, field_hashes, status, headers, body, expires_at) \
@@ -179,18 +180,15 @@ async fn floor(
 
 /// The peer, `axum-idempotent` 0.2: the bare handler behind its layer, keyed by the
 /// `Idempotency-Key` header alone, responses kept 24 h (idem's TTL here) in a `ruts`
-/// session on Redis database `redis_db`. Its cache is per session: a client must send
-/// the session cookie the first stored response set, or nothing is ever replayed.
-pub async fn serve_peer(pool: PgPool, redis_db: u8) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+/// session in `store`. Its cache is per session: a client must send the session cookie
+/// the first stored response set, or nothing is ever replayed.
+pub async fn serve_peer<T: ruts::store::SessionStore>(
+    pool: PgPool,
+    store: Arc<T>,
+) -> std::io::Result<SocketAddr> {
     use axum_idempotent::{IdempotentLayer, IdempotentOptions};
-    use fred::prelude::{Builder, ClientLike, Config};
-    use ruts::store::redis::RedisStore;
     use ruts::{CookieOptions, SessionLayer};
 
-    let config = Config::from_url(&format!("redis://127.0.0.1:6379/{redis_db}"))?;
-    let redis = Builder::from_config(config).build_pool(4)?;
-    redis.init().await?;
-    let store = Arc::new(RedisStore::new(Arc::new(redis)).await?);
     let options = IdempotentOptions::default()
         .use_idempotency_key_header(Some("idempotency-key"))
         .expire_after(24 * 60 * 60);
@@ -202,10 +200,14 @@ pub async fn serve_peer(pool: PgPool, redis_db: u8) -> Result<SocketAddr, Box<dy
     let app = Router::new()
         .route("/bare", post(bare))
         .with_state(state)
-        .layer(IdempotentLayer::<RedisStore<fred::clients::Pool>>::new(options))
+        .layer(IdempotentLayer::<T>::new(options))
         .layer(
-            SessionLayer::new(store)
-                .with_cookie_options(CookieOptions::build().name("session").max_age(24 * 60 * 60).path("/")),
+            SessionLayer::new(store).with_cookie_options(
+                CookieOptions::build()
+                    .name("session")
+                    .max_age(24 * 60 * 60)
+                    .path("/"),
+            ),
         )
         .layer(tower_cookies::CookieManagerLayer::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
