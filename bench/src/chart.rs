@@ -14,7 +14,8 @@ pub fn write(path: &str, series: &Series) -> Result<(), Box<dyn std::error::Erro
             .flat_map(|(_, points)| points.iter().map(|&(_, rps)| rps))
     };
     let top = rates().fold(1.0_f64, f64::max) * 1.5;
-    let bottom = rates().fold(top, f64::min).max(1.0) / 1.5;
+    // From the power of ten below the slowest cell, so that its decade is labelled.
+    let bottom = 10_f64.powf(rates().fold(top, f64::min).max(1.0).log10().floor());
     // The concurrencies measured, evenly spaced: x is their index.
     let levels: Vec<usize> = series
         .first()
@@ -49,7 +50,17 @@ pub fn write(path: &str, series: &Series) -> Result<(), Box<dyn std::error::Erro
                 String::new()
             }
         })
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_labels(40)
+        // Only 1, 2 and 5 times a power of ten: a log axis's other lines stay unlabelled.
+        .y_label_formatter(&|y| {
+            let text = format!("{y:.0}");
+            let round = text.chars().skip(1).all(|c| c == '0');
+            if round && matches!(text.chars().next(), Some('1' | '2' | '5')) {
+                text
+            } else {
+                String::new()
+            }
+        })
         .draw()?;
     let colors = [
         BLACK,
@@ -70,18 +81,42 @@ pub fn write(path: &str, series: &Series) -> Result<(), Box<dyn std::error::Erro
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
             .label(*name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(|p| Circle::new(p, 3, color.filled())),
-        )?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        // Each point's figure beside it: the chart is read for its numbers too.
+        chart.draw_series(points.into_iter().map(|(x, y)| {
+            Text::new(
+                format!("{y:.0}"),
+                (x + 0.03, y),
+                ("sans-serif", 11).into_font().color(&color),
+            )
+        }))?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The chart of a run is written and names every series.
+    #[test]
+    fn writes_every_series() {
+        let series: crate::Series = vec![
+            ("bare", vec![(1, 2710.0), (16, 8689.0), (64, 7814.0)]),
+            (
+                "peer replay",
+                vec![(1, 14427.0), (16, 72789.0), (64, 58787.0)],
+            ),
+        ];
+        let path = std::env::temp_dir().join(format!("idem-chart-{}.svg", std::process::id()));
+        super::write(path.to_str().unwrap(), &series).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(svg.contains("bare") && svg.contains("peer replay"));
+    }
 }
