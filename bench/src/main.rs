@@ -437,9 +437,11 @@ async fn close(servers: Vec<(String, PgPool)>) {
 /// The peer's servers, one per cell, each on a Redis database of its own, and the
 /// session cookie each cell's client sends (the peer's cache is per session).
 struct Peers {
-    /// (Redis database, base URL, `cookie` header) for fresh keys at c = 1, 16 and 64.
+    /// Fresh keys at c = 1, 16 and 64 (Redis databases 10, 11, 12).
     fresh: Vec<Peer>,
+    /// The 2 000 replayed keys (database 13).
     replay: Peer,
+    /// The duplicate storm (database 14).
     storm: Peer,
 }
 
@@ -751,9 +753,15 @@ async fn statement_counts(client: &reqwest::Client, base: &str) {
             assert_eq!(status, 409, "the duplicate of a held key is refused");
             statements
         } else {
-            record::statements_of(send(client, &format!("{base}{path}"), key, &charge(1)))
-                .await
-                .0
+            let (statements, status) =
+                record::statements_of(send(client, &format!("{base}{path}"), key, &charge(1)))
+                    .await;
+            verdict(
+                &format!("statements per request: {label}"),
+                &tally([status]),
+                &[201],
+            );
+            statements
         };
         let counted: Vec<String> = statements
             .iter()
