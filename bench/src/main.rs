@@ -4,20 +4,32 @@
 //!
 //! ```text
 //! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth] [--modes]
+//!     [--chart PATH] [--peer-store redis|memory]
 //! ```
 //!
 //! `--modes` runs only the comparison of the store's production modes.
 //!
+//! Every cell states the one status it expects (409 for the duplicates in flight, 201
+//! elsewhere; 201 or 409 in idem's duplicate storm). A cell that answered anything else
+//! is marked "not a figure" where it is printed, and the run ends with a non-zero exit
+//! naming every such cell. The pools are sized from the server's `max_connections`, less
+//! what others already hold, and each section closes the pools it opened.
+//!
+//! The peer cells (`axum-idempotent` on Redis at 127.0.0.1:6379) use Redis databases 10
+//! to 14, one per cell, and delete their session at the end. With `--peer-store memory`
+//! each peer cell has a `ruts` `MemoryStore` of its own instead.
+//!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`);
 //! the benchmark creates its own database there and drops it at the end.
 
+mod chart;
 mod record;
 mod server;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -31,6 +43,19 @@ struct Options {
     quick: bool,
     growth: bool,
     modes_only: bool,
+    chart: String,
+    peer_store: PeerStore,
+}
+
+/// Where the peer keeps its responses.
+#[derive(Clone, Copy, PartialEq)]
+enum PeerStore {
+    /// `ruts`' `RedisStore` (through `fred`) on 127.0.0.1:6379: it needs Redis 7.4 or
+    /// later (`HEXPIRE`); on an older Redis the run stops and says so.
+    Redis,
+    /// `ruts`' `MemoryStore`, in the server's process (the peer's own documented
+    /// example): for a machine whose Redis is older than 7.4.
+    Memory,
 }
 
 impl Options {
@@ -40,6 +65,8 @@ impl Options {
             quick: false,
             growth: true,
             modes_only: false,
+            chart: concat!(env!("CARGO_MANIFEST_DIR"), "/throughput.svg").to_owned(),
+            peer_store: PeerStore::Redis,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -53,9 +80,17 @@ impl Options {
                 "--quick" => options.quick = true,
                 "--no-growth" => options.growth = false,
                 "--modes" => options.modes_only = true,
+                "--chart" => options.chart = args.next().ok_or("--chart needs a path")?,
+                "--peer-store" => {
+                    options.peer_store = match args.next().as_deref() {
+                        Some("redis") => PeerStore::Redis,
+                        Some("memory") => PeerStore::Memory,
+                        _ => return Err("--peer-store needs redis or memory".to_owned()),
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes"
+                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes, --chart PATH, --peer-store redis|memory"
                     ))
                 }
             }
@@ -110,6 +145,59 @@ impl Stats {
     fn throughput(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
+}
+
+/// The cells that answered a status they should not have: the run fails with them.
+static UNEXPECTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Whether every answer of a cell is one of `expected`; if not, the cell is recorded as
+/// failed and its row says so. A cell whose answers are not all the expected status
+/// measures something else (errors are cheap), so it is not a figure.
+fn verdict(cell: &str, statuses: &BTreeMap<u16, usize>, expected: &[u16]) -> &'static str {
+    if statuses.keys().all(|s| expected.contains(s)) {
+        ""
+    } else {
+        let expected: Vec<String> = expected.iter().map(u16::to_string).collect();
+        UNEXPECTED.lock().unwrap().push(format!(
+            "{cell}: answered {}, expected only {}",
+            answers(statuses),
+            expected.join(" or ")
+        ));
+        " **not a figure: unexpected status**"
+    }
+}
+
+/// How many connections the benchmark may open: the server's `max_connections`, less
+/// the superuser reserve, less what other clients hold now, less a margin for the
+/// administrative connections (creating and dropping the database).
+async fn connection_budget(db: &TestDb) -> Result<u32, Box<dyn std::error::Error>> {
+    let mut conn = db.options.connect().await?;
+    let max: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&mut conn)
+        .await?;
+    let reserved: String = sqlx::query_scalar("SHOW superuser_reserved_connections")
+        .fetch_one(&mut conn)
+        .await?;
+    let in_use: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    let (max, reserved): (i64, i64) = (max.parse()?, reserved.parse()?);
+    // This connection is counted in `in_use` and closes now; 4 more for the margin.
+    let budget = max - reserved - in_use - 4;
+    println!(
+        "Connections: max_connections = {max}, {reserved} reserved, {in_use} in use at the start: \
+         the benchmark's pools share {budget}.\n"
+    );
+    if budget < 12 {
+        return Err(format!(
+            "only {budget} connections free on the server (max_connections = {max}, \
+             {reserved} reserved, {in_use} in use): the benchmark needs at least 12"
+        )
+        .into());
+    }
+    Ok(budget as u32)
 }
 
 /// Drives `concurrency` clients that each send `request(n)` back to back for `seconds`.
@@ -176,6 +264,23 @@ fn charge(n: u64) -> serde_json::Value {
     json!({ "amount": 100 + n % 900, "currency": "usd", "customer": format!("cus_{}", n % 97) })
 }
 
+/// [`send`] where the answer must be `201`: a setup step that fails makes the run fail.
+async fn send_expecting(
+    step: &str,
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+) {
+    let status = send(client, url, key, body).await;
+    if status != 201 {
+        UNEXPECTED
+            .lock()
+            .unwrap()
+            .push(format!("{step}: answered {status}, expected 201"));
+    }
+}
+
 /// `POST url`, its answer read whole; the status only.
 async fn send(
     client: &reqwest::Client,
@@ -220,10 +325,19 @@ fn bench() -> Result<(), Box<dyn std::error::Error>> {
     let db = client_rt.block_on(TestDb::create());
     let result = run(&options, &db, &server_rt, &client_rt);
     let name = db.name.clone();
-    if let Err(e) = client_rt.block_on(db.drop_database()) {
-        eprintln!("could not drop the benchmark's database {name}: {e}");
+    let dropped = client_rt.block_on(db.drop_database());
+    result?;
+    dropped.map_err(|e| format!("could not drop the benchmark's database {name}: {e}"))?;
+    let unexpected = std::mem::take(&mut *UNEXPECTED.lock().unwrap());
+    if !unexpected.is_empty() {
+        return Err(format!(
+            "{} cell(s) answered unexpected statuses, so their figures are not figures:\n  {}",
+            unexpected.len(),
+            unexpected.join("\n  ")
+        )
+        .into());
     }
-    result
+    Ok(())
 }
 
 fn run(
@@ -232,15 +346,40 @@ fn run(
     server_rt: &tokio::runtime::Runtime,
     client_rt: &tokio::runtime::Runtime,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (addr, counting_addr, pool) = server_rt.block_on(async {
+    println!("# idem load benchmark\n");
+    let budget = client_rt.block_on(connection_budget(db))?;
+    // The main server's pool lives the whole run (throughput, storm, peer, growth) and
+    // takes at most half the budget; the counting server's 2 close after their section,
+    // the modes' three pools share the other half while they run.
+    let main_size = (budget / 2).min(40);
+    let modes_size = ((budget - main_size) / MODES.len() as u32).min(20);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()?;
+
+    if options.modes_only {
+        let modes = server_rt.block_on(serve_modes(db, modes_size))?;
+        client_rt.block_on(compare_modes(&client, &modes, options));
+        server_rt.block_on(close(modes));
+        return Ok(());
+    }
+
+    let (addr, pool) = server_rt.block_on(async {
         let pool = PgPoolOptions::new()
-            .max_connections(40)
+            .max_connections(main_size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(db.options.clone())
             .await?;
         server::migrate(&pool).await?;
-        // A second server on a pool that logs its statements, for counting them; the
-        // measured server logs nothing.
+        let addr = server::serve(pool.clone()).await?;
+        Ok::<_, Box<dyn std::error::Error>>((addr, pool))
+    })?;
+    let base = format!("http://{addr}");
+    machine_line(client_rt, &pool, main_size, modes_size);
+
+    // A second server on a pool that logs its statements, for counting them; the
+    // measured server logs nothing.
+    let (counting_addr, counting_pool) = server_rt.block_on(async {
         let counting_pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_with(
@@ -255,34 +394,204 @@ fn run(
                     ),
             )
             .await?;
-        let addr = server::serve(pool.clone()).await?;
-        let counting_addr = server::serve(counting_pool).await?;
-        Ok::<_, Box<dyn std::error::Error>>((addr, counting_addr, pool))
+        let addr = server::serve(counting_pool.clone()).await?;
+        Ok::<_, Box<dyn std::error::Error>>((addr, counting_pool))
     })?;
-    let base = format!("http://{addr}");
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        .build()?;
-
-    println!("# idem load benchmark\n");
-    machine_line(client_rt, &pool);
-    let modes = server_rt.block_on(serve_modes(db))?;
-    if options.modes_only {
-        client_rt.block_on(compare_modes(&client, &modes, options));
-        return Ok(());
-    }
-
     client_rt.block_on(statement_counts(
         &client,
         &format!("http://{counting_addr}"),
     ));
-    client_rt.block_on(throughput(&client, &base, &pool, options));
-    client_rt.block_on(storm(&client, &base, &pool));
+    server_rt.block_on(counting_pool.close());
+
+    let peers = server_rt.block_on(Peers::serve(&pool, options.peer_store))?;
+    println!(
+        "Peer: axum-idempotent 0.2.7 keyed by the Idempotency-Key header, TTL 24 h, responses in ruts' {}.\n",
+        match options.peer_store {
+            PeerStore::Redis => "RedisStore on 127.0.0.1:6379, databases 10-14 (one per cell)",
+            PeerStore::Memory => "MemoryStore in the server's process, one per cell (--peer-store memory)",
+        }
+    );
+    let series = client_rt.block_on(throughput(&client, &base, &pool, &peers, options))?;
+    chart::write(&options.chart, &series)?;
+    println!("Chart: {}\n", options.chart);
+    client_rt.block_on(storm(&client, &base, &pool, &peers))?;
+    client_rt.block_on(peers.clean())?;
+
+    let modes = server_rt.block_on(serve_modes(db, modes_size))?;
     client_rt.block_on(compare_modes(&client, &modes, options));
+    server_rt.block_on(close(modes));
     if options.growth {
         client_rt.block_on(growth(&client, &base, &pool, options));
     }
+    server_rt.block_on(pool.close());
     Ok(())
+}
+
+/// Closes the pools of a section that is over, so that the next fits the budget.
+async fn close(servers: Vec<(String, PgPool)>) {
+    for (_, pool) in servers {
+        pool.close().await;
+    }
+}
+
+/// The peer's servers, one per cell, each on a Redis database of its own, and the
+/// session cookie each cell's client sends (the peer's cache is per session).
+struct Peers {
+    /// Fresh keys at c = 1, 16 and 64 (Redis databases 10, 11, 12).
+    fresh: Vec<Peer>,
+    /// The 2 000 replayed keys (database 13).
+    replay: Peer,
+    /// The duplicate storm (database 14).
+    storm: Peer,
+}
+
+struct Peer {
+    base: String,
+    cookie: String,
+    /// The cell's Redis database, to delete its session from; none in memory.
+    redis: Option<fred::clients::Client>,
+}
+
+/// The version of the Redis at 127.0.0.1:6379, and whether `ruts`' store can run on it:
+/// every write of its `RedisStore` calls `HEXPIRE` or `HPERSIST`, new in Redis 7.4.
+async fn redis_version(
+    redis: &fred::clients::Client,
+) -> Result<(String, bool), Box<dyn std::error::Error>> {
+    use fred::prelude::ClientLike;
+    let info: String = redis.custom(fred::cmd!("INFO"), vec!["server"]).await?;
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("unknown")
+        .trim()
+        .to_owned();
+    let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+    let supported = parts
+        .first()
+        .zip(parts.get(1))
+        .is_some_and(|(&major, &minor)| (major, minor) >= (7, 4));
+    Ok((version, supported))
+}
+
+impl Peer {
+    async fn serve(
+        pool: &PgPool,
+        store: PeerStore,
+        redis_db: u8,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        use fred::prelude::{Builder, ClientLike, Config};
+        let url = format!("redis://127.0.0.1:6379/{redis_db}");
+        let (addr, redis) = match store {
+            PeerStore::Redis => {
+                let redis = Builder::from_config(Config::from_url(&url)?).build()?;
+                redis.init().await?;
+                let (version, supported) = redis_version(&redis).await?;
+                if !supported {
+                    return Err(format!(
+                        "the peer cannot run on this Redis ({version}): ruts' RedisStore, which \
+                         axum-idempotent 0.2 stores responses in, calls HEXPIRE/HPERSIST (Redis \
+                         7.4 or later) on every write, so every write fails and no session \
+                         cookie is ever issued; run with --peer-store memory, or a Redis >= 7.4"
+                    )
+                    .into());
+                }
+                let pool_of_4 = Builder::from_config(Config::from_url(&url)?).build_pool(4)?;
+                pool_of_4.init().await?;
+                let store = ruts::store::redis::RedisStore::new(Arc::new(pool_of_4)).await?;
+                (
+                    server::serve_peer(pool.clone(), Arc::new(store)).await?,
+                    Some(redis),
+                )
+            }
+            PeerStore::Memory => {
+                let store = Arc::new(ruts::store::memory::MemoryStore::new());
+                (server::serve_peer(pool.clone(), store).await?, None)
+            }
+        };
+        let base = format!("http://{addr}");
+        // The first stored response opens the session; its cookie is the client's from
+        // then on.
+        let answer = post(
+            &reqwest::Client::new(),
+            &format!("{base}/bare"),
+            Some(&format!("peer-session-{redis_db}")),
+            &charge(0),
+            &[],
+        )
+        .await;
+        let cookie = answer
+            .headers
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with("session="))
+            .and_then(|v| v.split(';').next())
+            .ok_or_else(|| {
+                format!(
+                    "the peer (cell {redis_db}) set no session cookie (status {})",
+                    answer.status
+                )
+            })?
+            .to_owned();
+        Ok(Self {
+            base,
+            cookie,
+            redis,
+        })
+    }
+
+    /// `POST /bare` with the key and the session cookie.
+    async fn send(&self, client: &reqwest::Client, key: &str, body: &serde_json::Value) -> u16 {
+        post(
+            client,
+            &format!("{}/bare", self.base),
+            Some(key),
+            body,
+            &[("cookie", &self.cookie)],
+        )
+        .await
+        .status
+    }
+
+    /// A copy to move into the load's tasks.
+    fn clone_handle(&self) -> Self {
+        Self {
+            base: self.base.clone(),
+            cookie: self.cookie.clone(),
+            redis: self.redis.clone(),
+        }
+    }
+
+    /// Deletes this cell's session from Redis.
+    async fn clean(&self) -> Result<(), Box<dyn std::error::Error>> {
+        use fred::prelude::KeysInterface;
+        if let Some(redis) = &self.redis {
+            let id = self.cookie.trim_start_matches("session=");
+            let _: i64 = redis.del(id).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Peers {
+    async fn serve(pool: &PgPool, store: PeerStore) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut fresh = Vec::new();
+        for db in 10..13 {
+            fresh.push(Peer::serve(pool, store, db).await?);
+        }
+        Ok(Self {
+            fresh,
+            replay: Peer::serve(pool, store, 13).await?,
+            storm: Peer::serve(pool, store, 14).await?,
+        })
+    }
+
+    async fn clean(&self) -> Result<(), Box<dyn std::error::Error>> {
+        for peer in self.fresh.iter().chain([&self.replay, &self.storm]) {
+            peer.clean().await?;
+        }
+        Ok(())
+    }
 }
 
 /// The store's production modes, each a server of its own with the same handlers.
@@ -292,35 +601,39 @@ const MODES: [&str; 3] = [
     "portable (`portable()`)",
 ];
 
-/// Serves the benchmark once per mode: the default store, the transaction-pooler
-/// setting (idem's statements unnamed, and the pool's own statement cache off, as behind
-/// PgBouncer), and the portable mode (Citus).
-async fn serve_modes(db: &TestDb) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let mut bases = Vec::new();
+/// Serves the benchmark once per mode, each on a pool of `size`: the default store, the
+/// transaction-pooler setting (idem's statements unnamed, and the pool's own statement
+/// cache off, as behind PgBouncer), and the portable mode (Citus).
+async fn serve_modes(
+    db: &TestDb,
+    size: u32,
+) -> Result<Vec<(String, PgPool)>, Box<dyn std::error::Error>> {
+    let mut servers = Vec::new();
     for (i, _) in MODES.iter().enumerate() {
         let mut options = db.options.clone();
         if i == 1 {
             options = options.statement_cache_capacity(0);
         }
         let pool = PgPoolOptions::new()
-            .max_connections(20)
+            .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        let addr = server::serve_with(pool, |store| match i {
+        let addr = server::serve_with(pool.clone(), |store| match i {
             1 => store.pooler(idem::Pooler::Transaction),
             2 => store.portable(),
             _ => store,
         })
         .await?;
-        bases.push(format!("http://{addr}"));
+        servers.push((format!("http://{addr}"), pool));
     }
-    Ok(bases)
+    Ok(servers)
 }
 
 /// What each mode costs: the bare handler and idem's fresh and replayed keys on each
 /// mode's own server, side by side, the modes interleaved per concurrency.
-async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Options) {
+async fn compare_modes(client: &reqwest::Client, servers: &[(String, PgPool)], options: &Options) {
+    let bases: Vec<&String> = servers.iter().map(|(base, _)| base).collect();
     println!(
         "## Production modes ({} s per cell after 0.5 s warm-up)\n",
         options.seconds
@@ -329,7 +642,8 @@ async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Opt
     println!("|---|---|---|---|---|---|---|");
     for (mode, base) in bases.iter().enumerate() {
         for n in 0..500_u64 {
-            send(
+            send_expecting(
+                "modes: storing the replayed keys",
                 client,
                 &format!("{base}/idem"),
                 Some(&format!("mode-replay-{mode}-{n}")),
@@ -369,8 +683,16 @@ async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Opt
             )
             .await;
             let replay = cell("/idem", Some(format!("mode-replay-{mode}")), charge).await;
+            let mut marks = String::new();
+            for (cell, stats) in [("bare", &bare), ("fresh", &fresh), ("replay", &replay)] {
+                marks += verdict(
+                    &format!("modes: {} {cell} c={concurrency}", MODES[mode]),
+                    &stats.statuses,
+                    &[201],
+                );
+            }
             println!(
-                "| {} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
+                "| {}{marks} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
                 MODES[mode],
                 bare.throughput(),
                 fresh.throughput(),
@@ -378,14 +700,8 @@ async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Opt
                 replay.throughput(),
                 replay.throughput() / fresh.throughput(),
             );
-            for stats in [&bare, &fresh, &replay] {
-                let failed: usize = stats
-                    .statuses
-                    .iter()
-                    .filter(|(status, _)| !matches!(status, 200 | 201))
-                    .map(|(_, n)| n)
-                    .sum();
-                if failed > 0 {
+            if !marks.is_empty() {
+                for stats in [&bare, &fresh, &replay] {
                     println!("|  | | answers: {} | | | | |", answers(&stats.statuses));
                 }
             }
@@ -394,7 +710,7 @@ async fn compare_modes(client: &reqwest::Client, bases: &[String], options: &Opt
     println!();
 }
 
-fn machine_line(rt: &tokio::runtime::Runtime, pool: &PgPool) {
+fn machine_line(rt: &tokio::runtime::Runtime, pool: &PgPool, main_size: u32, modes_size: u32) {
     let version: String = rt
         .block_on(sqlx::query_scalar("SHOW server_version").fetch_one(pool))
         .unwrap_or_default();
@@ -402,7 +718,13 @@ fn machine_line(rt: &tokio::runtime::Runtime, pool: &PgPool) {
         .block_on(sqlx::query_scalar("SHOW synchronous_commit").fetch_one(pool))
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!("PostgreSQL {version} (synchronous_commit = {sync}), {cores} cores, server pool 40 connections\n");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    println!(
+        "PostgreSQL {version} (synchronous_commit = {sync}), {cores} cores, load average {} at the start; \
+         server pool {main_size} connections, each production mode's {modes_size}\n",
+        load.join(" ")
+    );
 }
 
 /// Statements per request, as sent by the server, without BEGIN/COMMIT/ROLLBACK.
@@ -431,9 +753,15 @@ async fn statement_counts(client: &reqwest::Client, base: &str) {
             assert_eq!(status, 409, "the duplicate of a held key is refused");
             statements
         } else {
-            record::statements_of(send(client, &format!("{base}{path}"), key, &charge(1)))
-                .await
-                .0
+            let (statements, status) =
+                record::statements_of(send(client, &format!("{base}{path}"), key, &charge(1)))
+                    .await;
+            verdict(
+                &format!("statements per request: {label}"),
+                &tally([status]),
+                &[201],
+            );
+            statements
         };
         let counted: Vec<String> = statements
             .iter()
@@ -449,53 +777,123 @@ async fn statement_counts(client: &reqwest::Client, base: &str) {
     println!();
 }
 
-async fn throughput(client: &reqwest::Client, base: &str, pool: &PgPool, options: &Options) {
+/// The cells drawn in the chart, in its legend's order, and their throughput at each
+/// concurrency.
+pub type Series = Vec<(&'static str, Vec<(usize, f64)>)>;
+
+/// Drives `concurrency` clients against `url`, each request with `key(n)` (none if it
+/// gives `None`) and the body of `body_n(n)`.
+async fn cell(
+    client: &reqwest::Client,
+    url: String,
+    concurrency: usize,
+    seconds: f64,
+    key: impl Fn(u64) -> Option<String> + Clone + Send + Sync + 'static,
+    body_n: fn(u64) -> u64,
+) -> Stats {
+    let client = client.clone();
+    drive(concurrency, seconds, move |n| {
+        let (client, url, key) = (client.clone(), url.clone(), key(n));
+        async move { send(&client, &url, key.as_deref(), &charge(body_n(n))).await }
+    })
+    .await
+}
+
+/// The replayed keys' spread: request `n` replays key `replayed(n)` of 2 000.
+fn replayed(n: u64) -> u64 {
+    (n * 7919) % 2_000
+}
+
+async fn throughput(
+    client: &reqwest::Client,
+    base: &str,
+    pool: &PgPool,
+    peers: &Peers,
+    options: &Options,
+) -> Result<Series, Box<dyn std::error::Error>> {
     println!(
         "## Throughput and latency ({} s per cell after 0.5 s warm-up)\n",
         options.seconds
     );
     println!("| scenario | concurrency | req/s | p50 ms | p99 ms | CPU µs/req: PostgreSQL + app | answers |");
     println!("|---|---|---|---|---|---|---|");
-    // Keys for the replay scenario, stored once.
+    // Keys for the replay scenarios, stored once: idem's, and the peer's in its session.
     for n in 0..2_000_u64 {
-        send(
+        send_expecting(
+            "storing idem's replayed keys",
             client,
             &format!("{base}/idem"),
             Some(&format!("replay-{n}")),
             &charge(n),
         )
         .await;
+        let status = peers
+            .replay
+            .send(client, &format!("peer-replay-{n}"), &charge(n))
+            .await;
+        if status != 201 {
+            UNEXPECTED.lock().unwrap().push(format!(
+                "storing the peer's replayed keys: answered {status}, expected 201"
+            ));
+        }
     }
-    let mut ratios = Vec::new();
-    for concurrency in [1, 16, 64] {
+    let mut summary = Vec::new();
+    let mut series: Series = [
+        "bare",
+        "floor",
+        "idem fresh",
+        "idem replay",
+        "peer fresh",
+        "peer replay",
+    ]
+    .into_iter()
+    .map(|name| (name, Vec::new()))
+    .collect();
+    for (i, concurrency) in [1, 16, 64].into_iter().enumerate() {
         let run_id = format!("c{concurrency}");
-        let bare = {
-            let (client, url) = (client.clone(), format!("{base}/bare"));
-            drive(concurrency, options.seconds, move |n| {
-                let (client, url) = (client.clone(), url.clone());
-                async move { send(&client, &url, None, &charge(n)).await }
-            })
+        let seconds = options.seconds;
+        let bare = cell(
+            client,
+            format!("{base}/bare"),
+            concurrency,
+            seconds,
+            |_| None,
+            |n| n,
+        )
+        .await;
+        let floor = {
+            let run_id = run_id.clone();
+            cell(
+                client,
+                format!("{base}/floor"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("floor-{run_id}-{n}")),
+                |n| n,
+            )
             .await
         };
         let fresh = {
-            let (client, url, run_id) = (client.clone(), format!("{base}/idem"), run_id.clone());
-            drive(concurrency, options.seconds, move |n| {
-                let (client, url, key) =
-                    (client.clone(), url.clone(), format!("fresh-{run_id}-{n}"));
-                async move { send(&client, &url, Some(&key), &charge(n)).await }
-            })
+            let run_id = run_id.clone();
+            cell(
+                client,
+                format!("{base}/idem"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("fresh-{run_id}-{n}")),
+                |n| n,
+            )
             .await
         };
-        let replay = {
-            let (client, url) = (client.clone(), format!("{base}/idem"));
-            drive(concurrency, options.seconds, move |n| {
-                let (client, url) = (client.clone(), url.clone());
-                // Spread over the stored keys; the body matches the stored one.
-                let k = (n * 7919) % 2_000;
-                async move { send(&client, &url, Some(&format!("replay-{k}")), &charge(k)).await }
-            })
-            .await
-        };
+        let replay = cell(
+            client,
+            format!("{base}/idem"),
+            concurrency,
+            seconds,
+            |n| Some(format!("replay-{}", replayed(n))),
+            replayed,
+        )
+        .await;
         let conflict = {
             // One request holds the key (it sleeps in its transaction); the load is its
             // duplicates.
@@ -505,33 +903,70 @@ async fn throughput(client: &reqwest::Client, base: &str, pool: &PgPool, options
                 async move { send(&client, &url, Some(&held), &charge(1)).await }
             });
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let (client2, url) = (client.clone(), format!("{base}/hold"));
-            let stats = drive(concurrency, options.seconds, move |_| {
-                let (client, url, held) = (client2.clone(), url.clone(), held.clone());
-                async move { send(&client, &url, Some(&held), &charge(1)).await }
-            })
+            let stats = cell(
+                client,
+                format!("{base}/hold"),
+                concurrency,
+                seconds,
+                move |_| Some(held.clone()),
+                |_| 1,
+            )
             .await;
             holder.abort();
             stats
         };
         let naive = {
-            let (client, url, run_id) = (client.clone(), format!("{base}/naive"), run_id.clone());
-            drive(concurrency, options.seconds, move |n| {
-                let (client, url, key) =
-                    (client.clone(), url.clone(), format!("naive-{run_id}-{n}"));
-                async move { send(&client, &url, Some(&key), &charge(n)).await }
+            let run_id = run_id.clone();
+            cell(
+                client,
+                format!("{base}/naive"),
+                concurrency,
+                seconds,
+                move |n| Some(format!("naive-{run_id}-{n}")),
+                |n| n,
+            )
+            .await
+        };
+        let peer_fresh = {
+            let (client, peer) = (client.clone(), Arc::new(peers.fresh[i].clone_handle()));
+            drive(concurrency, seconds, move |n| {
+                let (client, peer) = (client.clone(), Arc::clone(&peer));
+                async move {
+                    peer.send(&client, &format!("peer-fresh-{n}"), &charge(n))
+                        .await
+                }
             })
             .await
         };
-        for (label, stats) in [
-            ("(a) bare transactional handler", &bare),
-            ("(b) idem, fresh keys", &fresh),
-            ("(c) idem, replays", &replay),
-            ("(d) idem, duplicates in flight", &conflict),
-            ("(e) non-atomic check/write/save", &naive),
+        let peer_replay = {
+            let (client, peer) = (client.clone(), Arc::new(peers.replay.clone_handle()));
+            drive(concurrency, seconds, move |n| {
+                let (client, peer) = (client.clone(), Arc::clone(&peer));
+                let k = replayed(n);
+                async move {
+                    peer.send(&client, &format!("peer-replay-{k}"), &charge(k))
+                        .await
+                }
+            })
+            .await
+        };
+        for (label, stats, expected) in [
+            ("(a) bare transactional handler", &bare, 201),
+            ("(f) floor: bare + one complete key row", &floor, 201),
+            ("(b) idem, fresh keys", &fresh, 201),
+            ("(c) idem, replays", &replay, 201),
+            ("(d) idem, duplicates in flight", &conflict, 409),
+            ("(e) non-atomic check/write/save", &naive, 201),
+            ("(p) peer `axum-idempotent`, fresh keys", &peer_fresh, 201),
+            ("(q) peer `axum-idempotent`, replays", &peer_replay, 201),
         ] {
+            let mark = verdict(
+                &format!("{label} c={concurrency}"),
+                &stats.statuses,
+                &[expected],
+            );
             println!(
-                "| {label} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.0} + {:.0} | {} |",
+                "| {label} | {concurrency} | {:.0} | {:.2} | {:.2} | {:.0} + {:.0} | {}{mark} |",
                 stats.throughput(),
                 stats.p50_ms,
                 stats.p99_ms,
@@ -540,26 +975,50 @@ async fn throughput(client: &reqwest::Client, base: &str, pool: &PgPool, options
                 answers(&stats.statuses)
             );
         }
-        ratios.push((
-            concurrency,
+        for ((_, points), stats) in
+            series
+                .iter_mut()
+                .zip([&bare, &floor, &fresh, &replay, &peer_fresh, &peer_replay])
+        {
+            points.push((concurrency, stats.throughput()));
+        }
+        summary.push(format!(
+            "| {concurrency} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | **{:.2}** | {:.2} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
+            bare.throughput(),
+            floor.throughput(),
+            fresh.throughput(),
+            replay.throughput(),
+            peer_fresh.throughput(),
+            peer_replay.throughput(),
+            fresh.throughput() / floor.throughput(),
             fresh.throughput() / bare.throughput(),
-            replay.throughput() / fresh.throughput(),
+            replay.throughput() / bare.throughput(),
+            peer_fresh.throughput() / fresh.throughput(),
+            bare.cpu_us.0,
+            floor.cpu_us.0,
+            fresh.cpu_us.0,
         ));
     }
-    println!("\n| concurrency | b/a (fresh / bare) | c/b (replay / fresh) |");
-    println!("|---|---|---|");
-    for (concurrency, ba, cb) in ratios {
-        println!("| {concurrency} | {ba:.2} | {cb:.2} |");
+    println!("\n## Side by side (req/s; the same cells as above)\n");
+    println!("| c | bare | floor | idem fresh | idem replay | peer fresh | peer replay | fresh / floor | fresh / bare | replay / bare | peer fresh / idem fresh | PostgreSQL CPU µs/req: bare / floor / fresh |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for line in summary {
+        println!("{line}");
     }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
         .fetch_one(pool)
-        .await
-        .unwrap_or(0);
+        .await?;
     println!("\n({rows} charges written in this section)\n");
+    Ok(series)
 }
 
-/// The same storm against the non-atomic pattern and against idem: duplicates counted.
-async fn storm(client: &reqwest::Client, base: &str, pool: &PgPool) {
+/// The same storm against the non-atomic pattern, idem and the peer: duplicates counted.
+async fn storm(
+    client: &reqwest::Client,
+    base: &str,
+    pool: &PgPool,
+    peers: &Peers,
+) -> Result<(), Box<dyn std::error::Error>> {
     const KEYS: u64 = 200;
     const COPIES: u64 = 10;
     println!(
@@ -567,35 +1026,42 @@ async fn storm(client: &reqwest::Client, base: &str, pool: &PgPool) {
     );
     println!("| handler | charges written | duplicates | answers |");
     println!("|---|---|---|---|");
-    for (label, path) in [
-        ("(e) non-atomic check/write/save", "naive"),
-        ("(b) idem", "idem"),
+    let peer = Arc::new(peers.storm.clone_handle());
+    for (label, path, expected) in [
+        ("(e) non-atomic check/write/save", "naive", &[201][..]),
+        ("(b) idem", "idem", &[201, 409][..]),
+        ("(p) peer `axum-idempotent`", "peer", &[201][..]),
     ] {
         let before: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
             .fetch_one(pool)
-            .await
-            .unwrap_or(0);
+            .await?;
         let url = format!("{base}/{path}");
         let requests = (0..KEYS).flat_map(|k| (0..COPIES).map(move |_| k)).map(|k| {
-            let (client, url) = (client.clone(), url.clone());
+            let (client, url, peer) = (client.clone(), url.clone(), Arc::clone(&peer));
             async move {
                 let body = json!({ "amount": 500, "currency": "usd", "customer": "storm", "delay_ms": 20 });
-                send(&client, &url, Some(&format!("storm-{path}-{k}")), &body).await
+                let key = format!("storm-{path}-{k}");
+                if path == "peer" {
+                    peer.send(&client, &key, &body).await
+                } else {
+                    send(&client, &url, Some(&key), &body).await
+                }
             }
         });
-        let statuses = join_all(requests).await;
+        let statuses = tally(join_all(requests).await);
         let after: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
             .fetch_one(pool)
-            .await
-            .unwrap_or(0);
+            .await?;
         let written = after - before;
+        let mark = verdict(&format!("storm {label}"), &statuses, expected);
         println!(
-            "| {label} | {written} | {} | {} |",
+            "| {label} | {written} | {} | {}{mark} |",
             written - KEYS as i64,
-            answers(&tally(statuses))
+            answers(&statuses)
         );
     }
     println!();
+    Ok(())
 }
 
 /// Claim latency as the table grows, and the sweeper's rate.

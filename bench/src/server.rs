@@ -1,6 +1,8 @@
-//! The benchmarked service: the same charge insert behind four handlers.
+//! The benchmarked service: the same charge insert behind five handlers, and the peer
+//! (`axum-idempotent` on Redis) serving the bare one.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{FromRef, State};
@@ -10,6 +12,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, StoreBuilder, Tx};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 
 #[derive(Clone, FromRef)]
@@ -50,7 +53,10 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
              id bigserial PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL,
              customer text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
          CREATE TABLE IF NOT EXISTS naive_keys (
-             key text PRIMARY KEY, status smallint NOT NULL, body bytea NOT NULL);",
+             key text PRIMARY KEY, status smallint NOT NULL, body bytea NOT NULL);
+         -- The floor's key rows: idem's own table shape (columns, primary key, the
+         -- expires_at index), written once per request.
+         CREATE TABLE IF NOT EXISTS floor_keys (LIKE idempotency_keys INCLUDING ALL);",
     )
     .execute(pool)
     .await?;
@@ -80,6 +86,7 @@ pub async fn serve_with(
         .route("/idem", post(idem))
         .route("/hold", post(hold))
         .route("/naive", post(naive))
+        .route("/floor", post(floor))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -123,6 +130,90 @@ async fn bare(
     let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
     tx.commit().await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(charge)))
+}
+
+/// (f) The floor of any correct design: the bare handler plus one complete key row,
+/// written once, in the same transaction. The row has idem's columns and sizes: a
+/// SHA-256 fingerprint, the target and three field hashes, the status, the one
+/// allow-listed header and the response body, the 24 h expiry.
+async fn floor(
+    State(pool): State<PgPool>,
+    State(named): State<Named>,
+    headers: HeaderMap,
+    Json(req): Json<NewCharge>,
+) -> Result<(StatusCode, [(&'static str, &'static str); 1], Vec<u8>), (StatusCode, String)> {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or((StatusCode::BAD_REQUEST, "no key".to_owned()))?;
+    let fingerprint = Sha256::new()
+        .chain_update(req.amount.to_be_bytes())
+        .chain_update(&req.currency)
+        .chain_update(&req.customer)
+        .finalize();
+    let field_hashes = fingerprint.repeat(4);
+    let mut tx = pool.begin().await.map_err(failed)?;
+    let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
+    let body = serde_json::to_vec(&charge)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    sqlx::query(
+        "INSERT INTO floor_keys \
+           (scope, principal, key, fingerprint, field_hashes, status, headers, body, expires_at) \
+         VALUES ('charges', '', $1, $2, $3, 201, $4, $5, now() + interval '24 hours')",
+    )
+    .bind(key)
+    .bind(&fingerprint[..])
+    .bind(&field_hashes)
+    .bind(&b"content-type: application/json\n"[..])
+    .bind(&body)
+    .persistent(named.0)
+    .execute(&mut *tx)
+    .await
+    .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    Ok((
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        body,
+    ))
+}
+
+/// The peer, `axum-idempotent` 0.2: the bare handler behind its layer, keyed by the
+/// `Idempotency-Key` header alone, responses kept 24 h (idem's TTL here) in a `ruts`
+/// session in `store`. Its cache is per session: a client must send the session cookie
+/// the first stored response set, or nothing is ever replayed.
+pub async fn serve_peer<T: ruts::store::SessionStore>(
+    pool: PgPool,
+    store: Arc<T>,
+) -> std::io::Result<SocketAddr> {
+    use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+    use ruts::{CookieOptions, SessionLayer};
+
+    let options = IdempotentOptions::default()
+        .use_idempotency_key_header(Some("idempotency-key"))
+        .expire_after(24 * 60 * 60);
+    let state = AppState {
+        idempotency: Store::new(pool.clone()),
+        pool,
+        named: Named(true),
+    };
+    let app = Router::new()
+        .route("/bare", post(bare))
+        .with_state(state)
+        .layer(IdempotentLayer::<T>::new(options))
+        .layer(
+            SessionLayer::new(store).with_cookie_options(
+                CookieOptions::build()
+                    .name("session")
+                    .max_age(24 * 60 * 60)
+                    .path("/"),
+            ),
+        )
+        .layer(tower_cookies::CookieManagerLayer::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
 }
 
 /// (b)-(c) The same write, idempotent.
