@@ -203,3 +203,24 @@ async fn every_outcome_is_recorded_in_the_span_and_the_metrics() {
     })
     .await;
 }
+
+/// Logs written to a file or a pipe carry no colour codes: the example's binary, its
+/// stdout a pipe, logs its start-up warning (an unset webhook secret) as plain text.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+        .env_remove("WEBHOOK_SECRET")
+        .env_remove("WEBHOOK_SECRET_PREVIOUS")
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "info")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        // Nothing listens there: the service logs, then stops at its first connection.
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .expect("the example's binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success());
+    assert!(stdout.contains("WEBHOOK_SECRET"), "{stdout}");
+    assert!(stdout.contains(" WARN "), "{stdout}");
+    assert!(!stdout.contains('\u{1b}'), "escape codes in {stdout:?}");
+}

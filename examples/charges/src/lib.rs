@@ -212,6 +212,22 @@ where
     })
 }
 
+/// Logs to stdout, filtered by `RUST_LOG` (else `default_filter`), in colour only on a
+/// terminal: logs written to a file or a pipe carry no escape codes. `NO_COLOR` turns
+/// colour off on a terminal too.
+pub fn init_logging(default_filter: &str) {
+    use std::io::IsTerminal;
+    let colour = std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_ansi(colour)
+        .init();
+}
+
 /// `error` and its causes on one line, each cause once: `cannot connect to PostgreSQL at
 /// 127.0.0.1:5432: error communicating with database: Connection refused (os error 111)`.
 /// How a binary should print a startup failure, instead of the `Debug` dump that

@@ -14,11 +14,7 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    charges::init_logging("info");
     match charges::main_from_env().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -5,11 +5,7 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    charges::init_logging("warn");
     match charges::main_from_env().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
