@@ -74,19 +74,9 @@ async fn idems_file_in_a_users_migrations_directory() {
     .await;
 }
 
-/// `verify` on `setup`'s table.
+/// `verify` on `setup`'s table, of a store with the default settings.
 async fn verify_after(setup: &str) -> Result<(), VerifyError> {
-    let mut outcome = None;
-    with_test_db(async |db| {
-        let pool = db.pool(2).await;
-        sqlx::raw_sql(AssertSqlSafe(setup))
-            .execute(&pool)
-            .await
-            .expect("setup");
-        outcome = Some(Store::new(pool).verify().await);
-    })
-    .await;
-    outcome.expect("ran")
+    verify_with(setup, Store::new).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
