@@ -25,7 +25,7 @@ use sqlx::{Postgres, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
-use crate::table::{Found, Isolation, Record, StoredRow, Timeouts};
+use crate::table::{Found, Inserting, Isolation, Record, StoredRow, Timeouts};
 use crate::tx::{KeyInScope, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -94,6 +94,10 @@ pub(crate) enum CommitError {
     /// can commit. It was rolled back; [`Retake::store_alone`] can store the answer by
     /// itself.
     Aborted(Retake),
+    /// Another attempt with the same key committed first, and the primary key refused
+    /// this one's row (invariant 3): nothing of it was committed, and the winner's record
+    /// cannot be answered, for this reason (its request differed: a mismatch).
+    Refused(Refusal),
     /// Any other database error.
     Database(sqlx::Error),
 }
@@ -108,6 +112,17 @@ impl CommitError {
             Self::Database(error)
         }
     }
+}
+
+/// How an attempt committed.
+#[derive(Debug)]
+pub(crate) enum Committed {
+    /// Its writes and its record.
+    Stored,
+    /// Nothing of it: another attempt with the same key committed first, and the primary
+    /// key refused this one's row (invariant 3). The key's answer is that attempt's
+    /// record.
+    Superseded(Record),
 }
 
 /// Failures of one claim round.
@@ -126,6 +141,9 @@ pub(crate) struct Attempt {
     store: Store,
     tx: Transaction<'static, Postgres>,
     claim: Option<Claim>,
+    /// The default mode's hold on the claimed key; `None` in portable mode, where the
+    /// claim inserted the key's row.
+    held: Option<Held>,
     isolation: Isolation,
 }
 
@@ -158,6 +176,138 @@ pub(crate) async fn begin(
     claim: Option<Claim>,
     isolation: Isolation,
 ) -> Result<Begun, Refusal> {
+    if store.inner.table.portable() {
+        return begin_portable(store, claim, isolation).await;
+    }
+    let mut snapshots = 0;
+    loop {
+        let mut tx = open(store, isolation).await?;
+        let Some(request) = &claim else {
+            return Ok(Begun::Run(Attempt {
+                store: store.clone(),
+                tx,
+                claim: None,
+                held: None,
+                isolation,
+            }));
+        };
+        match take(store, &mut tx, request, isolation).await {
+            Ok(Took::Held(held)) => {
+                return Ok(Begun::Run(Attempt {
+                    store: store.clone(),
+                    tx,
+                    claim,
+                    held: Some(held),
+                    isolation,
+                }))
+            }
+            // Nothing was written, and no lock taken: dropping the transaction frees the
+            // connection.
+            Ok(Took::Stored(row)) => return replay(row, &request.fingerprint),
+            Err(ClaimError::InUse) => return Err(Refusal::InUse),
+            // The request it waited for has ended; a new snapshot sees its record.
+            Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
+            Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
+            Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
+        }
+    }
+}
+
+/// A transaction of the store's pool at `isolation`, waited for no longer than the
+/// store's acquire timeout.
+async fn open(
+    store: &Store,
+    isolation: Isolation,
+) -> Result<Transaction<'static, Postgres>, Refusal> {
+    let settings = &store.inner;
+    let begin = settings.pool.begin_with(isolation.begin());
+    match tokio::time::timeout(settings.acquire_timeout, begin).await {
+        Ok(Ok(tx)) => Ok(tx),
+        Ok(Err(e)) => Err(Refusal::from_database(e)),
+        Err(_elapsed) => Err(Refusal::Unavailable(sqlx::Error::PoolTimedOut)),
+    }
+}
+
+/// How [`take`] ended.
+enum Took {
+    /// This transaction holds the key.
+    Held(Held),
+    /// The key's live record.
+    Stored(StoredRow),
+}
+
+/// A key held by its advisory lock (the default mode): what its row's insert needs.
+#[derive(Clone, Copy)]
+struct Held {
+    /// The transaction's start ([`Taken::began`]).
+    began: f64,
+    /// Whether the claim saw a row to write over.
+    over: bool,
+}
+
+/// The default mode's claim ([`Table::take`](crate::table::Table::take)): reads the key's
+/// row and takes its lock in one statement; a duplicate in flight is answered at once,
+/// or, with a conflict wait, waited for ([`Table::wait`](crate::table::Table::wait)) and
+/// read again.
+async fn take(
+    store: &Store,
+    tx: &mut Transaction<'static, Postgres>,
+    claim: &Claim,
+    isolation: Isolation,
+) -> Result<Took, ClaimError> {
+    let settings = &store.inner;
+    let table = &settings.table;
+    let lock = table.lock_id(&claim.key);
+    let statement_timeout = claim.statement_timeout.or(settings.statement_timeout);
+    let taken = table
+        .take(tx, &claim.key, lock, statement_timeout)
+        .await
+        .map_err(ClaimError::Database)?;
+    let taken = match taken.locked {
+        Some(false) => {
+            let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
+            // The shortest wait is no wait: the lock was just tried.
+            if wait <= Duration::from_millis(1) {
+                return Err(ClaimError::InUse);
+            }
+            table.wait(tx, lock, wait).await.map_err(|error| match &error {
+                // 55P03: the request in flight did not end within the wait.
+                sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => {
+                    ClaimError::InUse
+                }
+                _ => ClaimError::Database(error),
+            })?;
+            // Above READ COMMITTED the transaction's snapshot was taken before the
+            // request it waited for committed: only a new transaction sees its record.
+            if isolation != Isolation::ReadCommitted {
+                return Err(ClaimError::NewSnapshot);
+            }
+            // A new statement sees what it committed (invariant 4).
+            table
+                .take(tx, &claim.key, lock, statement_timeout)
+                .await
+                .map_err(ClaimError::Database)?
+        }
+        _ => taken,
+    };
+    match (taken.locked, taken.stored) {
+        (None, Some(row)) => Ok(Took::Stored(row)),
+        (Some(true), stored) => Ok(Took::Held(Held {
+            began: taken.began,
+            over: stored.is_some(),
+        })),
+        // Another request took the lock between the wait and the read: it is in flight.
+        _ => Err(ClaimError::InUse),
+    }
+}
+
+/// Portable mode: the claim inserts the key's row, which holds the key until the
+/// transaction ends ([`claim_row`]).
+async fn begin_portable(
+    store: &Store,
+    claim: Option<Claim>,
+    isolation: Isolation,
+) -> Result<Begun, Refusal> {
     let settings = &store.inner;
     let mut wait = claim
         .as_ref()
@@ -173,17 +323,13 @@ pub(crate) async fn begin(
     let mut checked_expiry = false;
     loop {
         round += 1;
-        let begin = settings.pool.begin_with(isolation.begin());
-        let mut tx = match tokio::time::timeout(settings.acquire_timeout, begin).await {
-            Ok(Ok(tx)) => tx,
-            Ok(Err(e)) => return Err(Refusal::from_database(e)),
-            Err(_elapsed) => return Err(Refusal::Unavailable(sqlx::Error::PoolTimedOut)),
-        };
+        let mut tx = open(store, isolation).await?;
         let Some(request) = &claim else {
             return Ok(Begun::Run(Attempt {
                 store: store.clone(),
                 tx,
                 claim: None,
+                held: None,
                 isolation,
             }));
         };
@@ -193,6 +339,7 @@ pub(crate) async fn begin(
                     store: store.clone(),
                     tx,
                     claim,
+                    held: None,
                     isolation,
                 }))
             }
@@ -232,7 +379,8 @@ pub(crate) async fn begin(
     }
 }
 
-/// Claims the key in `tx`: the fresh claim, or the row that holds the key.
+
+/// Portable mode: claims the key in `tx`: the fresh claim, or the row that holds the key.
 async fn claim_row(
     store: &Store,
     tx: &mut Transaction<'static, Postgres>,
@@ -335,23 +483,71 @@ impl Attempt {
 
     /// Stores `record` with the key and commits it with everything the work wrote.
     /// Without a key, only commits.
-    pub(crate) async fn commit(self, record: &Record) -> Result<(), CommitError> {
+    pub(crate) async fn commit(self, record: &Record) -> Result<Committed, CommitError> {
         let Self {
             store,
             mut tx,
             claim,
+            held,
             isolation,
         } = self;
         if let Some(claim) = claim {
             let table = &store.inner.table;
-            match table.store(&mut tx, &claim.key, claim.ttl, record).await {
-                Ok(true) => {}
-                Ok(false) => {
+            let written = match held {
+                Some(held) => {
+                    let row = Inserting {
+                        key: &claim.key,
+                        fingerprint: &claim.fingerprint,
+                        ttl: claim.ttl,
+                        began: held.began,
+                        over: held.over,
+                    };
+                    match table.insert(&mut tx, &row, record).await {
+                        Ok(true) => Written::Stored,
+                        // Nothing written: the handler ended the transaction itself, or
+                        // (over an expired row) another attempt's record is there.
+                        Ok(false) => match table.same_transaction(&mut tx, held.began).await {
+                            Ok(true) => Written::Lost,
+                            Ok(false) => Written::Escaped,
+                            Err(e) => Written::Failed(e),
+                        },
+                        Err(e) if table.is_key_conflict(&e) => Written::Lost,
+                        Err(e) => Written::Failed(e),
+                    }
+                }
+                None => match table.store(&mut tx, &claim.key, claim.ttl, record).await {
+                    Ok(true) => Written::Stored,
+                    Ok(false) => Written::Escaped,
+                    Err(e) => Written::Failed(e),
+                },
+            };
+            match written {
+                Written::Stored => {}
+                Written::Escaped => {
                     escaped(&store, tx, &claim.key).await;
                     return Err(CommitError::Escaped);
                 }
+                // Another attempt with this key committed first (invariant 3): one that
+                // the lock did not keep out, such as an instance of an earlier version
+                // during a rolling upgrade, or a duplicate that committed between the
+                // claim's read and its lock. Nothing of this attempt commits; the key's
+                // answer is the winner's.
+                Written::Lost => {
+                    drop(tx);
+                    let retake = Retake {
+                        store,
+                        claim,
+                        isolation,
+                    };
+                    return match retake.winner().await {
+                        Ok(record) => Ok(Committed::Superseded(record)),
+                        Err(refusal) => Err(CommitError::Refused(refusal)),
+                    };
+                }
                 // 25P02: a statement of the work failed, and it answered all the same.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                Written::Failed(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("25P02") =>
+                {
                     drop(tx);
                     return Err(CommitError::Aborted(Retake {
                         store,
@@ -359,13 +555,14 @@ impl Attempt {
                         isolation,
                     }));
                 }
-                Err(e) => return Err(CommitError::from_database(e)),
+                Written::Failed(e) => return Err(CommitError::from_database(e)),
             }
         }
         // If COMMIT's answer is lost, the caller cannot tell whether it happened; it
         // answers "unavailable", and the retry either replays the committed record or
         // runs afresh.
-        tx.commit().await.map_err(CommitError::from_database)
+        tx.commit().await.map_err(CommitError::from_database)?;
+        Ok(Committed::Stored)
     }
 
     /// Commits what the work wrote, storing nothing: only for an attempt without a key.
@@ -403,7 +600,9 @@ impl Retake {
         } = self;
         match begin(&store, Some(claim), isolation).await? {
             Begun::Run(attempt) => match attempt.commit(record).await {
-                Ok(()) => Ok(Alone::Stored),
+                Ok(Committed::Stored) => Ok(Alone::Stored),
+                Ok(Committed::Superseded(record)) => Ok(Alone::Replay(record)),
+                Err(CommitError::Refused(refusal)) => Err(refusal),
                 Err(CommitError::Unavailable(e)) => Err(Refusal::Unavailable(e)),
                 Err(CommitError::Serialization(e) | CommitError::Database(e)) => {
                     Err(Refusal::Database(e))
@@ -417,6 +616,28 @@ impl Retake {
             Begun::Replay(record) => Ok(Alone::Replay(record)),
         }
     }
+}
+
+impl Retake {
+    /// The record of the attempt that committed this key first, read by a new claim.
+    async fn winner(self) -> Result<Record, Refusal> {
+        match begin(&self.store, Some(self.claim), self.isolation).await? {
+            Begun::Replay(record) => Ok(record),
+            // The winner's record is gone already (expired and swept): the key is free,
+            // and a retry runs afresh.
+            Begun::Run(_) => Err(Refusal::InUse),
+        }
+    }
+}
+
+/// How the key's record was written at commit.
+enum Written {
+    Stored,
+    /// The work ended the transaction itself (invariant 6).
+    Escaped,
+    /// Another attempt's record holds the key (invariant 3).
+    Lost,
+    Failed(sqlx::Error),
 }
 
 /// The work ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
@@ -884,6 +1105,143 @@ mod tests {
         db.drop_schema().await;
     }
 
+    /// Holds the lock of `key` in a transaction of its own, as an attempt of another key
+    /// whose lock collides with it would (a 64-bit hash collision, forced).
+    async fn collide(db: &Db, key: &str) -> Transaction<'static, Postgres> {
+        let claim = db.claim(key, "a").unwrap();
+        let lock = db.store.inner.table.lock_id(&claim.key);
+        let mut holder = db.pool.begin().await.unwrap();
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        holder
+    }
+
+    /// A lock keyed by a hash can collide: two keys then share it. The cost is a refusal
+    /// (409, or a wait), never a second effect or another key's answer: the key is free
+    /// once the colliding attempt ends, and its own work runs and is stored.
+    #[tokio::test]
+    async fn a_colliding_lock_only_delays_a_key() {
+        let db = Db::new().await;
+        let holder = collide(&db, "k1").await;
+        assert!(matches!(db.begin("k1", "a").await, Err(Refusal::InUse)));
+        holder.commit().await.unwrap();
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        attempt.commit(&record("own")).await.unwrap();
+        match db.begin("k1", "a").await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, record("own")),
+            _ => panic!("not a replay"),
+        }
+        assert_eq!(db.notes().await, 1);
+        // With a wait, a duplicate waits out the collision and then runs.
+        let holder = collide(&db, "k2").await;
+        let waiting = db.claim("k2", "a").map(|c| Claim {
+            conflict_wait: Some(Duration::from_secs(10)),
+            ..c
+        });
+        let store = db.store.clone();
+        let duplicate =
+            tokio::spawn(async move { begin(&store, waiting, Isolation::ReadCommitted).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.rollback().await.unwrap();
+        run(duplicate.await.unwrap())
+            .commit(&record("k2"))
+            .await
+            .unwrap();
+        db.drop_schema().await;
+    }
+
+    /// A record is replayed while its key's lock is held elsewhere: replays take no lock.
+    #[tokio::test]
+    async fn a_replay_needs_no_lock() {
+        let db = Db::new().await;
+        run(db.begin("k1", "a").await)
+            .commit(&record("done"))
+            .await
+            .unwrap();
+        let holder = collide(&db, "k1").await;
+        match db.begin("k1", "a").await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, record("done")),
+            _ => panic!("not a replay"),
+        }
+        holder.rollback().await.unwrap();
+        db.drop_schema().await;
+    }
+
+    /// Commits the complete row of key `k1` the way an attempt that took no lock would:
+    /// an instance of an earlier version during a rolling upgrade, which claimed by
+    /// inserting the row.
+    async fn commit_unlocked(db: &Db, payload: &str, body: &'static str) {
+        let claim = db.claim("k1", payload).unwrap();
+        let sql = format!(
+            "INSERT INTO {}.keys (scope, principal, key, fingerprint, field_hashes, status, headers, body, expires_at) \
+             VALUES ('notes', '', 'k1', $1, $2, 201, $3, $4, now() + interval '1 hour')",
+            db.schema
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(claim.fingerprint.combined().as_slice())
+            .bind(claim.fingerprint.parts())
+            .bind(record(body).headers)
+            .bind(body.as_bytes())
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+
+    /// Invariant 3 beyond the lock: when an attempt the lock did not keep out commits the
+    /// key first, the primary key refuses the second row, nothing of the second attempt
+    /// commits, and its answer is the winner's record.
+    #[tokio::test]
+    async fn the_primary_key_decides_past_the_lock() {
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        commit_unlocked(&db, "a", "winner").await;
+        match attempt.commit(&record("loser")).await {
+            Ok(Committed::Superseded(stored)) => assert_eq!(stored, record("winner")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(db.notes().await, 0, "the loser's writes were rolled back");
+        db.drop_schema().await;
+
+        // The winner's request differed: the loser is a mismatch (422), not a replay.
+        let db = Db::new().await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        commit_unlocked(&db, "b", "winner").await;
+        assert!(matches!(
+            attempt.commit(&record("loser")).await,
+            Err(CommitError::Refused(Refusal::Mismatch))
+        ));
+        assert_eq!(db.notes().await, 0);
+        db.drop_schema().await;
+    }
+
+    /// The same over an expired row: the attempt that took the expired key over finds a
+    /// live record in its place at commit, and yields to it.
+    #[tokio::test]
+    async fn a_takeover_yields_to_a_record_committed_meanwhile() {
+        let db = Db::new().await;
+        expired_row(&db).await;
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        let sql = format!("DELETE FROM {}.keys WHERE key = 'k1'", db.schema);
+        sqlx::query(AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        commit_unlocked(&db, "a", "winner").await;
+        match attempt.commit(&record("loser")).await {
+            Ok(Committed::Superseded(stored)) => assert_eq!(stored, record("winner")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(db.notes().await, 0);
+        db.drop_schema().await;
+    }
+
     #[tokio::test]
     async fn another_fingerprint_is_a_mismatch() {
         let db = Db::new().await;
@@ -900,8 +1258,22 @@ mod tests {
         let db = Db::new().await;
         let first = run(db.begin("k1", "a").await);
         assert!(matches!(db.begin("k1", "a").await, Err(Refusal::InUse)));
-        // Dropping an attempt rolls it back (a cancelled request): the key is free.
+        // Dropping an attempt rolls it back (a cancelled request): the key is free as
+        // soon as the rollback reaches the server, which the pool sends as it takes the
+        // connection back, in a task of its own.
         drop(first);
+        let freed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match db.begin("k1", "a").await {
+                    Err(Refusal::InUse) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    begun => return run(begun),
+                }
+            }
+        });
+        freed.await.expect("the key is never freed").rollback().await.unwrap();
+        // An attempt that ends by its own rollback frees the key before it returns.
+        let second = run(db.begin("k1", "a").await);
+        second.rollback().await.unwrap();
         run(db.begin("k1", "a").await).rollback().await.unwrap();
         db.drop_schema().await;
     }

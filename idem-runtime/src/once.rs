@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::engine::{self, Begun, Claim, CommitError, Refusal};
+use crate::engine::{self, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
@@ -135,13 +135,7 @@ impl RunOnce<'_> {
                 }
             }
             Err(refusal) => {
-                let (outcome, error) = match refusal {
-                    Refusal::InUse => (Outcome::Conflict, OnceError::InUse),
-                    Refusal::Mismatch => (Outcome::Mismatch, OnceError::Mismatch),
-                    Refusal::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
-                    Refusal::Database(e) => (Outcome::Failed, OnceError::Database(e)),
-                    Refusal::Unreadable => (Outcome::Failed, OnceError::Unreadable),
-                };
+                let (outcome, error) = refused(refusal);
                 return Err(observation.refuse(outcome, error));
             }
         };
@@ -170,10 +164,18 @@ impl RunOnce<'_> {
             body: body.into(),
         };
         match attempt.commit(&record).await {
-            Ok(()) => {
+            Ok(Committed::Stored) => {
                 observation.finish(Outcome::Fresh, None);
                 Ok(value)
             }
+            // Another attempt with this key committed first: its result is the key's.
+            Ok(Committed::Superseded(record)) => match serde_json::from_slice(&record.body) {
+                Ok(result) => {
+                    observation.finish(Outcome::Replayed, None);
+                    Ok(result)
+                }
+                Err(error) => Err(observation.refuse(Outcome::Failed, OnceError::Result(error))),
+            },
             Err(error) => {
                 let (outcome, error) = match error {
                     CommitError::Escaped => (Outcome::Failed, OnceError::Escaped),
@@ -183,10 +185,22 @@ impl RunOnce<'_> {
                     }
                     CommitError::Serialization(e) => (Outcome::RolledBack, OnceError::Database(e)),
                     CommitError::Database(e) => (Outcome::Failed, OnceError::Database(e)),
+                    CommitError::Refused(refusal) => refused(refusal),
                 };
                 Err(observation.refuse(outcome, error))
             }
         }
+    }
+}
+
+/// How a refusal is observed, and what [`RunOnce::run`] returns for it.
+fn refused<E>(refusal: Refusal) -> (Outcome, OnceError<E>) {
+    match refusal {
+        Refusal::InUse => (Outcome::Conflict, OnceError::InUse),
+        Refusal::Mismatch => (Outcome::Mismatch, OnceError::Mismatch),
+        Refusal::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
+        Refusal::Database(e) => (Outcome::Failed, OnceError::Database(e)),
+        Refusal::Unreadable => (Outcome::Failed, OnceError::Unreadable),
     }
 }
 

@@ -2,18 +2,32 @@
 //! written whole beside the function that binds its parameters and decodes its rows.
 //! Only the table's name is filled in, once per store.
 //!
+//! # How a key is held
+//!
+//! In the default mode (and behind a transaction pooler) a key is held by a
+//! transaction-scoped advisory lock keyed by a hash of the table and the key
+//! ([`Table::lock_id`]), taken by the statement that also reads the key's committed row
+//! ([`TAKE`]). The key's row is written once, complete, just before COMMIT ([`INSERT`]):
+//! one row version and one WAL record per request, a 409 as soon as the lock is found
+//! taken, and a replay that writes nothing. The primary key still decides what commits
+//! (invariant 3); the lock only keeps a duplicate from running while the first is in
+//! flight. Two keys whose hashes collide (one pair in 2^64) share a lock: the second
+//! waits for the first or is answered 409, and each stores its own record. A lock can
+//! never make a second effect commit, because the key's row is inserted, not assumed.
+//!
+//! In portable mode the uncommitted row is the lock, as a distributed engine has no
+//! cluster-wide advisory lock: the claim inserts the row ([`CLAIM_PORTABLE`]) and the
+//! response is stored by updating it ([`STORE`]).
+//!
 //! # The claim's lock timeout
 //!
-//! A claim that finds another request's uncommitted row waits for it, for at most the
-//! endpoint's conflict wait; then PostgreSQL raises 55P03, which the engine answers as
-//! "in use" (409). The handler's own statements must not inherit that timeout. `SET
-//! LOCAL` before and after the claim would cost two statements on every request, so the
-//! claim sets `lock_timeout` in the row it inserts (computed before the insert can wait)
-//! and restores it in the row it returns (computed after the insert finished), with
-//! `set_config(.., true)`, the function form of `SET LOCAL`. The session's own value is
-//! kept in the custom setting `idem.lock_timeout`, saved once per transaction. Every path
-//! that reaches the handler passes through a statement that returned a row ([`Table::claim`],
-//! [`Table::read`] or [`Table::reclaim`]), so the timeout is always restored by then.
+//! A duplicate that waits (`concurrency = wait(..)`) waits for at most the endpoint's
+//! conflict wait; then PostgreSQL raises 55P03, which the engine answers as "in use"
+//! (409). The handler's own statements must not inherit that timeout: [`WAIT`] sets it
+//! and gives it back in one statement, with `set_config(.., true)`, the function form of
+//! `SET LOCAL`. A duplicate that does not wait is answered by [`TAKE`] itself, which
+//! tries the lock without waiting. Portable mode sets and resets the wait with `SET
+//! LOCAL` ([`Table::set_waits`], [`Table::restore_wait`]).
 //!
 //! `lock_timeout = 0` means "wait forever" to PostgreSQL, so the shortest wait bound is
 //! 1 ms ([`lock_timeout`]).
@@ -26,6 +40,7 @@ use bytes::Bytes;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
+use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
 use crate::fingerprint::Fingerprint;
@@ -94,64 +109,92 @@ impl Isolation {
     }
 }
 
-/// One statement: insert the claim, or return the stored row. `ON CONFLICT DO NOTHING`
-/// takes no lock on a live row, so concurrent replays do not serialize. When the
-/// conflicting row was committed after this statement's snapshot began (we waited for
-/// it), neither branch returns a row and [`READ`] follows.
+/// The claim of the default mode (and behind a transaction pooler): one statement that
+/// reads the key's committed row and, unless that row is a live record, takes the key's
+/// lock ([`Table::lock_id`], a transaction-scoped advisory lock: released by COMMIT,
+/// ROLLBACK, a crash or a dropped connection, like an uncommitted row). It writes
+/// nothing: the key's row is written once, complete, by [`INSERT`] just before COMMIT.
 ///
-/// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 ttl in seconds, $7 lock timeout,
-/// $8 the request's statement timeout (NULL: the session's own). The statement timeout
-/// stays set for the rest of the transaction: it bounds the handler's statements.
-const CLAIM: &str = "\
-WITH claimed AS (
-    INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
-    SELECT $1, {p2}, $3, $4, $5, now() + $6::float8 * interval '1 second'
-      FROM (SELECT set_config('idem.lock_timeout',
-                              coalesce(nullif(current_setting('idem.lock_timeout', true), ''),
-                                       current_setting('lock_timeout')), true),
-                   set_config('lock_timeout', $7, true),
-                   set_config('statement_timeout', coalesce($8, current_setting('statement_timeout')), true)) AS wait
-    ON CONFLICT (scope, principal, key) DO NOTHING
-    RETURNING 1
+/// A live record is replayed without a lock. `locked` is NULL then, `true` when this
+/// transaction holds the key, `false` when another holds it (a duplicate in flight: 409
+/// at once, or [`WAIT`]). The row is read in this statement's snapshot, taken just
+/// before the lock: a duplicate that commits in between is not seen, and [`INSERT`]
+/// then fails on the primary key, which decides (invariant 3).
+///
+/// $1..$3 the key, $4 the lock, $5 the request's statement timeout (NULL: the
+/// session's own), which stays set for the rest of the transaction: it bounds the
+/// handler's statements. `began` is the transaction's start (`now()`), which [`INSERT`]
+/// checks.
+const TAKE: &str = "\
+SELECT extract(epoch FROM now())::float8 AS began,
+       CASE WHEN k.status IS NOT NULL AND k.expires_at > now() THEN NULL
+            ELSE pg_try_advisory_xact_lock($4) END AS locked,
+       k.fingerprint, k.field_hashes, k.status, k.headers, k.body,
+       k.expires_at <= now() AS expired,
+       set_config('statement_timeout', coalesce($5, current_setting('statement_timeout')), true) AS bounded
+  FROM (VALUES (1)) AS one (x)
+  LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3";
+
+/// Waits for the key's lock for at most the claim's wait (`concurrency = wait(..)`),
+/// then gives the session's `lock_timeout` back. The settings are read and set in the
+/// first CTE, which the lock's CTE depends on, and restored in the result, computed
+/// after both: the handler never inherits the wait. 55P03 when the wait expires.
+///
+/// $1 the lock, $2 the wait.
+const WAIT: &str = "\
+WITH wait AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS saved, set_config('lock_timeout', $2, true) AS waits
+), held AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock($1) IS NULL AS held FROM wait WHERE waits IS NOT NULL
 )
-SELECT true AS fresh, NULL::bytea AS fingerprint, NULL::bytea AS field_hashes,
-       NULL::smallint AS status, NULL::bytea AS headers, NULL::bytea AS body,
-       false AS expired,
-       set_config('lock_timeout', current_setting('idem.lock_timeout'), true) AS restored
-  FROM claimed
-UNION ALL
-SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= now(),
-       set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
-  FROM {table}
- WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
+SELECT set_config('lock_timeout', wait.saved, true) AS restored FROM wait, held";
 
-/// The row a claim waited for, read by a new statement, which sees it committed.
-const READ: &str = "\
-SELECT false AS fresh, fingerprint, field_hashes, status, headers, body,
-       expires_at <= now() AS expired,
-       set_config('lock_timeout', current_setting('idem.lock_timeout'), true) AS restored
-  FROM {table}
- WHERE scope = $1 AND principal = {p2} AND key = $3";
+/// The key's row, written once and complete, in the transaction that holds its lock,
+/// just before COMMIT. `now()` is the transaction's start: if the handler ran a raw
+/// COMMIT or ROLLBACK, this runs in another transaction, inserts nothing, and the
+/// escape is caught instead of stored (invariant 6). A unique violation of the primary
+/// key means another attempt committed the key first (invariant 3).
+///
+/// The record's lifetime counts from here, just before COMMIT, not from the claim: a
+/// handler that runs longer than its ttl must not commit a record that is already
+/// expired, which the next retry would run again.
+///
+/// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 status, $7 headers, $8 body,
+/// $9 ttl in seconds, $10 `began` from [`TAKE`].
+const INSERT: &str = "\
+INSERT INTO {table} AS k (scope, principal, key, fingerprint, field_hashes, status, headers, body,
+                          created_at, expires_at)
+SELECT $1, {p2}, $3, $4, $5, $6, $7, $8, now(),
+       statement_timestamp() + $9::float8 * interval '1 second'
+ WHERE extract(epoch FROM now())::float8 = $10";
 
-/// An expired row is taken over in place. A committed row with no status can only be
-/// left by a handler that ended the transaction itself; it is taken over too, so that
-/// key is never stuck. It waits like the claim does. Binds as [`CLAIM`].
-const RECLAIM: &str = "\
-UPDATE {table}
-   SET fingerprint = $4, field_hashes = $5, status = NULL, headers = NULL, body = NULL,
-       created_at = now(), expires_at = now() + $6::float8 * interval '1 second'
-  FROM (SELECT set_config('idem.lock_timeout',
-                          coalesce(nullif(current_setting('idem.lock_timeout', true), ''),
-                                   current_setting('lock_timeout')), true),
-               set_config('lock_timeout', $7, true),
-               set_config('statement_timeout', coalesce($8, current_setting('statement_timeout')), true)) AS wait
- WHERE scope = $1 AND principal = {p2} AND key = $3
-   AND (expires_at <= now() OR status IS NULL)
-RETURNING set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+/// [`INSERT`] over an expired row (or a row without a response, which only a handler
+/// that ended its transaction itself could commit, in an earlier version): the claim
+/// saw it and holds the key's lock. If the row turned live meanwhile (an attempt that
+/// took no lock: an instance of an earlier version during a rolling upgrade), it is
+/// left alone and nothing is written: that attempt won. A sweeper deleting the row
+/// is waited for. Binds as [`INSERT`].
+const OVERWRITE: &str = "\
+INSERT INTO {table} AS k (scope, principal, key, fingerprint, field_hashes, status, headers, body,
+                          created_at, expires_at)
+SELECT $1, {p2}, $3, $4, $5, $6, $7, $8, now(),
+       statement_timestamp() + $9::float8 * interval '1 second'
+ WHERE extract(epoch FROM now())::float8 = $10
+ON CONFLICT (scope, principal, key) DO UPDATE
+   SET fingerprint = excluded.fingerprint, field_hashes = excluded.field_hashes,
+       status = excluded.status, headers = excluded.headers, body = excluded.body,
+       created_at = excluded.created_at, expires_at = excluded.expires_at
+ WHERE k.expires_at <= now() OR k.status IS NULL";
 
-/// `created_at = now()` holds only inside the transaction that claimed the row (`now()`
-/// is the transaction's start time): if the handler ran a raw COMMIT or ROLLBACK, this
-/// matches nothing and the escape is caught instead of stored.
+/// Whether this statement runs in the transaction that began at $1 (`began` from
+/// [`TAKE`]): tells an escaped handler from a lost race when [`OVERWRITE`] wrote
+/// nothing.
+const SAME_TRANSACTION: &str = "SELECT extract(epoch FROM now())::float8 = $1";
+
+/// Portable mode: the response, stored in the row the claim inserted. `created_at =
+/// now()` holds only inside the transaction that claimed the row (`now()` is the
+/// transaction's start time): if the handler ran a raw COMMIT or ROLLBACK, this matches
+/// nothing and the escape is caught instead of stored.
 ///
 /// The record's lifetime counts from here, just before COMMIT, not from the claim: a
 /// handler that runs longer than its ttl must not commit a record that is already
@@ -165,12 +208,14 @@ UPDATE {table}
        expires_at = statement_timestamp() + $7::float8 * interval '1 second'
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NULL AND created_at = now()";
 
-/// Whether the committed row of a key is expired, read without waiting for locks: tells
-/// a sweeper's (or a reclaim's) lock on an expired row from a request's on a live one.
+/// Portable mode: whether the committed row of a key is expired, read without waiting
+/// for locks: tells a sweeper's (or a reclaim's) lock on an expired row from a
+/// request's on a live one.
 const EXPIRED: &str = "\
 SELECT expires_at <= now() FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3";
 
-/// Removes a claim that committed without its response (a handler's raw COMMIT).
+/// Portable mode: removes a claim that committed without its response (a handler's raw
+/// COMMIT).
 const FORGET: &str = "\
 DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NULL";
 
@@ -196,9 +241,16 @@ SELECT extract(epoch FROM created_at)::float8 AS created_at,
   FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
 
-/// [`CLAIM`] in portable mode: the waits are set by `SET LOCAL` before it
-/// ([`Table::set_waits`]), so it reads and writes no setting. Binds as [`CLAIM`]; $7 and
-/// $8 are not sent.
+/// The claim of portable mode: one statement that inserts the key's row (its response
+/// still NULL), or returns the stored row. A distributed engine has no cluster-wide
+/// advisory lock, so the uncommitted row is the key's lock here: a duplicate's insert
+/// waits for it, and `lock_timeout` (set by `SET LOCAL` before, [`Table::set_waits`])
+/// turns the wait into 55P03. `ON CONFLICT DO NOTHING` takes no lock on a live row, so
+/// concurrent replays do not serialize. When the conflicting row was committed after
+/// this statement's snapshot began (it waited for it), neither branch returns a row and
+/// [`READ_PORTABLE`] follows. It reads and writes no setting.
+///
+/// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 ttl in seconds.
 const CLAIM_PORTABLE: &str = "\
 WITH claimed AS (
     INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
@@ -215,14 +267,18 @@ SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= no
   FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
 
-/// [`READ`] in portable mode.
+/// Portable mode: the row a claim waited for, read by a new statement, which sees it
+/// committed.
 const READ_PORTABLE: &str = "\
 SELECT false AS fresh, fingerprint, field_hashes, status, headers, body,
        expires_at <= now() AS expired
   FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3";
 
-/// [`RECLAIM`] in portable mode. Binds as [`CLAIM_PORTABLE`].
+/// Portable mode: an expired row is taken over in place. A committed row with no status
+/// can only be left by a handler that ended the transaction itself; it is taken over
+/// too, so that key is never stuck. It waits like the claim does. Binds as
+/// [`CLAIM_PORTABLE`].
 const RECLAIM_PORTABLE: &str = "\
 UPDATE {table}
    SET fingerprint = $4, field_hashes = $5, status = NULL, headers = NULL, body = NULL,
@@ -452,6 +508,13 @@ pub(crate) struct Table {
     /// request with the same key won (invariant 3); any other belongs to the business
     /// tables.
     primary_key: String,
+    /// The table as written in SQL: part of every key's lock ([`Self::lock_id`]).
+    qualified: String,
+    take: SqlStr,
+    wait: SqlStr,
+    insert: SqlStr,
+    overwrite: SqlStr,
+    same_transaction: SqlStr,
     claim: SqlStr,
     read: SqlStr,
     reclaim: SqlStr,
@@ -479,6 +542,28 @@ pub(crate) enum Found {
     Claimed,
     /// A row exists.
     Stored(StoredRow),
+}
+
+/// What [`TAKE`] found.
+pub(crate) struct Taken {
+    /// The transaction's start, as [`INSERT`] checks it.
+    pub(crate) began: f64,
+    /// `None` when the key's row is a live record (no lock was tried); otherwise whether
+    /// this transaction holds the key.
+    pub(crate) locked: Option<bool>,
+    /// The key's committed row, in the statement's snapshot.
+    pub(crate) stored: Option<StoredRow>,
+}
+
+/// A held key, as [`Table::insert`] writes its row.
+pub(crate) struct Inserting<'a> {
+    pub(crate) key: &'a KeyInScope,
+    pub(crate) fingerprint: &'a Fingerprint,
+    pub(crate) ttl: Duration,
+    /// `began` from [`TAKE`].
+    pub(crate) began: f64,
+    /// Whether the claim saw a row to write over (expired, or without a response).
+    pub(crate) over: bool,
 }
 
 /// A row of the table as the claim reads it.
@@ -515,6 +600,7 @@ impl Table {
     /// of the statements run outside a request ([`Self::single`]).
     pub(crate) fn new(name: &TableName, dialect: Dialect, acquire_timeout: Duration) -> Self {
         let table = name.qualified();
+        let qualified = table.clone();
         let render = |sql: &str| {
             statement(
                 sql.replace("{table}", &table)
@@ -547,10 +633,16 @@ impl Table {
             dialect,
             acquire_timeout,
             ddl,
+            qualified,
             primary_key: format!("{}_pkey", name.name),
-            claim: pick(CLAIM, CLAIM_PORTABLE),
-            read: pick(READ, READ_PORTABLE),
-            reclaim: pick(RECLAIM, RECLAIM_PORTABLE),
+            take: render(TAKE),
+            wait: render(WAIT),
+            insert: render(INSERT),
+            overwrite: render(OVERWRITE),
+            same_transaction: render(SAME_TRANSACTION),
+            claim: render(CLAIM_PORTABLE),
+            read: render(READ_PORTABLE),
+            reclaim: render(RECLAIM_PORTABLE),
             store: render(STORE),
             expired: render(EXPIRED),
             forget: render(FORGET),
@@ -584,25 +676,123 @@ impl Table {
             .bind(key.key.as_str())
     }
 
-    /// [`CLAIM`] and [`RECLAIM`] (or their portable forms), bound.
+    /// [`CLAIM_PORTABLE`] and [`RECLAIM_PORTABLE`], bound.
     fn claiming(
         &self,
         sql: &SqlStr,
         key: &KeyInScope,
         fingerprint: &Fingerprint,
-        timeouts: Timeouts,
+        ttl: Duration,
     ) -> Query<'static, Postgres, PgArguments> {
-        let query = self
-            .keyed(sql, key)
+        self.keyed(sql, key)
             .bind(fingerprint.combined().as_slice())
             .bind(fingerprint.parts())
-            .bind(timeouts.ttl.as_secs_f64());
-        if self.dialect.portable {
-            return query;
+            .bind(ttl.as_secs_f64())
+    }
+
+    /// The advisory lock that holds `key` in the default mode: the first 8 bytes of a
+    /// SHA-256 over the table and the key, so that keys spread over the whole `bigint`
+    /// space and two stores' tables never share a lock.
+    pub(crate) fn lock_id(&self, key: &KeyInScope) -> i64 {
+        let mut hasher = Sha256::new();
+        for part in [
+            "idem key lock v1",
+            &self.qualified,
+            &key.scope,
+            self.dialect.principal_type.bound(&key.principal),
+            key.key.as_str(),
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part.as_bytes());
         }
-        query
-            .bind(lock_timeout(timeouts.wait))
-            .bind(timeouts.statement.map(lock_timeout))
+        let digest = hasher.finalize();
+        let mut first = [0; 8];
+        first.copy_from_slice(&digest[..8]);
+        i64::from_be_bytes(first)
+    }
+
+    /// [`TAKE`]: the key's committed row, and whether this transaction now holds the key.
+    pub(crate) async fn take(
+        &self,
+        conn: &mut PgConnection,
+        key: &KeyInScope,
+        lock: i64,
+        statement_timeout: Option<Duration>,
+    ) -> Result<Taken, sqlx::Error> {
+        let row = self
+            .keyed(&self.take, key)
+            .bind(lock)
+            .bind(statement_timeout.map(lock_timeout))
+            .fetch_one(conn)
+            .await?;
+        let stored = match row.try_get::<Option<Vec<u8>>, _>("fingerprint")? {
+            Some(fingerprint) => Some(StoredRow {
+                fingerprint,
+                field_hashes: row.try_get("field_hashes")?,
+                status: row.try_get("status")?,
+                headers: row.try_get("headers")?,
+                body: row.try_get("body")?,
+                expired: row.try_get("expired")?,
+            }),
+            None => None,
+        };
+        Ok(Taken {
+            began: row.try_get("began")?,
+            locked: row.try_get("locked")?,
+            stored,
+        })
+    }
+
+    /// [`WAIT`]: holds the key's lock once it is free, waiting at most `wait` (55P03).
+    pub(crate) async fn wait(
+        &self,
+        conn: &mut PgConnection,
+        lock: i64,
+        wait: Duration,
+    ) -> Result<(), sqlx::Error> {
+        self.query(&self.wait)
+            .bind(lock)
+            .bind(lock_timeout(wait))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    /// [`INSERT`], or [`OVERWRITE`] over the row the claim saw: `false` when nothing was
+    /// written, because the handler ended the transaction itself or (over a row) another
+    /// attempt won.
+    pub(crate) async fn insert(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Inserting<'_>,
+        record: &Record,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if claim.over { &self.overwrite } else { &self.insert };
+        let done = self
+            .keyed(sql, claim.key)
+            .bind(claim.fingerprint.combined().as_slice())
+            .bind(claim.fingerprint.parts())
+            .bind(i16::try_from(record.status).unwrap_or(i16::MAX))
+            .bind(&record.headers)
+            .bind(record.body.as_ref())
+            .bind(claim.ttl.as_secs_f64())
+            .bind(claim.began)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// [`SAME_TRANSACTION`].
+    pub(crate) async fn same_transaction(
+        &self,
+        conn: &mut PgConnection,
+        began: f64,
+    ) -> Result<bool, sqlx::Error> {
+        self.query(&self.same_transaction)
+            .bind(began)
+            .fetch_one(conn)
+            .await?
+            .try_get(0)
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -707,7 +897,7 @@ impl Table {
         }
     }
 
-    /// [`CLAIM`]: `None` when the row it waited for committed after its snapshot.
+    /// [`CLAIM_PORTABLE`]: `None` when the row it waited for committed after its snapshot.
     pub(crate) async fn claim(
         &self,
         conn: &mut PgConnection,
@@ -715,11 +905,11 @@ impl Table {
         fingerprint: &Fingerprint,
         timeouts: Timeouts,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let query = self.claiming(&self.claim, key, fingerprint, timeouts);
+        let query = self.claiming(&self.claim, key, fingerprint, timeouts.ttl);
         decode_found(query.fetch_optional(conn).await?)
     }
 
-    /// [`READ`].
+    /// [`READ_PORTABLE`].
     pub(crate) async fn read(
         &self,
         conn: &mut PgConnection,
@@ -729,7 +919,7 @@ impl Table {
         decode_found(query.fetch_optional(conn).await?)
     }
 
-    /// [`RECLAIM`]: whether the row was taken over.
+    /// [`RECLAIM_PORTABLE`]: whether the row was taken over.
     pub(crate) async fn reclaim(
         &self,
         conn: &mut PgConnection,
@@ -737,11 +927,12 @@ impl Table {
         fingerprint: &Fingerprint,
         timeouts: Timeouts,
     ) -> Result<bool, sqlx::Error> {
-        let query = self.claiming(&self.reclaim, key, fingerprint, timeouts);
+        let query = self.claiming(&self.reclaim, key, fingerprint, timeouts.ttl);
         Ok(query.fetch_optional(conn).await?.is_some())
     }
 
-    /// [`STORE`]: `false` when the claimed row is not this transaction's any more.
+    /// [`STORE`] (portable mode): `false` when the claimed row is not this transaction's
+    /// any more.
     pub(crate) async fn store(
         &self,
         conn: &mut PgConnection,
@@ -989,7 +1180,10 @@ mod tests {
     /// Invariant 5: the request path keeps to SQL that PostgreSQL-compatible distributed
     /// engines also run: INSERT .. ON CONFLICT, SELECT, UPDATE, DELETE, and lock_timeout
     /// (set through `set_config`, the function form of `SET LOCAL`). A construct outside
-    /// this set needs a measured reason.
+    /// this set needs a measured reason. In portable mode there is none
+    /// ([`portable_sql_depends_on_no_setting`]); the default mode has one, the key's
+    /// advisory lock (BENCHMARKS.md, "The claim path": one row version per request, a
+    /// 409 without waiting, replays that write nothing), and nothing else.
     #[test]
     fn request_sql_stays_portable() {
         let table = Table::new(
@@ -1001,22 +1195,24 @@ mod tests {
             Isolation::default().begin(),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
         );
-        // The request path; purge and inspect run outside it.
-        for statement in [
-            &table.claim,
-            &table.read,
-            &table.reclaim,
-            &table.store,
-            &table.expired,
-            &table.forget,
-        ] {
+        let request_path = [
+            &table.take,
+            &table.wait,
+            &table.insert,
+            &table.overwrite,
+            &table.same_transaction,
+        ];
+        for statement in request_path {
             let statement = statement.as_str();
             let first = statement.split_whitespace().next().unwrap_or_default();
             assert!(
-                ["WITH", "SELECT", "UPDATE", "DELETE"].contains(&first),
+                ["WITH", "SELECT", "INSERT"].contains(&first),
                 "unexpected statement: {statement}"
             );
-            let lower = statement.to_lowercase();
+            let lower = statement
+                .to_lowercase()
+                .replace("pg_try_advisory_xact_lock($4)", "")
+                .replace("pg_advisory_xact_lock($1)", "");
             for exotic in [
                 "pg_",
                 "advisory",
@@ -1036,16 +1232,56 @@ mod tests {
                 .collect();
             assert!(
                 settings.iter().all(|s| s.starts_with("lock_timeout'")
-                    || s.starts_with("idem.lock_timeout'")
                     || s.starts_with("statement_timeout'")),
                 "only lock_timeout and statement_timeout are ever set: {statement}"
             );
             assert!(!statement.contains('{'), "unrendered: {statement}");
         }
-        assert!(table
-            .claim
-            .as_str()
-            .contains("ON CONFLICT (scope, principal, key) DO NOTHING"));
+        // Only the lock is taken by a key, and only transaction-scoped: it cannot outlive
+        // the request's transaction (invariant 2).
+        let locks: String = request_path.iter().map(|s| s.as_str()).collect();
+        assert_eq!(locks.matches("advisory").count(), 2);
+        assert_eq!(locks.matches("advisory_xact_lock(").count(), 2);
+        // The key's row is written by one statement, once.
+        assert!(table.insert.as_str().starts_with("INSERT INTO \"idempotency_keys\" AS k"));
+        assert!(!table.insert.as_str().contains("ON CONFLICT"));
+    }
+
+    /// The lock of a key spreads over the `bigint` space, and depends on every part of
+    /// the key and on the table.
+    #[test]
+    fn keys_lock_by_their_hash() {
+        let key = |scope: &'static str, principal: &str, key: &str| KeyInScope {
+            scope: scope.into(),
+            principal: principal.into(),
+            key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+        };
+        let table = Table::new(
+            &TableName::default(),
+            Dialect::default(),
+            Duration::from_secs(3),
+        );
+        let other = Table::new(
+            &TableName::parse("ops.keys").unwrap(),
+            Dialect::default(),
+            Duration::from_secs(3),
+        );
+        let base = table.lock_id(&key("charges", "acct_1", "k1"));
+        assert_eq!(base, table.lock_id(&key("charges", "acct_1", "k1")));
+        for different in [
+            table.lock_id(&key("refunds", "acct_1", "k1")),
+            table.lock_id(&key("charges", "acct_2", "k1")),
+            table.lock_id(&key("charges", "acct_1", "k2")),
+            // Length-prefixed parts: moving a character between parts is another key.
+            table.lock_id(&key("charges", "acct_1k", "1")),
+            other.lock_id(&key("charges", "acct_1", "k1")),
+        ] {
+            assert_ne!(base, different);
+        }
+        let negative = (0..64)
+            .filter(|i| table.lock_id(&key("charges", "", &format!("k{i}"))) < 0)
+            .count();
+        assert!((16..=48).contains(&negative), "{negative} of 64 negative");
     }
 
     /// Portable mode reads and sets no setting in its statements (a distributed engine
@@ -1078,7 +1314,14 @@ mod tests {
                 let is_purge = *statement == table.purge;
                 let statement = statement.as_str();
                 let lower = statement.to_lowercase();
-                for setting in ["set_config", "current_setting", "for update", "skip locked"] {
+                for setting in [
+                    "set_config",
+                    "current_setting",
+                    "for update",
+                    "skip locked",
+                    "pg_",
+                    "advisory",
+                ] {
                     assert!(!lower.contains(setting), "{setting:?} in: {statement}");
                 }
                 assert!(!statement.contains('{'), "unrendered: {statement}");

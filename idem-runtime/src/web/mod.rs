@@ -23,7 +23,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 use serde::Serialize;
 
-use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Refusal};
+use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
@@ -365,7 +365,11 @@ impl Claimed {
             }
         };
         match attempt.commit(&record).await {
-            Ok(()) => {}
+            Ok(Committed::Stored) => {}
+            // Another attempt with this key committed first: its answer is the key's.
+            Ok(Committed::Superseded(record)) => {
+                return observation.answer(Outcome::Replayed, response::replay(record))
+            }
             // A final 4xx after a failed statement (a unique violation answered 409, say):
             // PostgreSQL rolled back whatever the handler wrote, and the rejection is
             // stored by itself, so that its retries replay it rather than fail forever.
@@ -415,6 +419,7 @@ fn commit_failed(store: &Store, observation: Observation, error: &CommitError) -
             tracing::error!(parent: observation.span(), %error, "idem: database error");
             Outcome::Failed
         }
+        CommitError::Refused(refusal) => return refused(store, observation, refusal),
     };
     let problem = Problems::of(store).commit_error(error).into_response();
     observation.answer(outcome, problem)

@@ -205,6 +205,7 @@ impl<'a> Problems<'a> {
             CommitError::Database(_) => {
                 self.internal("a database error occurred; nothing was committed")
             }
+            CommitError::Refused(refusal) => self.refusal(refusal),
         }
     }
 
