@@ -9,13 +9,18 @@
 //!
 //! 1. **One transaction.** The claim, the work's writes and the stored record commit
 //!    together ([`Attempt::commit`]). There is no "mark complete" step that could be lost.
-//! 2. **No stuck keys.** An unfinished claim is an uncommitted row: a crash, a dropped
-//!    connection or a dropped [`Attempt`] rolls it back. No lease, no reaper.
-//! 3. **The primary key is the final arbiter.** Concurrent claims of one key serialize
-//!    on the row; the loser waits (up to its lock timeout) and then replays, or is
-//!    refused as [`Refusal::InUse`].
+//! 2. **No stuck keys.** An unfinished claim is a transaction-scoped lock (in portable
+//!    mode, an uncommitted row): a crash, a dropped connection or a dropped [`Attempt`]
+//!    releases it. No lease, no reaper.
+//! 3. **The primary key is the final arbiter.** The key's lock keeps a duplicate from
+//!    running while the first attempt is in flight (it waits, up to its conflict wait,
+//!    and then replays, or is refused as [`Refusal::InUse`]); what commits is decided by
+//!    the primary key, which the record is inserted under. An attempt the lock did not
+//!    keep out (a colliding hash only delays; an instance of an earlier version takes
+//!    no lock) loses at commit and answers the winner's record
+//!    ([`Committed::Superseded`]).
 //! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
-//!    sees the row the winner committed.
+//!    sees the record the winner committed.
 //! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
 //!    dropped.
 
@@ -270,13 +275,16 @@ async fn take(
             if wait <= Duration::from_millis(1) {
                 return Err(ClaimError::InUse);
             }
-            table.wait(tx, lock, wait).await.map_err(|error| match &error {
-                // 55P03: the request in flight did not end within the wait.
-                sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => {
-                    ClaimError::InUse
-                }
-                _ => ClaimError::Database(error),
-            })?;
+            table
+                .wait(tx, lock, wait)
+                .await
+                .map_err(|error| match &error {
+                    // 55P03: the request in flight did not end within the wait.
+                    sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => {
+                        ClaimError::InUse
+                    }
+                    _ => ClaimError::Database(error),
+                })?;
             // Above READ COMMITTED the transaction's snapshot was taken before the
             // request it waited for committed: only a new transaction sees its record.
             if isolation != Isolation::ReadCommitted {
@@ -378,7 +386,6 @@ async fn begin_portable(
         }
     }
 }
-
 
 /// Portable mode: claims the key in `tx`: the fresh claim, or the row that holds the key.
 async fn claim_row(
@@ -1270,7 +1277,12 @@ mod tests {
                 }
             }
         });
-        freed.await.expect("the key is never freed").rollback().await.unwrap();
+        freed
+            .await
+            .expect("the key is never freed")
+            .rollback()
+            .await
+            .unwrap();
         // An attempt that ends by its own rollback frees the key before it returns.
         let second = run(db.begin("k1", "a").await);
         second.rollback().await.unwrap();

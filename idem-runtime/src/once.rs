@@ -119,26 +119,25 @@ impl RunOnce<'_> {
             conflict_wait: None,
             statement_timeout: None,
         };
-        let mut attempt = match engine::begin(self.store, Some(claim), Isolation::ReadCommitted)
-            .await
-        {
-            Ok(Begun::Run(attempt)) => attempt,
-            Ok(Begun::Replay(record)) => {
-                return match serde_json::from_slice(&record.body) {
-                    Ok(result) => {
-                        observation.finish(Outcome::Replayed, None);
-                        Ok(result)
-                    }
-                    Err(error) => {
-                        Err(observation.refuse(Outcome::Failed, OnceError::Result(error)))
+        let mut attempt =
+            match engine::begin(self.store, Some(claim), Isolation::ReadCommitted).await {
+                Ok(Begun::Run(attempt)) => attempt,
+                Ok(Begun::Replay(record)) => {
+                    return match serde_json::from_slice(&record.body) {
+                        Ok(result) => {
+                            observation.finish(Outcome::Replayed, None);
+                            Ok(result)
+                        }
+                        Err(error) => {
+                            Err(observation.refuse(Outcome::Failed, OnceError::Result(error)))
+                        }
                     }
                 }
-            }
-            Err(refusal) => {
-                let (outcome, error) = refused(refusal);
-                return Err(observation.refuse(outcome, error));
-            }
-        };
+                Err(refusal) => {
+                    let (outcome, error) = refused(refusal);
+                    return Err(observation.refuse(outcome, error));
+                }
+            };
         let mut observation = observation;
         observation.claimed();
         let value = match work(attempt.tx()).await {

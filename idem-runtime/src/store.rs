@@ -284,9 +284,10 @@ impl StoreBuilder {
     }
 
     /// How long a duplicate waits for the request in flight with its key to finish
-    /// before it is answered 409 (default 1 ms, the shortest PostgreSQL's `lock_timeout`
-    /// allows). A longer wait turns more concurrent duplicates into replays, at the cost
-    /// of holding a connection while waiting.
+    /// before it is answered 409 (default 1 ms: no wait; the claim tries the key's lock
+    /// and answers at once). A longer wait turns more concurrent duplicates into
+    /// replays, at the cost of holding a connection while waiting; the duplicate reads
+    /// the record as soon as the first request commits.
     pub fn conflict_wait(mut self, wait: Duration) -> Self {
         self.conflict_wait = wait;
         self
@@ -296,8 +297,8 @@ impl StoreBuilder {
     /// `statement_timeout`, set by the claim for that transaction only; default: the
     /// session's own). Set it to what your timeout layer allows a request: when a layer
     /// (or a client that disconnects) drops a request, its transaction is rolled back,
-    /// but a statement already sent keeps running on the server and keeps the key's row
-    /// locked, so duplicates get 409 until it ends. This bounds that time.
+    /// but a statement already sent keeps running on the server and keeps the key held,
+    /// so duplicates get 409 until it ends. This bounds that time.
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.statement_timeout = Some(timeout);
         self

@@ -37,10 +37,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
 use crate::fingerprint::Fingerprint;
@@ -767,7 +767,11 @@ impl Table {
         claim: &Inserting<'_>,
         record: &Record,
     ) -> Result<bool, sqlx::Error> {
-        let sql = if claim.over { &self.overwrite } else { &self.insert };
+        let sql = if claim.over {
+            &self.overwrite
+        } else {
+            &self.insert
+        };
         let done = self
             .keyed(sql, claim.key)
             .bind(claim.fingerprint.combined().as_slice())
@@ -1231,8 +1235,9 @@ mod tests {
                 .map(|(i, _)| &lower[i + 12..])
                 .collect();
             assert!(
-                settings.iter().all(|s| s.starts_with("lock_timeout'")
-                    || s.starts_with("statement_timeout'")),
+                settings
+                    .iter()
+                    .all(|s| s.starts_with("lock_timeout'") || s.starts_with("statement_timeout'")),
                 "only lock_timeout and statement_timeout are ever set: {statement}"
             );
             assert!(!statement.contains('{'), "unrendered: {statement}");
@@ -1243,7 +1248,10 @@ mod tests {
         assert_eq!(locks.matches("advisory").count(), 2);
         assert_eq!(locks.matches("advisory_xact_lock(").count(), 2);
         // The key's row is written by one statement, once.
-        assert!(table.insert.as_str().starts_with("INSERT INTO \"idempotency_keys\" AS k"));
+        assert!(table
+            .insert
+            .as_str()
+            .starts_with("INSERT INTO \"idempotency_keys\" AS k"));
         assert!(!table.insert.as_str().contains("ON CONFLICT"));
     }
 
