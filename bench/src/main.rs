@@ -415,6 +415,7 @@ fn run(
     chart::write(&options.chart, &series)?;
     println!("Chart: {}\n", options.chart);
     client_rt.block_on(storm(&client, &base, &pool, &peers))?;
+    client_rt.block_on(waiting(&client, &base));
     client_rt.block_on(peers.clean())?;
 
     let modes = server_rt.block_on(serve_modes(db, modes_size))?;
@@ -1062,6 +1063,44 @@ async fn storm(
     }
     println!();
     Ok(())
+}
+
+/// How soon a duplicate that waits (`concurrency = wait(..)`) gets its replay after the
+/// first request commits: the first holds its key for 50 ms (a processor call in its
+/// transaction), its duplicate arrives 20 ms in and waits; the figure is the time from
+/// the first's answer (sent once it committed) to the duplicate's.
+async fn waiting(client: &reqwest::Client, base: &str) {
+    let url = format!("{base}/wait");
+    let mut after = Vec::new();
+    let mut statuses = Vec::new();
+    for n in 0..200_u64 {
+        let key = format!("wait-{n}");
+        let mut body = charge(n);
+        body["delay_ms"] = json!(50);
+        let first = async {
+            let status = send(client, &url, Some(&key), &body).await;
+            (status, Instant::now())
+        };
+        let duplicate = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let status = send(client, &url, Some(&key), &body).await;
+            (status, Instant::now())
+        };
+        let ((s1, t1), (s2, t2)) = tokio::join!(first, duplicate);
+        statuses.extend([s1, s2]);
+        after.push(t2.saturating_duration_since(t1));
+    }
+    let (p50, p99) = percentiles(&mut after);
+    let statuses = tally(statuses);
+    let mark = verdict("waiting duplicates", &statuses, &[201]);
+    println!("## Waiting duplicates (`concurrency = wait(\"10s\")`), 200 pairs
+");
+    println!("| | p50 ms | p99 ms | answers |");
+    println!("|---|---|---|---|");
+    println!(
+        "| the duplicate's replay after the first's answer{mark} | {p50:.2} | {p99:.2} | {} |\n",
+        answers(&statuses)
+    );
 }
 
 /// Claim latency as the table grows, and the sweeper's rate.

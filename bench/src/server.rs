@@ -85,6 +85,7 @@ pub async fn serve_with(
         .route("/bare", post(bare))
         .route("/idem", post(idem))
         .route("/hold", post(hold))
+        .route("/wait", post(wait))
         .route("/naive", post(naive))
         .route("/floor", post(floor))
         .with_state(state);
@@ -233,6 +234,18 @@ async fn hold(mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, (Sta
     insert(&mut tx, &req, Named(true)).await.map_err(failed)?;
     tokio::time::sleep(Duration::from_secs(600)).await;
     Ok(StatusCode::CREATED)
+}
+
+/// The same write as (b), for duplicates that wait for the request in flight and
+/// replay it (`concurrency = wait(..)`).
+#[idempotent(scope = "waited", fields = [amount, currency, customer], concurrency = wait("10s"))]
+async fn wait(
+    State(named): State<Named>,
+    mut tx: Tx,
+    Json(req): Json<NewCharge>,
+) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
+    let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
+    Ok((StatusCode::CREATED, Json(charge)))
 }
 
 /// (e) The common non-atomic pattern: check the key, run the write, save the key, in
