@@ -3,11 +3,12 @@
 //! local PostgreSQL, in one run. See BENCHMARKS.md.
 //!
 //! ```text
-//! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth] [--modes]
+//! cargo run --release -p idem-bench -- [--seconds 5] [--quick] [--no-growth] [--growth-only] [--modes]
 //!     [--chart PATH] [--peer-store redis|memory]
 //! ```
 //!
-//! `--modes` runs only the comparison of the store's production modes.
+//! `--modes` runs only the comparison of the store's production modes, `--growth-only`
+//! only the claim's latency as the table grows.
 //!
 //! Every cell states the one status it expects (409 for the duplicates in flight, 201
 //! elsewhere; 201 or 409 in idem's duplicate storm). A cell that answered anything else
@@ -42,6 +43,7 @@ struct Options {
     seconds: f64,
     quick: bool,
     growth: bool,
+    growth_only: bool,
     modes_only: bool,
     chart: String,
     peer_store: PeerStore,
@@ -64,6 +66,7 @@ impl Options {
             seconds: 5.0,
             quick: false,
             growth: true,
+            growth_only: false,
             modes_only: false,
             chart: concat!(env!("CARGO_MANIFEST_DIR"), "/throughput.svg").to_owned(),
             peer_store: PeerStore::Redis,
@@ -79,6 +82,7 @@ impl Options {
                 }
                 "--quick" => options.quick = true,
                 "--no-growth" => options.growth = false,
+                "--growth-only" => options.growth_only = true,
                 "--modes" => options.modes_only = true,
                 "--chart" => options.chart = args.next().ok_or("--chart needs a path")?,
                 "--peer-store" => {
@@ -90,7 +94,7 @@ impl Options {
                 }
                 other => {
                     return Err(format!(
-                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --modes, --chart PATH, --peer-store redis|memory"
+                        "unknown argument {other}; use --seconds N, --quick, --no-growth, --growth-only, --modes, --chart PATH, --peer-store redis|memory"
                     ))
                 }
             }
@@ -376,6 +380,11 @@ fn run(
     })?;
     let base = format!("http://{addr}");
     machine_line(client_rt, &pool, main_size, modes_size);
+    if options.growth_only {
+        client_rt.block_on(growth(&client, &base, &pool, options));
+        server_rt.block_on(pool.close());
+        return Ok(());
+    }
 
     // A second server on a pool that logs its statements, for counting them; the
     // measured server logs nothing.
@@ -1093,8 +1102,10 @@ async fn waiting(client: &reqwest::Client, base: &str) {
     let (p50, p99) = percentiles(&mut after);
     let statuses = tally(statuses);
     let mark = verdict("waiting duplicates", &statuses, &[201]);
-    println!("## Waiting duplicates (`concurrency = wait(\"10s\")`), 200 pairs
-");
+    println!(
+        "## Waiting duplicates (`concurrency = wait(\"10s\")`), 200 pairs
+"
+    );
     println!("| | p50 ms | p99 ms | answers |");
     println!("|---|---|---|---|");
     println!(
@@ -1113,6 +1124,17 @@ async fn growth(client: &reqwest::Client, base: &str, pool: &PgPool, options: &O
     println!("## Growth: claim latency by table size (half expired, half live; random keys)\n");
     println!("| rows | fill s | fresh claim p50 ms | fresh claim p99 ms | replay claim p50 ms | table + indexes |");
     println!("|---|---|---|---|---|---|");
+    // Warm the server, its pool's statements and PostgreSQL's caches first, so that the
+    // empty table's figures are not a cold start's.
+    for n in 0..500 {
+        send(
+            client,
+            &format!("{base}/idem"),
+            Some(&format!("grow-warm-{n}")),
+            &charge(n),
+        )
+        .await;
+    }
     sqlx::query("TRUNCATE idempotency_keys")
         .execute(pool)
         .await
