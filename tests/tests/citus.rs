@@ -1,0 +1,577 @@
+//! The charges example on a real Citus cluster (a coordinator and two workers, each a
+//! throwaway PostgreSQL with the extension; `idem_tests::Citus`), in portable mode, its
+//! tables distributed by the code itself (`Store::distribute`, `charges::distribute`):
+//! the contract, a duplicate storm, a SIGKILL of the service mid-request, the three
+//! webhook endpoints and the sweeper.
+//!
+//! Citus is built from the vendored source by `.ci/run`; where it is not installed these
+//! tests print one line saying they were skipped (a failure with
+//! `IDEM_REQUIRE_CITUS=1`, which `.ci/run` sets).
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use charges::Config;
+use futures::future::join_all;
+use futures::stream::{self, StreamExt};
+use idem::{Distribution, Store, VerifyError};
+use idem_tests::{count, post, send, tally, Answer, Citus, TestApp};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+/// A pool on the cluster's coordinator.
+async fn pool(cluster: &Citus, size: u32) -> PgPool {
+    charges::connect_with(cluster.options(), idem::Pooler::Session, size)
+        .await
+        .expect("connect to the coordinator")
+}
+
+/// The example in portable mode on `cluster`, its tables created and distributed as its
+/// binary does it at start; the "processor" takes `delay` inside each charge.
+async fn service(cluster: &Citus, delay: Duration) -> TestApp {
+    let pool = pool(cluster, 20).await;
+    let config = Config {
+        portable: true,
+        processor_delay: delay,
+        ..Config::default()
+    };
+    charges::migrate(&pool).await.expect("migrate");
+    let store = charges::store(pool.clone(), &config);
+    charges::distribute(&store).await.expect("distribute");
+    store.verify().await.expect("verify");
+    TestApp::serve(pool.clone(), charges::app(pool, config)).await
+}
+
+/// How Citus keeps each of `tables`: (table, method, column, colocation group).
+async fn distribution(pool: &PgPool) -> Vec<(String, String, String, i32)> {
+    sqlx::query_as(
+        "SELECT logicalrelid::text, partmethod::text, \
+                coalesce(column_to_column_name(logicalrelid, partkey), ''), colocationid \
+           FROM pg_dist_partition ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read pg_dist_partition")
+}
+
+fn charge_body(customer: &str, amount: i64) -> Value {
+    json!({ "amount": amount, "currency": "usd", "customer": customer })
+}
+
+async fn charge(s: &TestApp, account: &str, key: &str, amount: i64) -> Answer {
+    let bearer = format!("Bearer {account}");
+    s.post_with(
+        "/charges",
+        Some(key),
+        &charge_body(key, amount),
+        &[("authorization", &bearer)],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
+    let Some(cluster) = Citus::start("citus::the_contract", 2).await else {
+        return;
+    };
+    let s = service(&cluster, Duration::from_millis(600)).await;
+
+    // The code distributed every table of a request by its tenant, in one colocation
+    // group: a request's claim and business writes are one worker's transaction.
+    let tables = distribution(&s.pool).await;
+    let names: Vec<&str> = tables.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(names, ["charges", "idempotency_keys", "refunds"]);
+    for (table, method, column, group) in &tables {
+        assert_eq!(method, "h", "{table}");
+        let expected = if table == "idempotency_keys" {
+            "principal"
+        } else {
+            "account"
+        };
+        assert_eq!(column, expected, "{table}");
+        assert_eq!(*group, tables[0].3, "{table} is colocated");
+    }
+    // Another instance starting finds it done.
+    let again = charges::store(
+        s.pool.clone(),
+        &Config {
+            portable: true,
+            ..Config::default()
+        },
+    );
+    assert_eq!(
+        again.distribute(None).await.unwrap(),
+        Distribution::Existing
+    );
+    charges::distribute(&again).await.expect("distribute again");
+
+    // First request, its replay, a reuse with another payload, a missing key.
+    let first = charge(&s, "acct_1", "k1", 100).await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert!(!first.replayed());
+    let replay = charge(&s, "acct_1", "k1", 100).await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body, "the stored body, byte for byte");
+    charge(&s, "acct_1", "k1", 999)
+        .await
+        .assert_problem(422, "key-reused");
+    let unkeyed = s
+        .post_with(
+            "/charges",
+            None,
+            &charge_body("c", 5),
+            &[("authorization", "Bearer acct_1")],
+        )
+        .await;
+    unkeyed.assert_problem(400, "missing-key");
+    // The same key under another account is another request.
+    let other = charge(&s, "acct_2", "k1", 100).await;
+    assert_eq!(other.status, 201);
+    assert!(!other.replayed());
+
+    // A duplicate of a request in flight is answered 409 at once: the claim's
+    // `lock_timeout` reached the worker that holds the key's row.
+    let (a, b) = tokio::join!(charge(&s, "acct_1", "k2", 100), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        (charge(&s, "acct_1", "k2", 100).await, started.elapsed())
+    });
+    assert_eq!(a.status, 201);
+    let (b, waited) = b;
+    b.assert_problem(409, "key-in-use");
+    assert!(
+        waited < Duration::from_millis(300),
+        "answered after {waited:?}: the duplicate waited for the first request"
+    );
+
+    // A refund, its replay, and the read.
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let refund = |key: &'static str| {
+        let url = format!("/charges/{id}/refunds");
+        let s = &s;
+        async move {
+            s.post_with(
+                &url,
+                Some(key),
+                &json!({ "amount": 40 }),
+                &[("authorization", "Bearer acct_1")],
+            )
+            .await
+        }
+    };
+    let r1 = refund("r1").await;
+    assert_eq!(r1.status, 201, "{}", String::from_utf8_lossy(&r1.body));
+    let r2 = refund("r1").await;
+    assert!(r2.replayed());
+    assert_eq!(r2.body, r1.body);
+    let read = send(
+        s.client
+            .get(s.url(&format!("/charges/{id}")))
+            .bearer_auth("acct_1"),
+    )
+    .await;
+    assert_eq!(read.status, 200);
+    assert_eq!(s.count("refunds").await, 1);
+    assert_eq!(s.count("charges").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_and_distribute_find_a_table_left_local() {
+    let Some(cluster) = Citus::start("citus::verify_and_distribute", 2).await else {
+        return;
+    };
+    let pool = pool(&cluster, 4).await;
+    let store = Store::builder(pool.clone())
+        .table("ops.keys")
+        .portable()
+        .build()
+        .unwrap();
+    store.migrate().await.unwrap();
+    let error = store.verify().await.unwrap_err();
+    assert!(
+        matches!(error, VerifyError::NotDistributed { .. }),
+        "{error}"
+    );
+    let line = error.to_string();
+    assert!(!line.contains('\n'), "one line: {line}");
+    assert!(line.contains("store.distribute("), "{line}");
+
+    // Several instances at once: one distributes, the others find it done.
+    let outcomes = join_all((0..4).map(|_| store.distribute(None))).await;
+    let outcomes: Vec<Distribution> = outcomes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|d| **d == Distribution::Created)
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(outcomes
+        .iter()
+        .all(|d| matches!(d, Distribution::Created | Distribution::Existing)));
+    store.verify().await.expect("distributed now");
+
+    // A store that is not portable is refused, by both.
+    let fast = Store::builder(pool.clone())
+        .table("ops.keys")
+        .build()
+        .unwrap();
+    assert!(matches!(
+        fast.distribute(None).await.unwrap_err(),
+        VerifyError::NotPortable { .. }
+    ));
+    assert!(matches!(
+        fast.verify().await.unwrap_err(),
+        VerifyError::NotPortable { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_storm_on_citus_makes_one_charge_per_key() {
+    let Some(cluster) = Citus::start("citus::a_duplicate_storm", 2).await else {
+        return;
+    };
+    let s = service(&cluster, Duration::from_millis(10)).await;
+    let keys: Vec<String> = (0..60).map(|i| format!("storm-{i:03}")).collect();
+    let storm = async |keys: &[String]| -> HashMap<String, Vec<Answer>> {
+        stream::iter(keys)
+            .map(|key| {
+                let s = &s;
+                async move {
+                    // Accounts spread the keys over both workers.
+                    let account = format!("acct_{}", key.len() + key.as_bytes()[8] as usize);
+                    let copies = (0..5).map(|_| charge(s, &account, key, 100));
+                    (key.clone(), join_all(copies).await)
+                }
+            })
+            .buffer_unordered(10)
+            .collect()
+            .await
+    };
+    let mut answers = storm(&keys).await;
+    let statuses = tally(answers.values().flatten().map(|a| a.status));
+    eprintln!("citus storm: 60 keys x 5: {statuses:?}");
+    for (key, answers) in &answers {
+        for a in answers {
+            assert!(
+                matches!(a.status, 201 | 409),
+                "{key}: {} {}",
+                a.status,
+                String::from_utf8_lossy(&a.body)
+            );
+        }
+        let mut created = answers.iter().filter(|a| a.status == 201);
+        if let Some(first) = created.next() {
+            assert!(created.all(|a| a.body == first.body), "{key}: one charge");
+        }
+    }
+    // A client retries what only got 409s.
+    let unanswered: Vec<String> = answers
+        .iter()
+        .filter(|(_, a)| a.iter().all(|a| a.status != 201))
+        .map(|(k, _)| k.clone())
+        .collect();
+    answers.extend(storm(&unanswered).await);
+    let per_customer: Vec<(String, i64)> =
+        sqlx::query_as("SELECT customer, count(*) FROM charges GROUP BY customer")
+            .fetch_all(&s.pool)
+            .await
+            .unwrap();
+    assert_eq!(per_customer.len(), keys.len(), "every key charged");
+    assert!(
+        per_customer.iter().all(|(_, n)| *n == 1),
+        "{per_customer:?}"
+    );
+    assert_eq!(s.keys().await, keys.len() as i64);
+}
+
+/// The example's binary as a process of its own, on the cluster, with `DB_PORTABLE=true`
+/// and nothing else set up: it creates and distributes its tables itself.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    async fn start(cluster: &Citus, delay_ms: &str) -> Self {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_charges-server"))
+            .env("BIND_ADDR", addr.to_string())
+            .env("DATABASE_URL", cluster.url())
+            .env("DB_PORTABLE", "true")
+            .env("PROCESSOR_DELAY_MS", delay_ms)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the charges server");
+        let mut server = Self { child, addr };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return server;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("the charges server exited at start: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.kill();
+        panic!("the charges server did not come up");
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_killed_mid_request_on_citus_leaves_nothing_and_retries_charge_once() {
+    let Some(cluster) = Citus::start("citus::a_service_killed", 2).await else {
+        return;
+    };
+    // A fresh database: the binary alone makes its tables and distributes them.
+    let mut server = Server::start(&cluster, "5000").await;
+    let direct = pool(&cluster, 2).await;
+    let groups: Vec<i32> = distribution(&direct).await.iter().map(|t| t.3).collect();
+    assert_eq!(
+        groups.len(),
+        3,
+        "charges, refunds and idem's table distributed"
+    );
+
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/charges", server.addr);
+    let keys: Vec<String> = (0..8).map(|i| format!("kill-{i}")).collect();
+    let in_flight = join_all(keys.iter().map(|key| {
+        let (client, url) = (&client, &url);
+        let account = format!("acct_{key}");
+        async move {
+            let bearer = format!("Bearer {account}");
+            post(
+                client,
+                url,
+                Some(key),
+                &charge_body(key, 100),
+                &[("authorization", &bearer)],
+            )
+            .await
+        }
+    }));
+    let killer = async {
+        // The claims are made and the handlers are waiting in their transactions.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        server.kill();
+    };
+    let (answers, ()) = tokio::join!(in_flight, killer);
+    assert!(answers.iter().all(|a| a.status == 0), "none was answered");
+    // The coordinator notices the dead sockets and aborts; so do the workers.
+    let mut left = (0, 0);
+    for _ in 0..100 {
+        left = (
+            count(&direct, "charges").await,
+            count(&direct, "idempotency_keys").await,
+        );
+        if left == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, (0, 0), "(charges, keys) left by the killed requests");
+
+    let server = Server::start(&cluster, "0").await;
+    let url = format!("http://{}/charges", server.addr);
+    for key in &keys {
+        let bearer = format!("Bearer acct_{key}");
+        let answer = loop {
+            let answer = post(
+                &client,
+                &url,
+                Some(key),
+                &charge_body(key, 100),
+                &[("authorization", &bearer)],
+            )
+            .await;
+            if answer.status != 409 {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            answer.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert!(!answer.replayed(), "{key} ran anew: nothing was stored");
+    }
+    assert_eq!(count(&direct, "charges").await, keys.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_deliveries_on_citus_take_effect_once() {
+    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
+    let Some(cluster) = Citus::start("citus::webhook_deliveries", 2).await else {
+        return;
+    };
+    let s = service(&cluster, Duration::ZERO).await;
+    let created = charge(&s, "acct_1", "c1", 100).await.json();
+    let charge_id = created["id"].as_str().unwrap().to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let deliver =
+        |path: &'static str, body: String, headers: Vec<(axum::http::HeaderName, String)>| {
+            let s = &s;
+            async move {
+                let mut request = s
+                    .client
+                    .post(s.url(path))
+                    .header("content-type", "application/json")
+                    .body(body);
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+                send(request).await
+            }
+        };
+    let mut sends = Vec::new();
+    for n in 0..6 {
+        let body = if n == 0 {
+            json!({ "type": "charge.refunded",
+                    "data": { "account": "acct_1", "charge_id": charge_id } })
+        } else {
+            json!({ "type": "payment.succeeded", "data": { "n": n } })
+        }
+        .to_string();
+        let payments = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET)
+            .unwrap()
+            .sign(&format!("msg_{n}"), now, body.as_bytes());
+        let stripe_body =
+            json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
+        let stripe = Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
+            .unwrap()
+            .sign("", now, stripe_body.as_bytes());
+        let github_body = json!({ "action": "opened", "number": n }).to_string();
+        let github = Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
+            .unwrap()
+            .sign("", now, github_body.as_bytes());
+        for _ in 0..3 {
+            sends.push(deliver(
+                "/webhooks/payments",
+                body.clone(),
+                payments.clone(),
+            ));
+            sends.push(deliver(
+                "/webhooks/stripe",
+                stripe_body.clone(),
+                stripe.clone(),
+            ));
+            sends.push(deliver(
+                "/webhooks/github",
+                github_body.clone(),
+                github.clone(),
+            ));
+        }
+    }
+    let answers = join_all(sends).await;
+    let statuses = tally(answers.iter().map(|a| a.status));
+    assert!(answers.iter().all(|a| a.status == 200), "{statuses:?}");
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT provider, count(*) FROM webhook_events GROUP BY provider ORDER BY provider",
+    )
+    .fetch_all(&s.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("github".into(), 6),
+            ("payments".into(), 6),
+            ("stripe".into(), 6)
+        ]
+    );
+    let refunded: bool =
+        sqlx::query_scalar("SELECT refunded_by_provider FROM charges WHERE id = $1")
+            .bind(&charge_id)
+            .fetch_one(&s.pool)
+            .await
+            .unwrap();
+    assert!(refunded, "charge.refunded reached its charge");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_empties_expired_rows_on_citus() {
+    let Some(cluster) = Citus::start("citus::the_sweeper", 2).await else {
+        return;
+    };
+    let s = service(&cluster, Duration::ZERO).await;
+    // Live records of a few requests, and expired ones on every shard.
+    for i in 0..5 {
+        assert_eq!(
+            charge(&s, &format!("acct_{i}"), "live", 100).await.status,
+            201
+        );
+    }
+    sqlx::query(
+        "INSERT INTO idempotency_keys (scope, principal, key, fingerprint, field_hashes, status, \
+                                       created_at, expires_at) \
+         SELECT 'charges', 'acct_' || n, 'old', '\\x00', '\\x00', 201, \
+                now() - interval '2 days', now() - interval '1 day' \
+           FROM generate_series(1, 300) AS n",
+    )
+    .execute(&s.pool)
+    .await
+    .unwrap();
+    let store = charges::store(
+        s.pool.clone(),
+        &Config {
+            portable: true,
+            ..Config::default()
+        },
+    );
+    store.verify().await.unwrap();
+    assert_eq!(store.purge_expired(64).await.unwrap(), 300);
+    assert_eq!(s.keys().await, 5, "the live records stay");
+    assert_eq!(store.purge_expired(64).await.unwrap(), 0);
+
+    // The sweeper task, as the example starts it.
+    sqlx::query(
+        "UPDATE idempotency_keys SET expires_at = now() - interval '1 second' \
+          WHERE principal IN ('acct_0', 'acct_1')",
+    )
+    .execute(&s.pool)
+    .await
+    .unwrap();
+    let sweeper = store
+        .spawn_sweeper(Duration::from_millis(100), 1_000)
+        .unwrap();
+    for _ in 0..100 {
+        if sweeper.removed() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sweeper.stop();
+    assert_eq!(sweeper.removed(), 2);
+    assert_eq!(s.keys().await, 3);
+}
