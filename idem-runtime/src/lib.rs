@@ -166,6 +166,7 @@ mod once;
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
 mod probe;
+mod spread;
 mod store;
 mod table;
 mod tx;

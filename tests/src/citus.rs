@@ -70,7 +70,7 @@ impl Citus {
         // initdb is most of a start: the nodes are made side by side.
         let nodes: Vec<Node> = std::thread::scope(|scope| {
             let made: Vec<_> = (0..=workers)
-                .map(|_| scope.spawn(|| Node::start(&bindir)))
+                .map(|_| scope.spawn(|| Node::start(&bindir, "citus,pg_stat_statements")))
                 .collect();
             made.into_iter()
                 .map(|node| node.join().expect("start a node"))
@@ -117,7 +117,7 @@ impl Citus {
 }
 
 impl Node {
-    fn start(bindir: &Path) -> Self {
+    fn start(bindir: &Path, libraries: &str) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("idem-citus-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the node's directory");
@@ -158,7 +158,7 @@ impl Node {
                 "-c",
                 "listen_addresses=127.0.0.1",
                 "-c",
-                "shared_preload_libraries=citus,pg_stat_statements",
+                &format!("shared_preload_libraries={libraries}"),
                 "-c",
                 "max_connections=300",
                 "-c",
@@ -171,6 +171,9 @@ impl Node {
                 "full_page_writes=off",
                 "-c",
                 "pg_stat_statements.track=all",
+                // Two-phase commits stay in pg_dist_transaction for the tests to count.
+                "-c",
+                "citus.recover_2pc_interval=-1",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -273,23 +276,30 @@ fn as_postgres(program: &Path) -> Command {
     }
 }
 
-/// The PostgreSQL binaries of an installation that has Citus, or what is missing.
-/// `pg_config` (or `PG_CONFIG`) names the installation, as for the zero-setup runner.
-fn installed() -> Result<PathBuf, String> {
+/// `pg_config --<flag>` of the installation `pg_config` (or `PG_CONFIG`) names, as for
+/// the zero-setup runner.
+fn pg_config(flag: &str) -> Option<PathBuf> {
     let pg_config = std::env::var_os("PG_CONFIG").unwrap_or_else(|| "pg_config".into());
-    let ask = |flag: &str| -> Option<PathBuf> {
-        let output = Command::new(&pg_config).arg(flag).output().ok()?;
-        let text = String::from_utf8(output.stdout).ok()?;
-        Some(PathBuf::from(text.trim())).filter(|p| output.status.success() && p.is_dir())
-    };
-    let (Some(bindir), Some(libdir), Some(sharedir)) =
-        (ask("--bindir"), ask("--pkglibdir"), ask("--sharedir"))
-    else {
-        return Err("no PostgreSQL installation found (pg_config)".into());
-    };
+    let output = Command::new(&pg_config).arg(flag).output().ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    Some(PathBuf::from(text.trim())).filter(|p| output.status.success() && p.is_dir())
+}
+
+/// The installation's binaries, or what is missing.
+fn bindir() -> Result<PathBuf, String> {
+    let bindir = pg_config("--bindir").ok_or("no PostgreSQL installation found (pg_config)")?;
     if !bindir.join("initdb").is_file() {
         return Err(format!("no initdb in {}", bindir.display()));
     }
+    Ok(bindir)
+}
+
+/// The PostgreSQL binaries of an installation that has Citus, or what is missing.
+fn installed() -> Result<PathBuf, String> {
+    let bindir = bindir()?;
+    let (Some(libdir), Some(sharedir)) = (pg_config("--pkglibdir"), pg_config("--sharedir")) else {
+        return Err("no PostgreSQL installation found (pg_config)".into());
+    };
     let library = libdir.join("citus.so");
     let control = sharedir.join("extension/citus.control");
     if !library.is_file() || !control.is_file() {

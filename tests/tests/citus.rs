@@ -2,7 +2,7 @@
 //! throwaway PostgreSQL with the extension; `idem_tests::Citus`), in portable mode, its
 //! tables distributed by the code itself (`Store::distribute`, `charges::distribute`):
 //! the contract, a duplicate storm, a SIGKILL of the service mid-request, the three
-//! webhook endpoints and the sweeper.
+//! webhook endpoints, the sweeper, and no two-phase commit from any endpoint.
 //!
 //! Citus is built from the vendored source by `.ci/run`; where it is not installed these
 //! tests print one line saying they were skipped (a failure with
@@ -82,13 +82,22 @@ async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
     // group: a request's claim and business writes are one worker's transaction.
     let tables = distribution(&s.pool).await;
     let names: Vec<&str> = tables.iter().map(|t| t.0.as_str()).collect();
-    assert_eq!(names, ["charges", "idempotency_keys", "refunds"]);
+    assert_eq!(
+        names,
+        [
+            "charges",
+            "idempotency_keys",
+            "ledger_entries",
+            "refunds",
+            "webhook_events"
+        ]
+    );
     for (table, method, column, group) in &tables {
         assert_eq!(method, "h", "{table}");
-        let expected = if table == "idempotency_keys" {
-            "principal"
-        } else {
-            "account"
+        let expected = match table.as_str() {
+            "idempotency_keys" => "principal",
+            "webhook_events" => "tenant",
+            _ => "account",
         };
         assert_eq!(column, expected, "{table}");
         assert_eq!(*group, tables[0].3, "{table} is colocated");
@@ -354,8 +363,12 @@ async fn a_service_killed_mid_request_on_citus_leaves_nothing_and_retries_charge
     let groups: Vec<i32> = distribution(&direct).await.iter().map(|t| t.3).collect();
     assert_eq!(
         groups.len(),
-        3,
-        "charges, refunds and idem's table distributed"
+        5,
+        "the example's four tables and idem's distributed"
+    );
+    assert!(
+        groups.iter().all(|g| *g == groups[0]),
+        "colocated: {groups:?}"
     );
 
     let client = reqwest::Client::new();
@@ -574,4 +587,147 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     sweeper.stop();
     assert_eq!(sweeper.removed(), 2);
     assert_eq!(s.keys().await, 3);
+}
+
+/// Two-phase commits the coordinator has recorded (the nodes keep them: the harness
+/// turns Citus's recovery of them off).
+async fn two_phase_commits(pool: &PgPool) -> i64 {
+    count(pool, "pg_dist_transaction").await
+}
+
+/// Issue 23: with the tables distributed as the code does it, every endpoint of the
+/// example, and its queue consumer, commits on one worker: no request makes a two-phase
+/// commit, the `charge.refunded` webhook included (its key is kept on the account's
+/// shard, beside the charge it updates). A transaction that does write on both workers
+/// shows that the count sees two-phase commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_of_the_example_commits_on_one_worker() {
+    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
+    let Some(cluster) = Citus::start("citus::every_endpoint_commits_on_one_worker", 2).await else {
+        return;
+    };
+    let s = service(&cluster, Duration::ZERO).await;
+    let before = two_phase_commits(&s.pool).await;
+
+    let mut ids = Vec::new();
+    for account in ["acct_1", "acct_2", "acct_3"] {
+        let created = charge(&s, account, "c1", 100).await;
+        assert_eq!(created.status, 201);
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        let refund = s
+            .post_with(
+                &format!("/charges/{id}/refunds"),
+                Some("r1"),
+                &json!({ "amount": 10 }),
+                &[("authorization", &format!("Bearer {account}"))],
+            )
+            .await;
+        assert_eq!(refund.status, 201);
+        ids.push((account, id));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let payments = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET).unwrap();
+    for (n, (account, id)) in ids.iter().enumerate() {
+        let events = [
+            json!({ "type": "charge.refunded", "data": { "account": account, "charge_id": id } }),
+            json!({ "type": "payment.succeeded", "data": { "n": n } }),
+        ];
+        for (m, event) in events.iter().enumerate() {
+            let body = event.to_string();
+            let mut request = s
+                .client
+                .post(s.url("/webhooks/payments"))
+                .header("content-type", "application/json")
+                .body(body.clone());
+            for (name, value) in payments.sign(&format!("msg_{n}_{m}"), now, body.as_bytes()) {
+                request = request.header(name, value);
+            }
+            assert_eq!(send(request).await.status, 200);
+        }
+        let stripe = json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
+        let mut request = s
+            .client
+            .post(s.url("/webhooks/stripe"))
+            .header("content-type", "application/json")
+            .body(stripe.clone());
+        for (name, value) in Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
+            .unwrap()
+            .sign("", now, stripe.as_bytes())
+        {
+            request = request.header(name, value);
+        }
+        assert_eq!(send(request).await.status, 200);
+        let github = json!({ "action": "opened", "number": n }).to_string();
+        let mut request = s
+            .client
+            .post(s.url("/webhooks/github"))
+            .header("content-type", "application/json")
+            .body(github.clone());
+        for (name, value) in Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
+            .unwrap()
+            .sign("", now, github.as_bytes())
+        {
+            request = request.header(name, value);
+        }
+        assert_eq!(send(request).await.status, 200);
+        let store = charges::store(
+            s.pool.clone(),
+            &Config {
+                portable: true,
+                ..Config::default()
+            },
+        );
+        let credit = charges::consumer::Credit {
+            message_id: format!("m{n}"),
+            account: (*account).to_owned(),
+            amount: 5,
+        };
+        assert_eq!(
+            charges::consumer::handle(&store, &credit)
+                .await
+                .unwrap()
+                .balance,
+            5
+        );
+    }
+    let refunded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM charges WHERE refunded_by_provider")
+            .fetch_one(&s.pool)
+            .await
+            .unwrap();
+    assert_eq!(refunded, 3);
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT principal FROM idempotency_keys WHERE scope <> 'charges'")
+            .fetch_all(&s.pool)
+            .await
+            .unwrap();
+    assert!(
+        keys.iter().all(|p| !p.is_empty()),
+        "no key on the nobody shard: {keys:?}"
+    );
+    assert_eq!(
+        two_phase_commits(&s.pool).await,
+        before,
+        "a request committed across workers"
+    );
+
+    // The control: one transaction writing charges of many accounts spans both workers.
+    let mut tx = s.pool.begin().await.unwrap();
+    for n in 0..20 {
+        sqlx::query(
+            "INSERT INTO charges (account, amount, currency, customer) VALUES ($1, 1, 'usd', 'x')",
+        )
+        .bind(format!("acct_control_{n}"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    assert!(
+        two_phase_commits(&s.pool).await > before,
+        "the count sees a two-phase commit"
+    );
 }

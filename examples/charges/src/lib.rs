@@ -372,7 +372,12 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
     /// Each table and the column it is spread by, parents before the tables that refer
     /// to them.
-    const TABLES: &[(&str, &str)] = &[("charges", "account"), ("refunds", "account")];
+    const TABLES: &[(&str, &str)] = &[
+        ("charges", "account"),
+        ("refunds", "account"),
+        ("webhook_events", "tenant"),
+        ("ledger_entries", "account"),
+    ];
     if store.distribute(None).await? == idem::Distribution::SingleNode {
         return Ok(());
     }
