@@ -587,6 +587,42 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     sweeper.stop();
     assert_eq!(sweeper.removed(), 2);
     assert_eq!(s.keys().await, 3);
+
+    // With nothing expired, a sweep reads one index probe per shard and writes nothing:
+    // no delete on any worker, no WAL, no two-phase commit.
+    store.purge_expired(1_000).await.unwrap(); // prunes what the deletes left, once
+    cluster
+        .coordinator
+        .run("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await;
+    for worker in &cluster.workers {
+        worker.run("SELECT pg_stat_statements_reset()").await;
+    }
+    let commits = two_phase_commits(&s.pool).await;
+    for _ in 0..5 {
+        assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+    }
+    assert_eq!(two_phase_commits(&s.pool).await, commits);
+    let mut probes = 0;
+    for worker in &cluster.workers {
+        let direct = charges::connect_with(worker.options(), idem::Pooler::Session, 1)
+            .await
+            .unwrap();
+        let seen: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT query, calls, wal_bytes::bigint FROM pg_stat_statements \
+              WHERE query LIKE '%idempotency_keys%'",
+        )
+        .fetch_all(&direct)
+        .await
+        .unwrap();
+        for (query, calls, wal) in &seen {
+            assert!(query.trim_start().starts_with("SELECT"), "{query}");
+            assert_eq!(*wal, 0, "{query}");
+            probes += calls;
+        }
+    }
+    // Citus's default: 32 shards, each probed once per sweep.
+    assert_eq!(probes, 5 * 32, "one probe per shard and sweep");
 }
 
 /// Two-phase commits the coordinator has recorded (the nodes keep them: the harness

@@ -263,6 +263,14 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         }
     };
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
+    let sweep_every = number("SWEEP_PERIOD_SECS", 60)?;
+    if sweep_every == 0 {
+        return Err(ServiceError::setting(
+            "SWEEP_PERIOD_SECS must be at least 1: a sweep every 0 s would never pause".into(),
+        ));
+    }
+    let sweep_batch =
+        u32::try_from(number("SWEEP_BATCH", 1_000)?.clamp(1, 100_000)).unwrap_or(1_000);
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
     let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())
         .map_err(ServiceError::setting)?;
@@ -330,9 +338,8 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         )
     })?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = doing(store.spawn_sweeper(Duration::from_secs(60), 1_000), || {
-        "cannot start the sweeper".into()
-    })?;
+    let sweeper = store.spawn_sweeper(Duration::from_secs(sweep_every), sweep_batch);
+    let _sweeper = doing(sweeper, || "cannot start the sweeper".into())?;
     let app = app(pool, config);
     let listener = doing(tokio::net::TcpListener::bind(&bind).await, || {
         format!("cannot listen on {bind}")
