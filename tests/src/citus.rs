@@ -117,6 +117,14 @@ impl Citus {
 }
 
 impl Node {
+    /// A plain PostgreSQL of the same kind, without Citus (with `pg_stat_statements`
+    /// loaded), for measuring what one node does; `None` as for [`Citus::start`] when the
+    /// binaries are missing. Stopped and removed on drop.
+    pub fn plain() -> Option<Self> {
+        let bindir = bindir().ok()?;
+        Some(Self::start(&bindir, "pg_stat_statements"))
+    }
+
     fn start(bindir: &Path, libraries: &str) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("idem-citus-{}-{port}", std::process::id()));
