@@ -88,8 +88,9 @@ impl RunOnce<'_> {
     /// the message commits on one node. The tenant is part of the key's identity: name it
     /// from the message itself, so that every redelivery names the same one. An empty
     /// tenant, or one not of the column's type, spreads by the key
-    /// ([`RunOnce::spread_by_key`]). See [`crate::spread`]: without either call, keys are
-    /// kept as before.
+    /// ([`RunOnce::spread_by_key`]). Without either call, keys are kept as before, under
+    /// the principal column's one "nobody" value, which a distributed engine keeps on
+    /// one shard (README, "Distributed PostgreSQL (Citus)").
     pub fn spread_by(mut self, tenant: &str) -> Self {
         self.spread = Spread::Tenant(Some(tenant.to_owned()));
         self

@@ -146,7 +146,7 @@ impl<S> Guard<S> {
         }
     }
 
-    /// Where a key without a principal is kept (`spread = ..`; see [`crate::spread`]).
+    /// Where a key without a principal is kept (`spread = ..`; see the `spread` module).
     pub fn spread(mut self, spread: Spread) -> Self {
         self.spread = spread;
         self
