@@ -158,6 +158,36 @@ async fn per_request_costs_on_one_node() {
                 assert!(stmt_wal < 50.0, "a replay writes nothing: {stmt_wal} B");
             }
         }
+        // The locks a fresh request holds while its handler runs (the "processor" waits
+        // 500 ms inside the transaction), sampled from pg_locks.
+        let slow = TestApp::serve(
+            s.pool.clone(),
+            charges::app(
+                s.pool.clone(),
+                Config {
+                    processor_delay: Duration::from_millis(500),
+                    ..config_of(pooler, portable)
+                },
+            ),
+        )
+        .await;
+        let (status, locks) = tokio::join!(charge(&slow, "acct_l", "locks"), async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let locks: Vec<(String, String, String)> = sqlx::query_as(
+                "SELECT l.locktype, l.mode, coalesce(c.relname::text, '') \
+                   FROM pg_locks l LEFT JOIN pg_class c ON c.oid = l.relation \
+                  WHERE l.pid IN (SELECT pid FROM pg_stat_activity \
+                                   WHERE datname = current_database() \
+                                     AND state = 'idle in transaction') \
+                  ORDER BY 3, 1, 2",
+            )
+            .fetch_all(&s.pool)
+            .await
+            .unwrap();
+            locks
+        });
+        assert_eq!(status, 201);
+        eprintln!("{name} fresh, locks held while the handler runs: {locks:?}");
         // The sweeper when nothing has expired.
         let store = charges::store(s.pool.clone(), &config_of(pooler, portable));
         // The first reads after the load prune the pages it left (a little WAL, once).
