@@ -26,40 +26,58 @@ CREATE TABLE IF NOT EXISTS refunds (
 
 CREATE INDEX IF NOT EXISTS refunds_charge_idx ON refunds (account, charge_id);
 
--- One row per processed webhook event and provider (payments, stripe, github).
+-- One row per processed webhook event and provider (payments, stripe, github), kept
+-- under the value its idempotency key is kept under (`tx.principal()`: the account the
+-- event concerns, or a hash of its id), by which a distributed engine spreads it.
 CREATE TABLE IF NOT EXISTS webhook_events (
+    tenant       text        NOT NULL DEFAULT '',
     provider     text        NOT NULL,
     id           text        NOT NULL,
     type         text        NOT NULL,
     payload      jsonb       NOT NULL,
     processed_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (provider, id)
+    PRIMARY KEY (tenant, provider, id)
 );
--- A table made before there were several providers held the payment provider's events.
+-- A table made before there were several providers held the payment provider's events,
+-- and one made before keys were spread had no tenant.
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS provider text NOT NULL DEFAULT 'payments';
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS tenant text NOT NULL DEFAULT '';
 
 -- Set by `charge.refunded` events from the payment provider.
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS refunded_by_provider boolean NOT NULL DEFAULT false;
 
--- The ledger the queue consumer (src/consumer.rs) credits, once per message.
+-- The ledger the queue consumer (src/consumer.rs) credits, once per message, keyed by
+-- account first like the charges.
 CREATE TABLE IF NOT EXISTS ledger_entries (
-    message_id text        PRIMARY KEY,
     account    text        NOT NULL,
+    message_id text        NOT NULL,
     amount     bigint      NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (account, message_id)
 );
 
--- Distributed PostgreSQL (Citus): after creating the tables, distribute them by account,
--- colocated, so that a request's claim, charge and refunds are one single-node
--- transaction. idem's table is distributed by its principal column (the account here, of
--- the same type, `text`), with the store built `.portable()` (Store::schema_sql then ends
--- with the same advice):
---
---   SELECT create_distributed_table('charges', 'account');
---   SELECT create_distributed_table('refunds', 'account', colocate_with => 'charges');
---   SELECT create_distributed_table('idempotency_keys', 'principal', colocate_with => 'charges');
---   ALTER DATABASE your_database SET citus.propagate_set_commands = 'local';
---
--- webhook_events and ledger_entries are not keyed by account, and the idempotency
--- records of their keys have no principal: they do not colocate with the tables above,
--- and this example leaves their distribution open.
+-- Tables made before: their primary keys lead with the distribution column now.
+DO $$
+BEGIN
+    IF (SELECT array_agg(a.attname::text ORDER BY k.n) FROM pg_constraint c,
+               unnest(c.conkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a
+         WHERE c.conrelid = 'webhook_events'::regclass AND c.contype = 'p'
+           AND a.attrelid = c.conrelid AND a.attnum = k.attnum) <> ARRAY['tenant', 'provider', 'id'] THEN
+        ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_pkey,
+            ADD PRIMARY KEY (tenant, provider, id);
+    END IF;
+    IF (SELECT array_agg(a.attname::text ORDER BY k.n) FROM pg_constraint c,
+               unnest(c.conkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a
+         WHERE c.conrelid = 'ledger_entries'::regclass AND c.contype = 'p'
+           AND a.attrelid = c.conrelid AND a.attnum = k.attnum) <> ARRAY['account', 'message_id'] THEN
+        ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_pkey,
+            ADD PRIMARY KEY (account, message_id);
+    END IF;
+END $$;
+
+-- Distributed PostgreSQL (Citus): with DB_PORTABLE=true the service distributes these
+-- tables itself at start (`charges::distribute`), each by its first key column, colocated
+-- with idem's table, which is distributed by its principal: the account for charges and
+-- refunds, and for webhook events and ledger credits the value their keys are kept under
+-- (the account they concern, else a hash of the event id). Every request then writes one
+-- shard, and commits on one worker.

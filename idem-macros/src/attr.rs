@@ -25,6 +25,7 @@ pub mod kw {
     syn::custom_keyword!(concurrency);
     syn::custom_keyword!(isolation);
     syn::custom_keyword!(statement_timeout);
+    syn::custom_keyword!(spread);
 
     // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
     syn::custom_keyword!(header);
@@ -37,8 +38,8 @@ pub mod kw {
     syn::custom_keyword!(serializable);
 }
 
-const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `required`, `concurrency`, \
-                       `isolation` or `statement_timeout`";
+const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `spread`, `required`, \
+                       `concurrency`, `isolation` or `statement_timeout`";
 
 /// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
 pub struct Args {
@@ -48,6 +49,8 @@ pub struct Args {
     /// `key = ...`: where the key comes from, instead of the `Idempotency-Key` header.
     pub key: Option<(kw::key, KeySource)>,
     pub principal: Option<(kw::principal, Type)>,
+    /// `spread = key` or `spread = tenant_fn`: where a key without a principal is kept.
+    pub spread: Option<(kw::spread, Spread)>,
     /// `required = false`: a request without a key runs unrecorded instead of 400.
     pub required: Option<(kw::required, LitBool)>,
     /// `concurrency = ...`: what a duplicate of a request in flight gets.
@@ -56,6 +59,13 @@ pub struct Args {
     pub isolation: Option<(kw::isolation, Isolation)>,
     /// `statement_timeout = "5s"`: the bound on each statement of the handler.
     pub statement_timeout: Option<(kw::statement_timeout, DurationLit)>,
+}
+
+/// `spread = key` (a hash of the key) or `spread = path::to_fn` (a function from the
+/// body to the tenant it concerns, `Option<String>`).
+pub enum Spread {
+    Key(kw::key),
+    Tenant(syn::Path),
 }
 
 /// `isolation = read_committed` (the default), `repeatable_read` or `serializable`.
@@ -138,6 +148,7 @@ enum Arg {
     Concurrency(kw::concurrency, Expr),
     Isolation(kw::isolation, Expr),
     StatementTimeout(kw::statement_timeout, Expr),
+    Spread(kw::spread, Expr),
     /// Not an option; its value is read only to go on to the next.
     Unknown(Ident),
 }
@@ -169,6 +180,8 @@ impl Parse for Arg {
             option(input).map(|(k, v)| Self::Isolation(k, v))
         } else if input.peek(kw::statement_timeout) {
             option(input).map(|(k, v)| Self::StatementTimeout(k, v))
+        } else if input.peek(kw::spread) {
+            option(input).map(|(k, v)| Self::Spread(k, v))
         } else {
             let name = input.call(Ident::parse_any)?;
             equals(input, &name)?;
@@ -233,6 +246,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let mut concurrency = None;
     let mut isolation = None;
     let mut statement_timeout = None;
+    let mut spread = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg {
@@ -263,11 +277,18 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
                 let timeout = parse_statement_timeout(&value, errors);
                 set_once(&mut statement_timeout, k, timeout, errors);
             }
+            Arg::Spread(k, value) => set_once(&mut spread, k, parse_spread(&value, errors), errors),
             Arg::Unknown(name) => errors.at(
                 name.span(),
                 format!("unknown option `{name}`; valid options are {OPTIONS}"),
             ),
         }
+    }
+    if let (Some((keyword, _)), Some(_)) = (&spread, &principal) {
+        errors.at(
+            keyword.span,
+            "`spread` places keys that have no principal, and `principal = ..` gives this endpoint's keys one: remove one of them",
+        );
     }
     let Some(scope) = scope else {
         if !scope_given {
@@ -285,11 +306,30 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
         fields,
         key,
         principal,
+        spread,
         required,
         concurrency,
         isolation,
         statement_timeout,
     })
+}
+
+/// `spread = key`, or `spread = path` naming a function from the body to its tenant.
+fn parse_spread(value: &Expr, errors: &Errors) -> Option<Spread> {
+    if let Expr::Path(path) = value {
+        if path.qself.is_none() && path.attrs.is_empty() {
+            if path.path.is_ident("key") {
+                let span = path.path.segments[0].ident.span();
+                return Some(Spread::Key(kw::key(span)));
+            }
+            return Some(Spread::Tenant(path.path.clone()));
+        }
+    }
+    errors.at(
+        value.span(),
+        "`spread` takes `key` (a hash of the key) or the path of a function from the body to the tenant it concerns, such as `spread = key` or `spread = account_of`",
+    );
+    None
 }
 
 /// `statement_timeout = "5s"`: more than zero, at most a day.

@@ -267,6 +267,19 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
         _ => (None, quote!(::core::option::Option::None)),
     };
+    // Where a key without a principal is kept; nothing at all without the option, so
+    // that such endpoints expand as before.
+    let spread = match (&args.spread, last_for_key(&extracted)) {
+        (Some((_, attr::Spread::Key(key))), _) => quote_spanned! {key.span=>
+            let __idem_guard = __idem_guard.spread(::idem::__private::Spread::Key);
+        },
+        (Some((_, attr::Spread::Tenant(path))), Some((arg, ty))) => {
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let tenant = quote_spanned!(path.span()=> ::idem::__private::tenant_of(#path(#body)));
+            quote!(let __idem_guard = __idem_guard.spread(#tenant);)
+        }
+        _ => quote!(),
+    };
     // A signed body's key must be signed too: not a header the scheme does not sign.
     let header_key = match (key_source, extracted.last()) {
         (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
@@ -479,6 +492,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             #(#unwrap)*
             let __idem_principal = #principal;
             let __idem_key = #key;
+            #spread
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields

@@ -5,7 +5,7 @@ use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::{Expr, FnArg, Ident, ItemFn, Pat, PatType, Type};
 
-use crate::attr::{Args, KeySource};
+use crate::attr::{Args, KeySource, Spread};
 use crate::errors::Errors;
 
 /// The handler's parameters, with the position of its `Tx`, if any.
@@ -134,6 +134,12 @@ pub fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
         errors.at(
             digest.span,
             "`key = digest(body)` needs a body to hash: add a `Json<T>` parameter as the handler's last parameter",
+        );
+    }
+    if let Some((_, Spread::Tenant(path))) = &args.spread {
+        errors.at(
+            path.span(),
+            "`spread = function` needs a body to find the tenant in: add a `Json<T>` parameter as the handler's last parameter, or use `spread = key`",
         );
     }
 }

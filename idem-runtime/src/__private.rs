@@ -6,6 +6,7 @@ pub use axum::response::Response;
 pub use http::HeaderMap;
 
 pub use crate::probe::*;
+pub use crate::spread::{tenant_of, Spread};
 pub use crate::table::Isolation;
 pub use crate::web::extract::{
     body_of, key_from_header, key_of, key_of_digest, principal_of, Extract, HoldsStore, KeySource,

@@ -98,3 +98,16 @@ pub(crate) async fn distribution(
     .fetch_optional(&mut *conn)
     .await
 }
+
+/// [`distribution`]'s answer in words, for [`VerifyError::NotDistributed`]: "a local
+/// table", "a reference table", "distributed by `x`".
+///
+/// [`VerifyError::NotDistributed`]: crate::VerifyError::NotDistributed
+pub(crate) fn describe(found: Option<(String, Option<String>)>) -> String {
+    match found {
+        None => "a local table".into(),
+        Some((method, _)) if method == "n" => "a reference table".into(),
+        Some((_, Some(column))) => format!("distributed by `{column}`"),
+        Some((method, None)) => format!("distributed (method {method:?})"),
+    }
+}

@@ -153,6 +153,7 @@
 #[doc(hidden)]
 pub mod __private;
 mod deployment;
+mod distribution;
 mod engine;
 mod expiry;
 mod fingerprint;
@@ -165,6 +166,7 @@ mod once;
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
 mod probe;
+mod spread;
 mod store;
 mod table;
 mod tx;
@@ -173,6 +175,7 @@ mod web;
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
 
+pub use distribution::Distribution;
 pub use expiry::{Sweeper, SweeperError};
 pub use fingerprint::FingerprintError;
 #[doc(inline)]

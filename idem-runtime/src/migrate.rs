@@ -167,9 +167,8 @@ impl fmt::Display for VerifyError {
             Self::NotDistributed { table, found } => write!(
                 f,
                 "the idempotency table `{table}` is {found}, not distributed by `principal`: \
-                 run `SELECT create_distributed_table('{table}', 'principal', colocate_with \
-                 => '<your tenant table>')` as `Store::schema_sql()` says ({PRODUCTION}, \
-                 \"Distributed PostgreSQL (Citus)\")"
+                 call `store.distribute(Some(\"<your tenant table>\"))` after \
+                 `store.migrate()` ({PRODUCTION}, \"Distributed PostgreSQL (Citus)\")"
             ),
         }
     }
@@ -300,12 +299,7 @@ impl Store {
                 Some((method, Some(column))) if method == "h" && column == "principal" => Ok(()),
                 found => Err(VerifyError::NotDistributed {
                     table,
-                    found: match found {
-                        None => "a local table".into(),
-                        Some((method, _)) if method == "n" => "a reference table".into(),
-                        Some((_, Some(column))) => format!("distributed by `{column}`"),
-                        Some((method, None)) => format!("distributed (method {method:?})"),
-                    },
+                    found: deployment::describe(found),
                 }),
             },
         };

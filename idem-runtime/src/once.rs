@@ -12,6 +12,7 @@ use crate::engine::{self, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintError};
 use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
+use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::{Isolation, Record};
 use crate::tx::{KeyInScope, Tx};
@@ -24,6 +25,7 @@ pub struct RunOnce<'s> {
     key: Result<IdempotencyKey, KeyError>,
     ttl: Duration,
     payload: Result<Fingerprint, FingerprintError>,
+    spread: Spread,
 }
 
 impl Store {
@@ -67,6 +69,7 @@ impl Store {
             // hashed rather than refused when it is long or not visible ASCII.
             key: IdempotencyKey::from_text(key),
             ttl: Duration::from_secs(24 * 60 * 60),
+            spread: Spread::None,
         }
     }
 }
@@ -75,6 +78,30 @@ impl RunOnce<'_> {
     /// How long the result is kept for redeliveries (default one day).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
+        self
+    }
+
+    /// Keeps this key under `tenant`, the tenant the message concerns (an account id of
+    /// the principal column's type), instead of the one value all keys without a
+    /// principal share: on a distributed engine the key then lives on the tenant's shard,
+    /// beside the rows `work` writes for that tenant (give them [`Tx::principal`]), and
+    /// the message commits on one node. The tenant is part of the key's identity: name it
+    /// from the message itself, so that every redelivery names the same one. An empty
+    /// tenant, or one not of the column's type, spreads by the key
+    /// ([`RunOnce::spread_by_key`]). Without either call, keys are kept as before, under
+    /// the principal column's one "nobody" value, which a distributed engine keeps on
+    /// one shard (README, "Distributed PostgreSQL (Citus)").
+    pub fn spread_by(mut self, tenant: &str) -> Self {
+        self.spread = Spread::Tenant(Some(tenant.to_owned()));
+        self
+    }
+
+    /// Keeps this key under a hash of itself instead of the one value all keys without
+    /// a principal share, so that a consumer's keys spread over a distributed engine's
+    /// shards; keys stay global to the scope. [`Tx::principal`] gives the value, for the
+    /// rows `work` writes.
+    pub fn spread_by_key(mut self) -> Self {
+        self.spread = Spread::Key;
         self
     }
 
@@ -111,7 +138,9 @@ impl RunOnce<'_> {
         let claim = Claim {
             key: KeyInScope {
                 scope: self.scope,
-                principal: String::new(),
+                principal: self
+                    .spread
+                    .value(self.store.inner.dialect.principal_type, key.as_str()),
                 key,
             },
             ttl: self.ttl,

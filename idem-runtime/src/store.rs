@@ -189,10 +189,12 @@ impl StoreBuilder {
     /// sets the claim's `lock_timeout` (and `statement_timeout`) with `SET LOCAL` (one
     /// more statement per request, and one more after a fresh claim to give the handler
     /// the session's default `lock_timeout` back), and sweeps without row locks.
-    /// [`Store::schema_sql`] then ends with the distribution statements, as comments.
-    /// On Citus, set `citus.propagate_set_commands = 'local'` for the service's database
-    /// or role, or the wait applies on the coordinator only and duplicates wait for the
-    /// request in flight instead of being answered 409. Plain PostgreSQL runs it too.
+    /// [`Store::schema_sql`] then ends with the distribution statement, as a comment;
+    /// [`Store::distribute`] runs it. The claim's `SET LOCAL` batch also sets
+    /// `citus.propagate_set_commands = 'local'`, so that on Citus its wait bound reaches
+    /// the worker holding the key (without it, duplicates wait for the request in flight
+    /// instead of being answered 409); elsewhere that is an unused placeholder setting.
+    /// Plain PostgreSQL runs it too.
     pub fn portable(mut self) -> Self {
         self.dialect.portable = true;
         self

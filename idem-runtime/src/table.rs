@@ -311,15 +311,15 @@ DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND expir
 /// claim waits for a sweep long enough to be answered 409.
 const SWEEP_WAIT: &str = "SET LOCAL lock_timeout = '50ms'";
 
-/// The statements Citus needs after [`DDL`], as comments, for a portable store: the
+/// The statement Citus needs after [`DDL`], as a comment, for a portable store: the
 /// table is distributed by `principal` and colocated with the user's tenant table.
+/// [`Store::distribute`](crate::Store::distribute) runs it.
 const DISTRIBUTION: &str = "
--- Distributed PostgreSQL (Citus): distribute by principal, colocated with the table
--- that holds your tenants (its distribution column must also be {principal_type}), and
--- let Citus send idem's `SET LOCAL lock_timeout` to the workers:
+-- Distributed PostgreSQL (Citus): `Store::distribute` runs this at startup. Distribute by
+-- principal, colocated with the table that holds your tenants (its distribution column
+-- must also be {principal_type}):
 --
 --   SELECT create_distributed_table('{name_literal}', 'principal', colocate_with => 'accounts');
---   ALTER DATABASE your_database SET citus.propagate_set_commands = 'local';
 ";
 
 /// A validated, optionally schema-qualified table name: `name` or `schema.name`, each
@@ -828,9 +828,9 @@ impl Table {
     }
 
     /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
-    /// engine forwards to the nodes that run the claim (Citus with
-    /// `citus.propagate_set_commands = 'local'`). One statement; none in the default
-    /// mode, where the claim sets them itself.
+    /// engine forwards to the nodes that run the claim (Citus, told so by
+    /// `citus.propagate_set_commands = 'local'` in the same batch). One round trip; none
+    /// in the default mode, where the claim sets them itself.
     pub(crate) async fn set_waits(
         &self,
         conn: &mut PgConnection,
@@ -839,8 +839,15 @@ impl Table {
         if !self.dialect.portable {
             return Ok(());
         }
-        // Both values are whole milliseconds written by `lock_timeout`: digits and "ms".
-        let mut sql = format!("SET LOCAL lock_timeout = '{}'", lock_timeout(timeouts.wait));
+        // On Citus, the claim's INSERT waits on the worker that holds the key's shard, and
+        // a `SET LOCAL` reaches the workers only when `citus.propagate_set_commands` says
+        // so: set first, in the same round trip, so that no database or role setting is
+        // needed. Elsewhere it is an unused placeholder setting, gone at COMMIT.
+        // Both timeouts are whole milliseconds written by `lock_timeout`: digits and "ms".
+        let mut sql = format!(
+            "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '{}'",
+            lock_timeout(timeouts.wait)
+        );
         if let Some(statement) = timeouts.statement {
             sql.push_str(&format!(
                 "; SET LOCAL statement_timeout = '{}'",
@@ -1343,9 +1350,7 @@ mod tests {
             assert!(table.ddl().contains(
                 "create_distributed_table('idempotency_keys', 'principal', colocate_with =>"
             ));
-            assert!(table
-                .ddl()
-                .contains("citus.propagate_set_commands = 'local'"));
+            assert!(table.ddl().contains("`Store::distribute` runs this"));
         }
         assert_eq!(
             PrincipalType::Uuid.bound(""),

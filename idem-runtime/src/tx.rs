@@ -80,6 +80,15 @@ impl<'t> Tx<'t> {
         self.key.map(|k| k.key.as_str())
     }
 
+    /// The value this request's key is kept under, and on a distributed engine
+    /// distributed by: its principal, or for a key without one the endpoint's spread
+    /// (`spread = ..`, [`crate::RunOnce::spread_by`]; `""` without either). Write it into
+    /// the distribution column of the rows the handler inserts, so that they live on the
+    /// key's shard and the request commits on one node. `None` without a key.
+    pub fn principal(&self) -> Option<&str> {
+        self.key.map(|k| k.principal.as_str())
+    }
+
     /// A key for a downstream API that accepts one (a payment processor, say), derived
     /// from this request's scope, principal and key and from `purpose`: a retry of this
     /// request derives the same key, another request or another purpose a different one.

@@ -224,7 +224,7 @@ fn version(program: &Path) -> (u32, u32) {
 }
 
 /// A port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .expect("find a free port")
@@ -232,7 +232,7 @@ fn free_port() -> u16 {
 }
 
 /// Whether this process runs as root (the owner of `/proc/self` is the effective user).
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 

@@ -149,8 +149,8 @@ async fn a_principal_of_type_uuid_or_bigint_verifies() {
     }
 }
 
-/// What `verify` reads of Citus, made by hand on plain PostgreSQL (Citus is not in the
-/// registries the suite installs from): its `citus_version()` function, its metadata
+/// What `verify` reads of Citus, made by hand on plain PostgreSQL, so that these cases
+/// run where Citus is not installed (`tests/tests/citus.rs` runs a real cluster): its `citus_version()` function, its metadata
 /// table `pg_dist_partition` (one row per distributed table: method `h` hash or `n`
 /// reference, and the distribution column in `partkey`) and `column_to_column_name`,
 /// which here reads the column's name from `partkey` as given.
@@ -232,8 +232,8 @@ async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
         assert!(
             message.starts_with(&format!(
                 "the idempotency table `idempotency_keys` is {found}, not distributed by \
-                 `principal`: run `SELECT create_distributed_table('idempotency_keys', \
-                 'principal', colocate_with"
+                 `principal`: call `store.distribute(Some(\"<your tenant table>\"))` \
+                 after `store.migrate()`"
             )) && message.ends_with("\"Distributed PostgreSQL (Citus)\")"),
             "{message}"
         );
@@ -244,4 +244,32 @@ async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
     verify_with(SCHEMA_SQL, portable)
         .await
         .expect("portable on plain PostgreSQL");
+}
+
+/// Issue 23: `Store::distribute` does nothing on plain PostgreSQL, so a service can call
+/// it at every start whatever it runs on; on Citus it refuses a store that is not
+/// portable, as `verify` does (the real distribution is tested on a Citus cluster,
+/// `tests/tests/citus.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn distribute_is_a_no_op_on_plain_postgres_and_refuses_a_store_not_portable() {
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        let store = portable(pool.clone());
+        store.migrate().await.unwrap();
+        assert_eq!(
+            store.distribute(Some("accounts")).await.unwrap(),
+            idem::Distribution::SingleNode
+        );
+        store.verify().await.expect("portable on plain PostgreSQL");
+        sqlx::raw_sql(AssertSqlSafe(SIMULATED_CITUS))
+            .execute(&pool)
+            .await
+            .expect("simulate Citus");
+        let error = Store::new(pool).distribute(None).await.unwrap_err();
+        assert!(
+            matches!(error, VerifyError::NotPortable { .. }),
+            "{error:?}"
+        );
+    })
+    .await;
 }

@@ -417,3 +417,63 @@ async fn a_sweep_never_answers_409() {
     })
     .await;
 }
+
+/// Issue 23: the example's sweeper period and batch are settings (`SWEEP_PERIOD_SECS`,
+/// `SWEEP_BATCH`): the real binary refuses a zero period in one line before it connects,
+/// and with a one-second period and batches of 2 it empties expired records by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_sweeper_period_and_batch_are_settings() {
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+        .env("SWEEP_PERIOD_SECS", "0")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    assert_eq!(
+        line,
+        "charges: SWEEP_PERIOD_SECS must be at least 1: a sweep every 0 s would never pause"
+    );
+
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        charges::migrate(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency_keys (scope, principal, key, fingerprint, field_hashes, \
+                                           status, expires_at) \
+             SELECT 'charges', 'acct', 'old-' || n, '\\x00', '\\x00', 201, \
+                    now() - interval '1 hour' FROM generate_series(1, 7) AS n",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+            .env("SWEEP_PERIOD_SECS", "1")
+            .env("SWEEP_BATCH", "2")
+            .env("BIND_ADDR", addr.to_string())
+            .env("DATABASE_URL", db.url())
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut left = i64::MAX;
+        while Instant::now() < deadline {
+            left = idem_tests::count(&pool, "idempotency_keys").await;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+        assert_eq!(left, 0, "the sweeper emptied the expired records");
+    })
+    .await;
+}

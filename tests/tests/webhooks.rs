@@ -154,15 +154,21 @@ async fn a_redelivered_event_is_acknowledged_and_processed_once() {
         assert!(again.replayed());
         assert_eq!(again.body, first.body);
         assert_eq!(s.count("webhook_events").await, 1);
-        let scope: String = sqlx::query_scalar(
-            "SELECT scope || '/' || principal || '/' || key FROM idempotency_keys",
-        )
-        .fetch_one(&s.pool)
-        .await
-        .unwrap();
+        let (scope, principal, key): (String, String, String) =
+            sqlx::query_as("SELECT scope, principal, key FROM idempotency_keys")
+                .fetch_one(&s.pool)
+                .await
+                .unwrap();
         assert_eq!(
-            scope, "payment_events//evt_1",
-            "keyed by the event's own (signed) id, no principal"
+            (scope.as_str(), key.as_str()),
+            ("payment_events", "evt_1"),
+            "keyed by the event's own (signed) id"
+        );
+        // No principal: kept under a hash of the key (`spread = payment_account`, and
+        // the event names no account), not the one value all such keys would share.
+        assert!(
+            principal.starts_with('~') && principal.len() == 17,
+            "{principal}"
         );
         let ttl: f64 = sqlx::query_scalar(
             "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idempotency_keys",

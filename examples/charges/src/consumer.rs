@@ -37,12 +37,14 @@ pub async fn handle(store: &Store, message: &Credit) -> Result<Credited, OnceErr
         .run_once("ledger_credits", &message.message_id)
         .ttl(week)
         .payload(message)
+        // Kept on the account's shard, beside its ledger rows: one node's transaction.
+        .spread_by(&message.account)
         .run(async |mut tx| {
             sqlx::query(
-                "INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)",
+                "INSERT INTO ledger_entries (account, message_id, amount) VALUES ($1, $2, $3)",
             )
-            .bind(&message.message_id)
             .bind(&message.account)
+            .bind(&message.message_id)
             .bind(message.amount)
             .persistent(named)
             .execute(&mut *tx)

@@ -263,6 +263,14 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         }
     };
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
+    let sweep_every = number("SWEEP_PERIOD_SECS", 60)?;
+    if sweep_every == 0 {
+        return Err(ServiceError::setting(
+            "SWEEP_PERIOD_SECS must be at least 1: a sweep every 0 s would never pause".into(),
+        ));
+    }
+    let sweep_batch =
+        u32::try_from(number("SWEEP_BATCH", 1_000)?.clamp(1, 100_000)).unwrap_or(1_000);
     let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
     let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())
         .map_err(ServiceError::setting)?;
@@ -312,6 +320,11 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         portable,
     };
     let store = store(pool.clone(), &config);
+    if portable {
+        doing(distribute(&store).await, || {
+            format!("cannot distribute the tables in {server}")
+        })?;
+    }
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
     // with it now, not in a 500 on the first request.
     doing(store.verify().await, || {
@@ -325,9 +338,8 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         )
     })?;
     // Expired idempotency records are ignored already; deleting them keeps the table small.
-    let _sweeper = doing(store.spawn_sweeper(Duration::from_secs(60), 1_000), || {
-        "cannot start the sweeper".into()
-    })?;
+    let sweeper = store.spawn_sweeper(Duration::from_secs(sweep_every), sweep_batch);
+    let _sweeper = doing(sweeper, || "cannot start the sweeper".into())?;
     let app = app(pool, config);
     let listener = doing(tokio::net::TcpListener::bind(&bind).await, || {
         format!("cannot listen on {bind}")
@@ -358,9 +370,57 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
     tx.commit().await
 }
 
+/// The example's tables on a distributed engine (Citus), each by its tenant column and
+/// colocated with idem's table, whose principal is the account: every row a request
+/// writes lives on the shard of its idempotency record, so each endpoint commits on one
+/// worker. Nothing on plain PostgreSQL. Safe to run again and from several instances at
+/// once, as [`Store::distribute`] is; the binary runs it at every start with
+/// `DB_PORTABLE=true`, after [`migrate`].
+pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
+    /// Each table and the column it is spread by, parents before the tables that refer
+    /// to them.
+    const TABLES: &[(&str, &str)] = &[
+        ("charges", "account"),
+        ("refunds", "account"),
+        ("webhook_events", "tenant"),
+        ("ledger_entries", "account"),
+    ];
+    if store.distribute(None).await? == idem::Distribution::SingleNode {
+        return Ok(());
+    }
+    let named = persistent(store.pooler());
+    for &(table, column) in TABLES {
+        let mut tx = store.pool().begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('charges-example-schema'))")
+            .persistent(named)
+            .execute(&mut *tx)
+            .await?;
+        let done: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))",
+        )
+        .bind(table)
+        .persistent(named)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !done {
+            sqlx::query(
+                "SELECT create_distributed_table(CAST($1 AS regclass), $2, \
+                 colocate_with => 'idempotency_keys')",
+            )
+            .bind(table)
+            .bind(column)
+            .persistent(named)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
 /// The service's idempotency store: keys per account, statements as `config.pooler`
 /// allows, portable when `config.portable`.
-fn store(pool: PgPool, config: &Config) -> Store {
+pub fn store(pool: PgPool, config: &Config) -> Store {
     let store = Store::builder(pool)
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .pooler(config.pooler);

@@ -8,7 +8,10 @@
 //! `DB_POOL_SIZE` (default 20), `DB_POOLER` (`session`, the default: PostgreSQL itself or
 //! a pooler in session mode; `transaction`: a pooler in transaction mode, such as
 //! PgBouncer's `pool_mode = transaction`; anything else stops the service at start),
-//! `RUST_LOG` (default `info`).
+//! `DB_PORTABLE` (`true` on Citus: the service distributes its tables itself),
+//! `SWEEP_PERIOD_SECS` (default 60: how often expired idempotency records are swept) and
+//! `SWEEP_BATCH` (default 1000: rows per delete batch, 1 to 100 000), `RUST_LOG` (default
+//! `info`).
 
 use std::process::ExitCode;
 

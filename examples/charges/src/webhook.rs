@@ -110,6 +110,9 @@ pub struct PaymentEvent {
 pub struct StripeEvent {
     /// Stripe's event id, such as `evt_1NG8Du2eZvKYlo2CUI79vXWy`: the idempotency key.
     pub id: String,
+    /// The connected account the event concerns (Stripe Connect), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     /// What happened, such as `payment_intent.succeeded`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -118,11 +121,23 @@ pub struct StripeEvent {
     pub data: Value,
 }
 
+/// The account a payment event concerns (`data.account`, as `charge.refunded` names
+/// it): its key is kept on that account's shard, beside the charge it updates
+/// (`spread`; events that name none spread by their id).
+fn payment_account(event: &PaymentEvent) -> Option<&str> {
+    event.data.get("account").and_then(Value::as_str)
+}
+
+/// The connected account a Stripe event concerns, if it names one.
+fn stripe_account(event: &StripeEvent) -> Option<&str> {
+    event.account.as_deref()
+}
+
 /// Takes a payment provider's event once. Providers redeliver (at least once): a
 /// redelivery, even one racing the first, waits for it and gets its 200, so the
 /// provider stops; the same `webhook-id` with a different payload is a 422 and a
 /// warning in the log.
-#[idempotent(scope = "payment_events", ttl = "7d", key = header("webhook-id"), concurrency = wait("30s"))]
+#[idempotent(scope = "payment_events", ttl = "7d", key = header("webhook-id"), spread = payment_account, concurrency = wait("30s"))]
 #[utoipa::path(post, path = "/webhooks/payments", request_body = PaymentEvent, responses(
     (status = 200, description = "The event was taken", body = Object), crate::openapi::Unauthenticated))]
 pub(crate) async fn payment_event(
@@ -155,7 +170,7 @@ pub(crate) async fn payment_event(
 
 /// Takes a Stripe event once, keyed by its `id`: Stripe signs the body (and a
 /// timestamp), not an id header.
-#[idempotent(scope = "stripe_events", ttl = "7d", key = id, concurrency = wait("30s"))]
+#[idempotent(scope = "stripe_events", ttl = "7d", key = id, spread = stripe_account, concurrency = wait("30s"))]
 #[utoipa::path(post, path = "/webhooks/stripe", request_body = StripeEvent, responses(
     (status = 200, description = "The event was taken", body = Object), crate::openapi::Unauthenticated))]
 pub(crate) async fn stripe_event(
@@ -183,7 +198,7 @@ pub(crate) async fn stripe_event(
 /// digest: a redelivery (the same body) replays, while a captured delivery sent again
 /// under a fresh, unsigned `X-GitHub-Delivery` id replays too instead of acting twice.
 /// The delivery id and the event name are recorded, not trusted as keys.
-#[idempotent(scope = "github_deliveries", ttl = "7d", key = digest(body), concurrency = wait("30s"))]
+#[idempotent(scope = "github_deliveries", ttl = "7d", key = digest(body), spread = key, concurrency = wait("30s"))]
 #[utoipa::path(post, path = "/webhooks/github", request_body = Object, responses(
     (status = 200, description = "The delivery was taken", body = Object), crate::openapi::Unauthenticated))]
 pub(crate) async fn github_event(
@@ -215,8 +230,9 @@ fn event_id(tx: &Tx<'_>) -> String {
     tx.idempotency_key().unwrap_or_default().to_owned()
 }
 
-/// One row per event and provider: the business effect the tests count. `named`: see
-/// [`persistent`].
+/// One row per event and provider: the business effect the tests count, kept under the
+/// value the event's key is kept under (`tenant`, the table's distribution column), so
+/// that it commits on the key's node. `named`: see [`persistent`].
 async fn record(
     tx: &mut Tx<'_>,
     named: bool,
@@ -225,7 +241,11 @@ async fn record(
     kind: &str,
     payload: &Value,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO webhook_events (provider, id, type, payload) VALUES ($1, $2, $3, $4)")
+    let tenant = tx.principal().unwrap_or_default().to_owned();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant, provider, id, type, payload) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(tenant)
         .bind(provider)
         .bind(id)
         .bind(kind)

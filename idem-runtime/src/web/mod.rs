@@ -27,6 +27,7 @@ use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, 
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
+use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::Isolation;
 use crate::tx::{KeyInScope, Tx};
@@ -90,6 +91,7 @@ pub struct Guard<S> {
     store: Store,
     key: KeyRead,
     principal: Option<String>,
+    spread: Spread,
     method: Method,
     route: Option<MatchedPath>,
     params: Option<RawPathParams>,
@@ -115,6 +117,7 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
         };
         Ok(Self {
             principal: store.resolve_principal(parts),
+            spread: Spread::None,
             // A bad key is answered by `claim`, where the endpoint's key source is known.
             key: KeyRead::idempotency_key(&parts.headers),
             store,
@@ -143,6 +146,12 @@ impl<S> Guard<S> {
         }
     }
 
+    /// Where a key without a principal is kept (`spread = ..`; see the `spread` module).
+    pub fn spread(mut self, spread: Spread) -> Self {
+        self.spread = spread;
+        self
+    }
+
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...`, and `key` the endpoint's own key source (`key = ...`), when it
@@ -167,7 +176,7 @@ impl<S> Guard<S> {
         };
         let principal = match &key {
             None => String::new(),
-            Some(_) => match policy::principal(
+            Some(claimed) => match policy::principal(
                 principal,
                 self.principal,
                 self.store.inner.require_principal,
@@ -186,6 +195,9 @@ impl<S> Guard<S> {
                     let problem = problems.invalid_principal(expected).into_response();
                     return Err(observation.answer(Outcome::RejectedKey, problem));
                 }
+                Some(principal) if principal.is_empty() => self
+                    .spread
+                    .value(self.store.inner.dialect.principal_type, claimed.as_str()),
                 Some(principal) => principal,
                 None => {
                     tracing::warn!(
