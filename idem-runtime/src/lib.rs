@@ -164,6 +164,7 @@ mod once;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+pub mod outbox;
 mod probe;
 mod store;
 mod table;

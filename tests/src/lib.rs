@@ -1,7 +1,8 @@
 //! Support shared by idem's behaviour tests and its load benchmark (`bench/`): a fresh
 //! PostgreSQL database per test, an app served over real HTTP on a loopback port,
 //! requests read whole, latency percentiles, the fields of idem's request spans, a
-//! PgBouncer in transaction mode in front of a test database, and the outside tools the
+//! PgBouncer in transaction mode in front of a test database, the outbox's brokers (and
+//! a NATS server of a test's own), and the outside tools the
 //! tests check against (the webhook providers' signing libraries, schemathesis).
 //!
 //! The server is found through `DATABASE_URL` (default
@@ -9,6 +10,7 @@
 
 mod answer;
 mod app;
+mod brokers;
 mod database;
 mod pooler;
 mod spans;
@@ -17,6 +19,7 @@ mod tools;
 
 pub use answer::{post, send, Answer};
 pub use app::TestApp;
+pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use database::{admin_options, count, with_test_db, TestDb};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{RequestSpans, SpanFields};
