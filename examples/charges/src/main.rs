@@ -8,6 +8,9 @@
 //! `DB_POOL_SIZE` (default 20), `DB_POOLER` (`session`, the default: PostgreSQL itself or
 //! a pooler in session mode; `transaction`: a pooler in transaction mode, such as
 //! PgBouncer's `pool_mode = transaction`; anything else stops the service at start),
+//! `NATS_URL` (unset by default: no events; set, `charge.created` and `charge.refunded`
+//! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
+//! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects),
 //! `RUST_LOG` (default `info`).
 
 use std::process::ExitCode;
