@@ -18,16 +18,18 @@ use idem_tests::{nats_url, unique, with_test_db, Pgbouncer, TestApp};
 use serde_json::json;
 use sqlx::PgPool;
 
-const KEYS: usize = 30;
-const COPIES: usize = 6;
+/// Keys and concurrent copies per key of the storm: small in the README's test command,
+/// 500 × 20 with `OUTBOX_FULL=1` (RELIABILITY.md).
+fn storm_size() -> (usize, usize) {
+    if std::env::var_os("OUTBOX_FULL").is_some() {
+        (500, 20)
+    } else {
+        (30, 6)
+    }
+}
 
 /// The example with events under `prefix`, its relay and ledger consumer running.
-async fn service(
-    pool: PgPool,
-    pooler: Pooler,
-    portable: bool,
-    prefix: &str,
-) -> (TestApp, Store) {
+async fn service(pool: PgPool, pooler: Pooler, portable: bool, prefix: &str) -> (TestApp, Store) {
     charges::migrate(&pool).await.expect("migrate");
     let config = Config {
         pooler,
@@ -53,11 +55,13 @@ async fn storm_through_the_outbox(app: &TestApp, store: &Store, direct: &PgPool,
     let (relay, ledger) = charges::events::start(store, &nats_url(), prefix)
         .await
         .expect("start the events");
-    let keys: Vec<String> = (0..KEYS).map(|i| format!("storm-{i:03}")).collect();
+    let (keys, copies) = storm_size();
+    let keys: Vec<String> = (0..keys).map(|i| format!("storm-{i:03}")).collect();
+    let started = Instant::now();
     let answers: Vec<(String, Vec<u16>, Option<String>)> = stream::iter(&keys)
         .map(|key| async move {
             let body = json!({ "amount": 100, "currency": "usd", "customer": key });
-            let answers = join_all((0..COPIES).map(|_| {
+            let answers = join_all((0..copies).map(|_| {
                 app.post_with(
                     "/charges",
                     Some(key),
@@ -75,6 +79,7 @@ async fn storm_through_the_outbox(app: &TestApp, store: &Store, direct: &PgPool,
         .buffer_unordered(10)
         .collect()
         .await;
+    let requests = answers.len() * copies;
     let mut charged = Vec::new();
     for (key, statuses, id) in answers {
         assert!(
@@ -141,6 +146,15 @@ async fn storm_through_the_outbox(app: &TestApp, store: &Store, direct: &PgPool,
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 2 * charged.len());
+    println!(
+        "{requests} charge requests and {} refunds: {} charges, {} events in the stream once \
+         each, {} ledger entries, in {:.2} s",
+        2 * charged.len(),
+        charged.len(),
+        ids.len(),
+        2 * charged.len(),
+        started.elapsed().as_secs_f64()
+    );
     relay.stopped().await;
     ledger.abort();
     js.delete_stream(prefix).await.ok();

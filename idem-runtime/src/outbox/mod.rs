@@ -8,8 +8,8 @@
 //! one emits nothing at all, and a process that dies after its commit loses nothing: the
 //! row is there for the next relay.
 //!
-//! - [`table`](self) (private): the table's DDL and statements;
-//! - [`relay`](Relay): takes committed events, hands them to a [`Publisher`], deletes
+//! - the table (its DDL is [`OUTBOX_SCHEMA_SQL`]): written by [`Tx::emit`];
+//! - the [`Relay`]: takes committed events, hands them to a [`Publisher`], deletes
 //!   them once the broker acknowledged them, retries with backoff, parks what fails too
 //!   often ([`Store::dead_events`], [`Store::redrive_dead_events`]);
 //! - `nats` (feature `nats`): a JetStream [`Publisher`] and consumer;
