@@ -77,6 +77,7 @@ impl Store {
             pool,
             table: DEFAULT_TABLE.to_owned(),
             outbox_table: None,
+            outbox_notify: true,
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -159,6 +160,7 @@ pub struct StoreBuilder {
     pool: PgPool,
     table: String,
     outbox_table: Option<String>,
+    outbox_notify: bool,
     principal: Option<Box<PrincipalResolver>>,
     require_principal: bool,
     acquire_timeout: Duration,
@@ -229,6 +231,19 @@ impl StoreBuilder {
     /// schema of the idempotency table).
     pub fn outbox_table(mut self, name: impl Into<String>) -> Self {
         self.outbox_table = Some(name.into());
+        self
+    }
+
+    /// Whether each event written ([`Tx::emit`](crate::Tx::emit)) NOTIFYs the relays, so
+    /// that a listening relay publishes it at once (default on; never in portable mode).
+    /// PostgreSQL serializes the commits of transactions that sent a NOTIFY (one global
+    /// lock, held through the commit's WAL flush), which caps the rate of concurrent
+    /// requests that emit events (BENCHMARKS.md, "The outbox"): turn it off at high write
+    /// concurrency and give the relays a short [`poll_interval`] instead.
+    ///
+    /// [`poll_interval`]: crate::outbox::RelayBuilder::poll_interval
+    pub fn outbox_notify(mut self, notify: bool) -> Self {
+        self.outbox_notify = notify;
         self
     }
 
@@ -366,7 +381,7 @@ impl StoreBuilder {
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
                 dialect: self.dialect,
-                outbox: OutboxTable::new(outbox, self.dialect),
+                outbox: OutboxTable::new(outbox, self.dialect, self.outbox_notify),
             }),
         }
     }

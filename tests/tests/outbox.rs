@@ -686,3 +686,34 @@ async fn an_outage_is_retried_until_it_ends() {
     })
     .await;
 }
+
+/// `outbox_notify(false)`: writes send no NOTIFY (PostgreSQL serializes the commits of
+/// transactions that notify), the relay does not listen, and polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_notify_the_relay_polls() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::builder(pool.clone())
+            .outbox_notify(false)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        assert!(!store.outbox_schema_sql().is_empty());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .unwrap();
+        listener.listen("idem_outbox").await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(30))
+            .spawn()
+            .unwrap();
+        emit_many(&store, "q", 5, |_| None).await;
+        assert_eq!(recorder.wait_for(5, Duration::from_secs(5)).await.len(), 5);
+        let notified = tokio::time::timeout(Duration::from_millis(200), listener.recv()).await;
+        assert!(notified.is_err(), "no NOTIFY: {notified:?}");
+        relay.stopped().await;
+    })
+    .await;
+}

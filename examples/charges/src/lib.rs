@@ -79,6 +79,9 @@ pub struct Config {
     /// The subject prefix of the charge events written to idem's outbox (`NATS_URL` sets
     /// it, to `NATS_SUBJECT_PREFIX` or `charges`); `None` emits nothing.
     pub events: Option<String>,
+    /// Whether each event NOTIFYs the relay (`StoreBuilder::outbox_notify`; default
+    /// true). Off, the relay polls.
+    pub events_notify: bool,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             pooler: Pooler::Session,
             portable: false,
             events: None,
+            events_notify: true,
         }
     }
 }
@@ -327,6 +331,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         pooler,
         portable,
         events: nats_url.as_ref().map(|_| subject_prefix.clone()),
+        events_notify: true,
     };
     let store = store(pool.clone(), &config);
     // `CREATE TABLE IF NOT EXISTS` keeps an outdated table as it is: name what is wrong
@@ -388,7 +393,8 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 fn store(pool: PgPool, config: &Config) -> Store {
     let store = Store::builder(pool)
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-        .pooler(config.pooler);
+        .pooler(config.pooler)
+        .outbox_notify(config.events_notify);
     let store = if config.portable {
         store.portable()
     } else {

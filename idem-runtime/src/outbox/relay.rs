@@ -190,7 +190,9 @@ impl<P: Publisher> RelayBuilder<P> {
 
     /// Whether to wake on the outbox's `NOTIFY` (default: yes, unless the store is behind
     /// a transaction pooler, where `LISTEN` does not work, or portable, whose writes do
-    /// not notify). Without it the relay polls.
+    /// not notify). Without it the relay polls. A listening relay keeps one connection of
+    /// the store's pool for `LISTEN` (it runs nothing else on it, so it holds no snapshot
+    /// back); size the pool for it.
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = Some(listen);
         self

@@ -92,9 +92,9 @@ WITH written AS (
 )
 SELECT id, pg_notify('{channel}', '') FROM written";
 
-/// [`WRITE`] in portable mode: no NOTIFY (a distributed engine refuses a volatile
-/// function there), so relays of a portable store poll.
-const WRITE_PORTABLE: &str = "\
+/// [`WRITE`] without NOTIFY: in portable mode (a distributed engine refuses a volatile
+/// function there) and when the store's `outbox_notify` is off; relays then poll.
+const WRITE_QUIET: &str = "\
 INSERT INTO {table} (id, topic, ordering_key, headers, payload)
 VALUES (CASE WHEN $1::bytea IS NULL THEN replace(gen_random_uuid()::text, '-', '')
              ELSE left(encode(sha256($1::bytea || convert_to(extract(epoch FROM now())::numeric::text, 'UTF8')), 'hex'), 32)
@@ -151,6 +151,7 @@ UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now()
 /// The outbox table of one store: its statements, rendered once.
 pub(crate) struct OutboxTable {
     dialect: Dialect,
+    notify: bool,
     name: TableName,
     ddl: SqlStr,
     write: SqlStr,
@@ -194,8 +195,10 @@ pub struct DeadEvent {
 }
 
 impl OutboxTable {
-    /// The table `name` in `dialect`.
-    pub(crate) fn new(name: TableName, dialect: Dialect) -> Self {
+    /// The table `name` in `dialect`; its writes NOTIFY the relays when `notify` (never in
+    /// portable mode).
+    pub(crate) fn new(name: TableName, dialect: Dialect, notify: bool) -> Self {
+        let notify = notify && !dialect.portable;
         let table = name.qualified();
         let channel = name.to_string();
         let render = |sql: &str| {
@@ -215,12 +218,9 @@ impl OutboxTable {
         );
         Self {
             dialect,
+            notify,
             ddl,
-            write: render(if dialect.portable {
-                WRITE_PORTABLE
-            } else {
-                WRITE
-            }),
+            write: render(if notify { WRITE } else { WRITE_QUIET }),
             claim: render(CLAIM),
             done: render(DONE),
             failed: render(FAILED),
@@ -241,9 +241,9 @@ impl OutboxTable {
         &self.ddl
     }
 
-    /// Whether writes notify the relays (not in portable mode).
+    /// Whether writes notify the relays.
     pub(crate) fn notifies(&self) -> bool {
-        !self.dialect.portable
+        self.notify
     }
 
     /// Whether a relay can `LISTEN`: not behind a transaction pooler, nor in portable
@@ -414,6 +414,7 @@ mod tests {
         let table = OutboxTable::new(
             TableName::parse(DEFAULT_OUTBOX_TABLE).unwrap(),
             Dialect::default(),
+            true,
         );
         assert_eq!(table.ddl().as_str(), OUTBOX_SCHEMA_SQL);
     }
@@ -426,7 +427,7 @@ mod tests {
             portable: true,
             ..Dialect::default()
         };
-        let table = OutboxTable::new(TableName::parse("ops.events").unwrap(), dialect);
+        let table = OutboxTable::new(TableName::parse("ops.events").unwrap(), dialect, true);
         for statement in [
             &table.write,
             &table.claim,
@@ -444,9 +445,20 @@ mod tests {
             assert!(lower.contains("\"ops\".\"events\""), "{lower}");
         }
         assert!(!table.can_listen());
-        let table = OutboxTable::new(TableName::parse("ops.events").unwrap(), Dialect::default());
+        let table = OutboxTable::new(
+            TableName::parse("ops.events").unwrap(),
+            Dialect::default(),
+            true,
+        );
         assert!(table.write.as_str().contains("pg_notify('ops.events', '')"));
         assert!(table.can_listen());
+        let table = OutboxTable::new(
+            TableName::parse("ops.events").unwrap(),
+            Dialect::default(),
+            false,
+        );
+        assert!(!table.write.as_str().contains("notify"));
+        assert!(!table.can_listen());
         assert!(table
             .ddl()
             .as_str()
