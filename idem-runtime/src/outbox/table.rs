@@ -104,18 +104,21 @@ RETURNING id";
 
 /// Takes up to $1 events for $2 seconds (see the module's docs): pending, available, and
 /// first of their ordering key among the pending rows. The outer `available_at` test is
-/// re-checked on a row another relay took while this statement waited for its lock.
+/// re-checked on a row another relay took while this statement waited for its lock. The
+/// candidates go through `ANY (ARRAY(..))`, so the update finds them by the primary key;
+/// `IN (..)` made PostgreSQL 15 scan the whole table for a hash join (18 ms at 100 000
+/// pending rows, against 3 ms).
 const CLAIM: &str = "\
 UPDATE {table} AS o
    SET available_at = now() + $2::float8 * interval '1 second', attempts = o.attempts + 1
- WHERE o.seq IN (
+ WHERE o.seq = ANY (ARRAY(
         SELECT e.seq FROM {table} AS e
          WHERE e.dead_at IS NULL AND e.available_at <= now()
            AND NOT EXISTS (SELECT 1 FROM {table} AS p
                             WHERE p.ordering_key = e.ordering_key AND p.seq < e.seq
                               AND p.dead_at IS NULL)
          ORDER BY e.seq
-         LIMIT $1)
+         LIMIT $1))
    AND o.dead_at IS NULL AND o.available_at <= now()
 RETURNING o.seq, o.id, o.topic, o.ordering_key, o.headers, o.payload, o.attempts,
           extract(epoch FROM now() - o.created_at)::float8 AS age";
