@@ -127,7 +127,9 @@ impl Publisher for AmqpPublisher {
 }
 
 /// Consumes events from an AMQP queue, runs each one's work once, and acknowledges after
-/// the commit. See the [module's docs](self).
+/// the commit. See the [module's docs](self). One consumer handles one delivery at a
+/// time (and holds a failed one for its retry delay): run several, on channels of their
+/// own, for parallel work.
 #[must_use = "a consumer does nothing until `.run(..)` is awaited"]
 pub struct AmqpConsumer {
     channel: Channel,

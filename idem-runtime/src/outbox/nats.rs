@@ -158,8 +158,10 @@ impl JetStreamConsumer {
             let message = match message {
                 Ok(message) => message,
                 Err(error) => {
-                    // The client reconnects by itself; the stream goes on after it.
+                    // The client reconnects by itself; the stream goes on after it. A
+                    // pause, so that an error that repeats does not spin.
                     tracing::warn!(%error, "idem: JetStream consumer: receiving failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
