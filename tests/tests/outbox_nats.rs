@@ -16,8 +16,8 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
-use idem::{OnceError, Store};
-use idem_tests::{count, nats_url, unique, with_test_db, PrivateNats, TestDb};
+use idem::{OnceError, Pooler, Store};
+use idem_tests::{count, nats_url, unique, with_test_db, Pgbouncer, PrivateNats, TestDb};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
@@ -171,9 +171,11 @@ async fn book(store: &Store, credit: &Received<Credit>) -> Result<(), OnceError<
             if credit.payload().amount < 0 {
                 return Err(sqlx::Error::Protocol("a negative credit".into()));
             }
+            // Unnamed behind a transaction pooler (see `Store::pooler`).
             sqlx::query("INSERT INTO credits (charge, amount) VALUES ($1, $2)")
                 .bind(credit.payload().charge)
                 .bind(credit.payload().amount)
+                .persistent(store.pooler() == Pooler::Session)
                 .execute(&mut *tx)
                 .await?;
             Ok::<_, sqlx::Error>(())
@@ -596,79 +598,113 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
 
 /// Two relays and two consumers at once: the stream holds each event once, in per-key
 /// order, and the ledger credits each charge once.
+async fn two_relays_and_two_consumers(store: &Store, pool: &PgPool) {
+    let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            store
+                .relay(JetStreamPublisher::new(broker.js.clone()))
+                .batch_size(8)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let consumer = broker.consumer("ledger", Duration::from_secs(5), 10).await;
+    let consumers: Vec<_> = (0..2)
+        .map(|_| spawn_ledger(store, &broker.js, consumer.clone(), None))
+        .collect();
+    // Five charges, each with an event per step (created, then refunds), written in
+    // order by one writer per charge.
+    let writers: Vec<_> = (0..5)
+        .map(|charge: i64| {
+            let store = store.clone();
+            let subject = broker.subject.clone();
+            tokio::spawn(async move {
+                for step in 0..10_i64 {
+                    store
+                        .run_once("charges", &format!("c{charge}-s{step}"))
+                        .run(async |mut tx| {
+                            tx.emit(
+                                Event::new(
+                                    &subject,
+                                    &Credit {
+                                        charge: charge * 100 + step,
+                                        amount: step,
+                                    },
+                                )
+                                .ordering_key(charge.to_string()),
+                            )
+                            .await?;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let credited = credits(pool, 50, Duration::from_secs(20)).await;
+    assert_eq!(credited.len(), 50);
+    assert!(credited.values().all(|&n| n == 1), "{credited:?}");
+    let messages = broker.messages().await;
+    assert_eq!(messages.len(), 50);
+    let mut per_key: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (_, _, payload) in &messages {
+        let c: Credit = serde_json::from_slice(payload).unwrap();
+        per_key.entry(c.charge / 100).or_default().push(c.amount);
+    }
+    for (key, steps) in per_key {
+        assert_eq!(steps, (0..10).collect::<Vec<_>>(), "charge {key}");
+    }
+    let published: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
+    assert_eq!(published.iter().sum::<u64>(), 50, "{published:?}");
+    for r in relays {
+        r.stop();
+    }
+    for c in consumers {
+        c.abort();
+    }
+    broker.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_and_two_consumers() {
+async fn two_relays_and_two_consumers_by_default() {
     with_test_db(async |db| {
         let (pool, store) = ledger(db).await;
-        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
-        let relays: Vec<_> = (0..2)
-            .map(|_| {
-                store
-                    .relay(JetStreamPublisher::new(broker.js.clone()))
-                    .batch_size(8)
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let consumer = broker.consumer("ledger", Duration::from_secs(5), 10).await;
-        let consumers: Vec<_> = (0..2)
-            .map(|_| spawn_ledger(&store, &broker.js, consumer.clone(), None))
-            .collect();
-        // Five charges, each with an event per step (created, then refunds), written in
-        // order by one writer per charge.
-        let writers: Vec<_> = (0..5)
-            .map(|charge: i64| {
-                let store = store.clone();
-                let subject = broker.subject.clone();
-                tokio::spawn(async move {
-                    for step in 0..10_i64 {
-                        store
-                            .run_once("charges", &format!("c{charge}-s{step}"))
-                            .run(async |mut tx| {
-                                tx.emit(
-                                    Event::new(
-                                        &subject,
-                                        &Credit {
-                                            charge: charge * 100 + step,
-                                            amount: step,
-                                        },
-                                    )
-                                    .ordering_key(charge.to_string()),
-                                )
-                                .await?;
-                                Ok::<_, sqlx::Error>(())
-                            })
-                            .await
-                            .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for w in writers {
-            w.await.unwrap();
-        }
-        let credited = credits(&pool, 50, Duration::from_secs(20)).await;
-        assert_eq!(credited.len(), 50);
-        assert!(credited.values().all(|&n| n == 1), "{credited:?}");
-        let messages = broker.messages().await;
-        assert_eq!(messages.len(), 50);
-        let mut per_key: HashMap<i64, Vec<i64>> = HashMap::new();
-        for (_, _, payload) in &messages {
-            let c: Credit = serde_json::from_slice(payload).unwrap();
-            per_key.entry(c.charge / 100).or_default().push(c.amount);
-        }
-        for (key, steps) in per_key {
-            assert_eq!(steps, (0..10).collect::<Vec<_>>(), "charge {key}");
-        }
-        let published: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
-        assert_eq!(published.iter().sum::<u64>(), 50, "{published:?}");
-        for r in relays {
-            r.stop();
-        }
-        for c in consumers {
-            c.abort();
-        }
-        broker.delete().await;
+        two_relays_and_two_consumers(&store, &pool).await;
+    })
+    .await;
+}
+
+/// Behind PgBouncer in transaction mode: the relays poll, every statement unnamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_and_two_consumers_behind_pgbouncer() {
+    with_test_db(async |db| {
+        let (direct, _) = ledger(db).await;
+        let bouncer = Pgbouncer::start(db);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .unwrap();
+        let store = Store::builder(pool)
+            .pooler(Pooler::Transaction)
+            .build()
+            .unwrap();
+        two_relays_and_two_consumers(&store, &direct).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_and_two_consumers_in_portable_mode() {
+    with_test_db(async |db| {
+        let (pool, _) = ledger(db).await;
+        let store = Store::builder(pool.clone()).portable().build().unwrap();
+        two_relays_and_two_consumers(&store, &pool).await;
     })
     .await;
 }
