@@ -196,3 +196,85 @@ async fn the_same_in_portable_mode() {
     })
     .await;
 }
+
+/// The example's own binary (`charges::main_from_env`) with `NATS_URL` set: a charge and
+/// its refund reach the ledger through JetStream; a bad `NATS_SUBJECT_PREFIX` stops it
+/// at start with one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_example_binary_books_its_events_through_jetstream() {
+    with_test_db(async |db| {
+        let prefix = unique("charges");
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+            .env("BIND_ADDR", addr.to_string())
+            .env("DATABASE_URL", db.url())
+            .env("NATS_URL", nats_url())
+            .env("NATS_SUBJECT_PREFIX", &prefix)
+            .env("RUST_LOG", "error")
+            .spawn()
+            .expect("start the charges server");
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/charges");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let charge = loop {
+            let sent = client
+                .post(&url)
+                .header("authorization", "Bearer acct_bin")
+                .header("idempotency-key", "bin-1")
+                .json(&json!({ "amount": 500, "currency": "usd", "customer": "c" }))
+                .send()
+                .await;
+            if let Ok(response) = sent {
+                assert_eq!(response.status(), 201);
+                break response.json::<serde_json::Value>().await.unwrap();
+            }
+            assert!(Instant::now() < deadline, "the server never answered");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let id = charge["id"].as_str().unwrap();
+        let refund = client
+            .post(format!("{url}/{id}/refunds"))
+            .header("authorization", "Bearer acct_bin")
+            .header("idempotency-key", "bin-refund-1")
+            .json(&json!({ "amount": 200 }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refund.status(), 201);
+        let pool = db.pool(2).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (entries, total): (i64, Option<i64>) = sqlx::query_as(
+                "SELECT count(*), sum(amount)::bigint FROM ledger_entries WHERE account = 'acct_bin'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if entries == 2 {
+                assert_eq!(total, Some(300), "credited 500, debited 200");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{entries} ledger entries");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server.kill().ok();
+        server.wait().ok();
+        pool.close().await;
+        let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        js.delete_stream(&prefix).await.ok();
+
+        let refused = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+            .env("BIND_ADDR", "127.0.0.1:0")
+            .env("DATABASE_URL", db.url())
+            .env("NATS_URL", nats_url())
+            .env("NATS_SUBJECT_PREFIX", "has.dots")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("NATS_SUBJECT_PREFIX must be"), "{stderr}");
+    })
+    .await;
+}
