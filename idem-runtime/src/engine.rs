@@ -482,7 +482,8 @@ fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
 impl Attempt {
     /// The transaction, lent to the work.
     pub(crate) fn tx(&mut self) -> Tx<'_> {
-        Tx::new(&mut self.tx, self.claim.as_ref().map(|c| &c.key))
+        let key = self.claim.as_ref().map(|c| &c.key);
+        Tx::new(&mut self.tx, key, &self.store.inner.outbox)
     }
 
     /// The claimed key; `None` for an attempt that records nothing.

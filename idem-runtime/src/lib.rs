@@ -114,8 +114,8 @@
 //! Only writes made through [`Tx`] share the transaction. A call to another service (a
 //! payment processor, an email) cannot be rolled back: if the request fails after it,
 //! the retry calls again. Forward [`Tx::derived_key`] to services that accept an
-//! idempotency key of their own, and keep other side effects out of the handler
-//! (write them to an outbox table through `Tx` instead).
+//! idempotency key of their own, and keep other side effects out of the handler:
+//! record them with [`Tx::emit`] and let a relay deliver them ([`outbox`]).
 
 //!
 //! # Queue consumers and jobs
@@ -138,11 +138,23 @@
 //! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//! | `idem_outbox_published_total` | counter | | outbox events published and deleted |
+//! | `idem_outbox_retried_total` | counter | | failed publishes that will be tried again |
+//! | `idem_outbox_dead_total` | counter | | outbox events parked as dead |
+//! | `idem_outbox_lag_seconds` | gauge | | the age of the oldest pending outbox event |
+//! | `idem_outbox_publish_delay_seconds` | histogram | | from the start of an event's transaction to the relay taking it, for each published event |
+//!
+//! # Events
+//!
+//! [`Tx::emit`] records an event in the request's transaction, and a relay
+//! ([`Store::relay`]) publishes it after the commit: see [`outbox`].
 //!
 //! # Features
 //!
 //! - `webhook` (default): [`webhook::Signed`] deliveries, verified with HMAC-SHA256.
 //! - `metrics`: the counters and histogram above.
+//! - `nats`: `outbox::nats`, a JetStream publisher and consumer.
+//! - `amqp`: `outbox::amqp`, an AMQP 0.9.1 (RabbitMQ) publisher and consumer.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
@@ -165,6 +177,7 @@ mod once;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+pub mod outbox;
 mod probe;
 mod spread;
 mod store;

@@ -4,8 +4,9 @@
 //! # Three ways to create the table
 //!
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
-//! - **sqlx migrations**: copy `idem-runtime/migrations/20261123000000_idempotency_keys.sql`
-//!   (also [`MIGRATIONS`]) into your own `migrations/` directory. One directory, one
+//! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
+//!   [`MIGRATIONS`]: the idempotency table, then the outbox table) into your own
+//!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "migrations")]` all create the table with your own tables.
 //! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
@@ -34,10 +35,18 @@ use crate::store::Store;
 
 /// The migrations of the idempotency table, oldest first, as `(file name, SQL)`: the files
 /// in `idem-runtime/migrations/`, for users who write them out themselves.
-pub const MIGRATIONS: &[(&str, &str)] = &[(
-    "20261123000000_idempotency_keys.sql",
-    include_str!("../migrations/20261123000000_idempotency_keys.sql"),
-)];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "20261123000000_idempotency_keys.sql",
+        include_str!("../migrations/20261123000000_idempotency_keys.sql"),
+    ),
+    // The outbox table (`idem::outbox`), created whether or not the service emits events:
+    // an empty table costs nothing, and a service that starts emitting needs no new step.
+    (
+        "20261124000000_idem_outbox.sql",
+        include_str!("../migrations/20261124000000_idem_outbox.sql"),
+    ),
+];
 
 /// The columns idem reads and writes, with the types it accepts for each, as PostgreSQL's
 /// `format_type` names them.
@@ -313,11 +322,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_migration_is_the_schema_store_migrate_runs() {
-        let [(_, sql)] = MIGRATIONS else {
-            panic!("one migration so far")
+    fn the_migrations_are_the_schema_store_migrate_runs() {
+        let [(_, keys), (_, outbox)] = MIGRATIONS else {
+            panic!("two migrations so far")
         };
-        assert_eq!(*sql, crate::SCHEMA_SQL);
+        assert_eq!(*keys, crate::SCHEMA_SQL);
+        assert_eq!(*outbox, crate::outbox::OUTBOX_SCHEMA_SQL);
     }
 
     #[test]

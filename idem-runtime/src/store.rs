@@ -10,6 +10,7 @@ use http::header::{self, HeaderName};
 use http::request::Parts;
 use sqlx::PgPool;
 
+use crate::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::table::{Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_TABLE};
 
 /// How a store finds the principal of a request.
@@ -61,6 +62,7 @@ pub(crate) struct Settings {
     /// `None` for [`DEFAULT_PROBLEM_BASE`](crate::DEFAULT_PROBLEM_BASE).
     pub(crate) problem_base: Option<String>,
     pub(crate) dialect: Dialect,
+    pub(crate) outbox: OutboxTable,
 }
 
 impl Store {
@@ -74,6 +76,8 @@ impl Store {
         StoreBuilder {
             pool,
             table: DEFAULT_TABLE.to_owned(),
+            outbox_table: None,
+            outbox_notify: true,
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -108,10 +112,11 @@ impl Store {
         self.inner.dialect.pooler
     }
 
-    /// Creates the idempotency table and its index if they do not exist
-    /// ([`Store::schema_sql`]). Safe to call from several processes starting at once.
+    /// Creates the idempotency table and its index, and the outbox table and its indexes,
+    /// if they do not exist ([`Store::schema_sql`], [`Store::outbox_schema_sql`]). Safe to call from several processes starting at once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        self.inner.table.create(&self.inner.pool).await
+        self.inner.table.create(&self.inner.pool).await?;
+        self.inner.outbox.create(&self.inner.pool).await
     }
 
     /// The DDL of this store's table: [`SCHEMA_SQL`](crate::SCHEMA_SQL) with its
@@ -154,6 +159,8 @@ impl fmt::Debug for Store {
 pub struct StoreBuilder {
     pool: PgPool,
     table: String,
+    outbox_table: Option<String>,
+    outbox_notify: bool,
     principal: Option<Box<PrincipalResolver>>,
     require_principal: bool,
     acquire_timeout: Duration,
@@ -218,6 +225,27 @@ impl StoreBuilder {
     /// [`Store::migrate`] creates the schema too.
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
+        self
+    }
+
+    /// The outbox table events are written to ([`Tx::emit`](crate::Tx::emit)): `name` or
+    /// `schema.name`, as for [`StoreBuilder::table`] (default `idem_outbox`, in the
+    /// schema of the idempotency table).
+    pub fn outbox_table(mut self, name: impl Into<String>) -> Self {
+        self.outbox_table = Some(name.into());
+        self
+    }
+
+    /// Whether each event written ([`Tx::emit`](crate::Tx::emit)) NOTIFYs the relays, so
+    /// that a listening relay publishes it at once (default on; never in portable mode).
+    /// PostgreSQL serializes the commits of transactions that sent a NOTIFY (one global
+    /// lock, held through the commit's WAL flush), which caps the rate of concurrent
+    /// requests that emit events (BENCHMARKS.md, "The outbox"): turn it off at high write
+    /// concurrency and give the relays a short [`poll_interval`] instead.
+    ///
+    /// [`poll_interval`]: crate::outbox::RelayBuilder::poll_interval
+    pub fn outbox_notify(mut self, notify: bool) -> Self {
+        self.outbox_notify = notify;
         self
     }
 
@@ -324,6 +352,9 @@ impl StoreBuilder {
     pub fn build(self) -> Result<Store, BuildError> {
         let table =
             TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
+        if let Some(outbox) = &self.outbox_table {
+            TableName::parse(outbox).ok_or(BuildError::TableName(outbox.clone()))?;
+        }
         if self.acquire_timeout.is_zero() {
             return Err(BuildError::ZeroAcquireTimeout);
         }
@@ -334,6 +365,10 @@ impl StoreBuilder {
     }
 
     fn settings(self, table_name: TableName) -> Store {
+        let outbox = match self.outbox_table.as_deref().and_then(TableName::parse) {
+            Some(name) => name,
+            None => table_name.sibling(DEFAULT_OUTBOX_TABLE),
+        };
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,
@@ -349,6 +384,7 @@ impl StoreBuilder {
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
                 dialect: self.dialect,
+                outbox: OutboxTable::new(outbox, self.dialect, self.outbox_notify),
             }),
         }
     }

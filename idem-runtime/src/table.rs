@@ -359,6 +359,19 @@ impl TableName {
         &self.name
     }
 
+    /// Its schema, when qualified.
+    pub(crate) fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// `name` in the same schema as this table.
+    pub(crate) fn sibling(&self, name: &str) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            name: name.to_owned(),
+        }
+    }
+
     /// As written in SQL: `"schema"."name"`, or `"name"` unqualified (the default, as in
     /// [`SCHEMA_SQL`], so it lands in the connection's default schema). Always quoted, so
     /// that a name that is also a keyword (`user`, `order`) works; the names are
@@ -527,12 +540,12 @@ pub(crate) struct Table {
     inspect: SqlStr,
 }
 
-/// One of this module's statements with the table's name filled in. sqlx takes dynamic
-/// SQL only through [`AssertSqlSafe`], and this is the one place idem asserts it: the text
-/// is a constant of this module, the name a [`TableName`] (lowercase ASCII letters,
-/// digits and `_`, quoted) and the principal's cast a constant; nothing a client sends
-/// reaches it, values go as binds.
-fn statement(sql: String) -> SqlStr {
+/// One of this module's statements (or the outbox's, [`crate::outbox`]) with the table's
+/// name filled in. sqlx takes dynamic SQL only through [`AssertSqlSafe`], and this is the
+/// one place idem asserts it: the text is a constant of this module or the outbox's, the
+/// name a [`TableName`] (lowercase ASCII letters, digits and `_`, quoted) and the
+/// principal's cast a constant; nothing a client sends reaches it, values go as binds.
+pub(crate) fn statement(sql: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
 }
 
@@ -887,25 +900,9 @@ impl Table {
         matches!(error, sqlx::Error::Database(e) if e.constraint() == Some(self.primary_key.as_str()))
     }
 
-    /// Creates the table and its index if they do not exist. Two processes starting at
-    /// once can both pass `IF NOT EXISTS`; the loser fails on a catalog unique index
-    /// (23505) or with 42P07/42710. The winner has committed by then, so running the
-    /// statements again finds them existing.
+    /// Creates the table and its index if they do not exist ([`create`]).
     pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        let mut attempt = 0;
-        loop {
-            match sqlx::raw_sql(self.ddl.clone()).execute(pool).await {
-                Ok(_) => return Ok(()),
-                Err(sqlx::Error::Database(e))
-                    if attempt < 5
-                        && matches!(e.code().as_deref(), Some("23505" | "42P07" | "42710")) =>
-                {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        create(pool, &self.ddl).await
     }
 
     /// [`CLAIM_PORTABLE`]: `None` when the row it waited for committed after its snapshot.
@@ -1075,6 +1072,27 @@ impl Table {
 /// milliseconds, at least 1, since 0 would mean "no limit".
 pub(crate) fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128))
+}
+
+/// Runs `ddl`, made of `IF NOT EXISTS` statements. Two processes starting at once can
+/// both pass `IF NOT EXISTS`; the loser fails on a catalog unique index (23505) or with
+/// 42P07/42710. The winner has committed by then, so running the statements again finds
+/// them existing.
+pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        match sqlx::raw_sql(ddl.clone()).execute(pool).await {
+            Ok(_) => return Ok(()),
+            Err(sqlx::Error::Database(e))
+                if attempt < 5
+                    && matches!(e.code().as_deref(), Some("23505" | "42P07" | "42710")) =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The durations a claim binds.

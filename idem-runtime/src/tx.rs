@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 
 use crate::fingerprint::hex;
 use crate::key::IdempotencyKey;
+use crate::outbox::OutboxTable;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
 ///
@@ -59,6 +60,9 @@ use crate::key::IdempotencyKey;
 pub struct Tx<'t> {
     conn: &'t mut PgConnection,
     key: Option<&'t KeyInScope>,
+    outbox: &'t OutboxTable,
+    /// How many events this attempt has written ([`Tx::emit`]): the next one's place.
+    emitted: u32,
 }
 
 /// A key with what it was claimed under.
@@ -70,8 +74,33 @@ pub(crate) struct KeyInScope {
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(conn: &'t mut PgConnection, key: Option<&'t KeyInScope>) -> Self {
-        Self { conn, key }
+    pub(crate) fn new(
+        conn: &'t mut PgConnection,
+        key: Option<&'t KeyInScope>,
+        outbox: &'t OutboxTable,
+    ) -> Self {
+        Self {
+            conn,
+            key,
+            outbox,
+            emitted: 0,
+        }
+    }
+
+    /// The key this attempt claimed.
+    pub(crate) fn key_in_scope(&self) -> Option<&'t KeyInScope> {
+        self.key
+    }
+
+    /// The store's outbox table.
+    pub(crate) fn outbox(&self) -> &'t OutboxTable {
+        self.outbox
+    }
+
+    /// The place of the next event this attempt writes.
+    pub(crate) fn next_event(&mut self) -> u32 {
+        self.emitted += 1;
+        self.emitted - 1
     }
 
     /// The request's idempotency key, as the client meant it (without sf-string quotes);

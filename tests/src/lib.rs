@@ -2,8 +2,8 @@
 //! PostgreSQL database per test, an app served over real HTTP on a loopback port,
 //! requests read whole, latency percentiles, the fields of idem's request spans, a
 //! PgBouncer in transaction mode in front of a test database, a throwaway Citus cluster,
-//! and the outside tools the tests check against (the webhook providers' signing
-//! libraries, schemathesis).
+//! the outbox's brokers (and a NATS server of a test's own), and the outside tools the
+//! tests check against (the webhook providers' signing libraries, schemathesis).
 //!
 //! The server is found through `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
@@ -11,6 +11,7 @@
 mod answer;
 mod app;
 mod citus;
+mod brokers;
 mod database;
 mod pooler;
 mod spans;
@@ -20,6 +21,7 @@ mod tools;
 pub use answer::{post, send, Answer};
 pub use app::TestApp;
 pub use citus::{Citus, Node, REQUIRE_CITUS};
+pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use database::{admin_options, count, with_test_db, TestDb};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{RequestSpans, SpanFields};

@@ -69,7 +69,12 @@ async fn idems_file_in_a_users_migrations_directory() {
             .fetch_one(&pool)
             .await
             .expect("count");
-        assert_eq!(applied, 2);
+        assert_eq!(applied, 3, "the user's, idem's table and idem's outbox");
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_outbox")
+            .fetch_one(&pool)
+            .await
+            .expect("the outbox table");
+        assert_eq!(events, 0);
     })
     .await;
 }

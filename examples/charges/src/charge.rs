@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use sqlx::types::time::{OffsetDateTime, UtcOffset};
 use sqlx::{PgConnection, PgPool};
 
+use crate::events::ChargeEvent;
 use crate::{persistent, problem_type, Account, ApiError, Config};
 
 /// The body of `POST /charges`.
@@ -125,6 +126,19 @@ pub(crate) async fn create_charge(
         tokio::time::sleep(config.processor_delay).await;
     }
 
+    // Recorded in this transaction, published after the commit by the relay: a retry
+    // that replays emits nothing, a request that fails emits nothing at all.
+    if let Some(prefix) = &config.events {
+        let event = ChargeEvent {
+            kind: "charge.created".into(),
+            charge_id: charge.id.clone(),
+            refund_id: None,
+            account: account.0.clone(),
+            amount: charge.amount,
+        };
+        tx.emit(event.event(prefix)).await?;
+    }
+
     let location = format!("/charges/{}", charge.id);
     Ok((StatusCode::CREATED, [(LOCATION, location)], Json(charge)))
 }
@@ -234,6 +248,16 @@ pub(crate) async fn create_refund(
     .persistent(persistent(config.pooler))
     .fetch_one(&mut *tx)
     .await?;
+    if let Some(prefix) = &config.events {
+        let event = ChargeEvent {
+            kind: "charge.refunded".into(),
+            charge_id: refund.charge_id.clone(),
+            refund_id: Some(refund.id.clone()),
+            account: account.0.clone(),
+            amount: refund.amount,
+        };
+        tx.emit(event.event(prefix)).await?;
+    }
     Ok((StatusCode::CREATED, Json(refund)).into_response())
 }
 

@@ -13,6 +13,7 @@
 
 mod charge;
 pub mod consumer;
+pub mod events;
 pub mod openapi;
 mod webhook;
 
@@ -75,6 +76,12 @@ pub struct Config {
     /// idem's portable mode (`DB_PORTABLE=true`), for distributed PostgreSQL (Citus):
     /// see [`StoreBuilder::portable`](idem::StoreBuilder::portable) and `schema.sql`.
     pub portable: bool,
+    /// The subject prefix of the charge events written to idem's outbox (`NATS_URL` sets
+    /// it, to `NATS_SUBJECT_PREFIX` or `charges`); `None` emits nothing.
+    pub events: Option<String>,
+    /// Whether each event NOTIFYs the relay (`StoreBuilder::outbox_notify`; default
+    /// true). Off, the relay polls.
+    pub events_notify: bool,
 }
 
 impl Default for Config {
@@ -87,6 +94,8 @@ impl Default for Config {
             webhook_delay: Duration::ZERO,
             pooler: Pooler::Session,
             portable: false,
+            events: None,
+            events_notify: true,
         }
     }
 }
@@ -276,6 +285,17 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         .map_err(ServiceError::setting)?;
     let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())
         .map_err(ServiceError::setting)?;
+    let nats_url = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty());
+    let subject_prefix = std::env::var("NATS_SUBJECT_PREFIX").unwrap_or_else(|_| "charges".into());
+    if !subject_prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        || subject_prefix.is_empty()
+    {
+        return Err(ServiceError::setting(format!(
+            "NATS_SUBJECT_PREFIX must be letters, digits and `_` (it also names the stream), not {subject_prefix:?}"
+        )));
+    }
 
     // Before connecting: a bad secret stops the service at once, with one message.
     let payments = webhook_verifier(
@@ -318,6 +338,8 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         webhook_delay: Duration::ZERO,
         pooler,
         portable,
+        events: nats_url.as_ref().map(|_| subject_prefix.clone()),
+        events_notify: true,
     };
     let store = store(pool.clone(), &config);
     if portable {
@@ -340,6 +362,14 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     // Expired idempotency records are ignored already; deleting them keeps the table small.
     let sweeper = store.spawn_sweeper(Duration::from_secs(sweep_every), sweep_batch);
     let _sweeper = doing(sweeper, || "cannot start the sweeper".into())?;
+    // Charge events: relayed from the outbox to JetStream, booked by the ledger consumer.
+    let _events = match &nats_url {
+        Some(url) => Some(doing(
+            events::start(&store, url, &subject_prefix).await,
+            || format!("cannot start the charge events on NATS at {url}"),
+        )?),
+        None => None,
+    };
     let app = app(pool, config);
     let listener = doing(tokio::net::TcpListener::bind(&bind).await, || {
         format!("cannot listen on {bind}")
@@ -423,7 +453,8 @@ pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
 pub fn store(pool: PgPool, config: &Config) -> Store {
     let store = Store::builder(pool)
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-        .pooler(config.pooler);
+        .pooler(config.pooler)
+        .outbox_notify(config.events_notify);
     let store = if config.portable {
         store.portable()
     } else {
@@ -550,6 +581,13 @@ impl From<sqlx::Error> for ApiError {
                 "Internal error",
             ))
         }
+    }
+}
+
+impl From<idem::outbox::EmitError> for ApiError {
+    fn from(error: idem::outbox::EmitError) -> Self {
+        // The events are the service's own: a bad topic is a bug, answered 500.
+        sqlx::Error::from(error).into()
     }
 }
 

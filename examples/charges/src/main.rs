@@ -9,9 +9,12 @@
 //! a pooler in session mode; `transaction`: a pooler in transaction mode, such as
 //! PgBouncer's `pool_mode = transaction`; anything else stops the service at start),
 //! `DB_PORTABLE` (`true` on Citus: the service distributes its tables itself),
-//! `SWEEP_PERIOD_SECS` (default 60: how often expired idempotency records are swept) and
-//! `SWEEP_BATCH` (default 1000: rows per delete batch, 1 to 100 000), `RUST_LOG` (default
-//! `info`).
+//! `SWEEP_PERIOD_SECS` (default 60: how often expired idempotency records are swept)
+//! `SWEEP_BATCH` (default 1000: rows per delete batch, 1 to 100 000),
+//! `NATS_URL` (unset by default: no events; set, `charge.created` and `charge.refunded`
+//! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
+//! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects),
+//! `RUST_LOG` (default `info`).
 
 use std::process::ExitCode;
 

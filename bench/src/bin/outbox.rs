@@ -1,0 +1,302 @@
+//! The outbox's figures (BENCHMARKS.md, "The outbox"), in one run on a database of its
+//! own and a JetStream stream of its own (`NATS_URL`, default the machine's):
+//!
+//! 1. the cost of one event on a fresh request: the charges example over HTTP, fresh
+//!    keys at a fixed concurrency, without events and with `charge.created` written to
+//!    the outbox (a relay to JetStream running, as in production);
+//! 2. relay throughput to JetStream: a pre-filled outbox drained by one relay;
+//! 3. commit-to-consumer-commit latency: events written one by one at a steady rate, the
+//!    relay woken by LISTEN/NOTIFY, the ledger consumer's `run_once` commit timed.
+//!
+//! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--events N]`
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, stream};
+use futures::stream::StreamExt;
+use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher};
+use idem::outbox::{Event, Received};
+use idem::Store;
+use idem_tests::{nats_url, percentiles, unique, TestApp, TestDb};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Serialize, Deserialize)]
+struct Stamp {
+    /// Microseconds since the Unix epoch when the event's transaction was about to commit.
+    sent_us: u64,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const CONCURRENCY: usize = 16;
+
+/// Fresh charges for `seconds` at `CONCURRENCY`: requests per second, p50 and p99 ms.
+async fn fresh_charges(app: &TestApp, seconds: u64, tag: &str) -> (f64, f64, f64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    futures::stream::iter(0..CONCURRENCY)
+        .for_each_concurrent(CONCURRENCY, |worker| {
+            let latencies = Arc::clone(&latencies);
+            async move {
+                let mut n = 0;
+                while Instant::now() < deadline {
+                    let key = format!("{tag}-{worker}-{n}");
+                    n += 1;
+                    let body = json!({ "amount": 100, "currency": "usd", "customer": key });
+                    let t = Instant::now();
+                    let answer = app
+                        .post_with(
+                            "/charges",
+                            Some(&key),
+                            &body,
+                            &[("authorization", "Bearer acct_1")],
+                        )
+                        .await;
+                    assert_eq!(
+                        answer.status,
+                        201,
+                        "{}",
+                        String::from_utf8_lossy(&answer.body)
+                    );
+                    latencies.lock().unwrap().push(t.elapsed());
+                }
+            }
+        })
+        .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies = latencies.lock().unwrap().clone();
+    let rate = latencies.len() as f64 / elapsed;
+    let (p50, p99) = percentiles(&mut latencies);
+    (rate, p50, p99)
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds = arg("--seconds", 5);
+    let events = arg("--events", 20_000) as i64;
+    let db = TestDb::create().await;
+    let pool = db.pool(24).await;
+    charges::migrate(&pool).await.expect("migrate");
+    let store = Store::new(pool.clone());
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("NATS"));
+    let prefix = unique("bench");
+    js.create_stream(stream::Config {
+        name: prefix.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the stream");
+    println!(
+        "load average at start: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+
+    // 2. Relay throughput: `events` rows written by one statement, drained by one relay.
+    sqlx::query("DELETE FROM idem_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO idem_outbox (id, topic, ordering_key, payload)
+         SELECT md5(random()::text || g), $1, 'k' || (g % 1000), convert_to('{\"n\":' || g || '}', 'UTF8')
+           FROM generate_series(1, $2) AS g",
+    )
+    .bind(format!("{prefix}.throughput"))
+    .bind(events)
+    .execute(&pool)
+    .await
+    .unwrap();
+    for batch in [256_u32, 1024] {
+        if batch == 1024 {
+            // Refill for the second cell.
+            sqlx::query(
+                "INSERT INTO idem_outbox (id, topic, ordering_key, payload)
+                 SELECT md5(random()::text || g), $1, 'k' || (g % 1000), convert_to('{\"n\":' || g || '}', 'UTF8')
+                   FROM generate_series(1, $2) AS g",
+            )
+            .bind(format!("{prefix}.throughput"))
+            .bind(events)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let started = Instant::now();
+        let stats = store
+            .relay(JetStreamPublisher::new(js.clone()))
+            .batch_size(batch)
+            .run_until_idle()
+            .await
+            .unwrap();
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "2. relay to JetStream, batch {batch}: {} events in {elapsed:.2} s = {:.0} events/s (1 000 ordering keys)",
+            stats.published,
+            stats.published as f64 / elapsed
+        );
+    }
+
+    // 3. Commit to consumer commit, 100 events/s for `seconds` s.
+    sqlx::query("CREATE TABLE IF NOT EXISTS latency_credits (id text PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let stream = js.get_stream(&prefix).await.unwrap();
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("latency".into()),
+            filter_subject: format!("{prefix}.latency"),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let consumer_task = {
+        let store = store.clone();
+        let latencies = Arc::clone(&latencies);
+        let js = js.clone();
+        tokio::spawn(async move {
+            JetStreamConsumer::new(js, consumer)
+                .run(async |event: Received<Stamp>| {
+                    let result = event
+                        .once(&store, "latency")
+                        .run(async |mut tx| {
+                            sqlx::query("INSERT INTO latency_credits (id) VALUES ($1)")
+                                .bind(event.id())
+                                .execute(&mut *tx)
+                                .await?;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                        .await;
+                    let us = now_us().saturating_sub(event.payload().sent_us);
+                    latencies.lock().unwrap().push(Duration::from_micros(us));
+                    result
+                })
+                .await
+                .unwrap();
+        })
+    };
+    let relay = store
+        .relay(JetStreamPublisher::new(js.clone()))
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = seconds * 100;
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    let subject = format!("{prefix}.latency");
+    for i in 0..total {
+        ticks.tick().await;
+        store
+            .run_once("latency-writer", &format!("w{i}"))
+            .run(async |mut tx| {
+                tx.emit(Event::new(&subject, &Stamp { sent_us: now_us() }))
+                    .await?;
+                Ok::<_, sqlx::Error>(())
+            })
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (latencies.lock().unwrap().len() as u64) < total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut measured = latencies.lock().unwrap().clone();
+    let (p50, p99) = percentiles(&mut measured);
+    println!(
+        "3. commit to consumer commit (LISTEN/NOTIFY), {} events at 100/s: p50 {p50:.1} ms, p99 {p99:.1} ms",
+        measured.len()
+    );
+    relay.stopped().await;
+    consumer_task.abort();
+
+    // 1. Fresh requests without and with an event, each twice, interleaved.
+    let plain = charges::app(pool.clone(), charges::Config::default());
+    let plain = TestApp::serve(pool.clone(), plain).await;
+    let config = charges::Config {
+        events: Some(prefix.clone()),
+        ..charges::Config::default()
+    };
+    let evented = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
+    let config = charges::Config {
+        events: Some(prefix.clone()),
+        events_notify: false,
+        ..charges::Config::default()
+    };
+    let quiet = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
+    fresh_charges(&plain, 1, "warm").await;
+    println!("\n1. fresh POST /charges, {CONCURRENCY} concurrent, {seconds} s per cell");
+    println!("| round | cell | req/s | p50 ms | p99 ms | / without |");
+    println!("|---|---|---|---|---|---|");
+    for round in 1..=2 {
+        let (r0, a50, a99) = fresh_charges(&plain, seconds, &format!("plain{round}")).await;
+        println!("| {round} | without event | {r0:.0} | {a50:.1} | {a99:.1} | 1.00 |");
+        // The write alone: no relay takes the rows during the cell.
+        let (r1, b50, b99) = fresh_charges(&evented, seconds, &format!("event{round}")).await;
+        println!(
+            "| {round} | with event, no relay | {r1:.0} | {b50:.1} | {b99:.1} | {:.2} |",
+            r1 / r0
+        );
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Steady state: a relay to JetStream on the same two cores.
+        let relay = store
+            .relay(JetStreamPublisher::new(js.clone()))
+            .spawn()
+            .unwrap();
+        let (r2, c50, c99) = fresh_charges(&evented, seconds, &format!("relayed{round}")).await;
+        relay.stopped().await;
+        println!(
+            "| {round} | with event, relay running | {r2:.0} | {c50:.1} | {c99:.1} | {:.2} |",
+            r2 / r0
+        );
+        // Without the NOTIFY each event sends (`outbox_notify(false)`), a relay polling
+        // every 50 ms.
+        let quiet_store = Store::builder(pool.clone())
+            .outbox_notify(false)
+            .build()
+            .unwrap();
+        let relay = quiet_store
+            .relay(JetStreamPublisher::new(js.clone()))
+            .poll_interval(Duration::from_millis(50))
+            .spawn()
+            .unwrap();
+        let (r3, d50, d99) = fresh_charges(&quiet, seconds, &format!("quiet{round}")).await;
+        relay.stopped().await;
+        println!(
+            "| {round} | with event, no NOTIFY, relay polling 50 ms | {r3:.0} | {d50:.1} | {d99:.1} | {:.2} |",
+            r3 / r0
+        );
+    }
+
+    println!(
+        "load average at end: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    js.delete_stream(&prefix).await.ok();
+    drop((plain, evented, quiet));
+    pool.close().await;
+    db.drop_database().await.ok();
+}

@@ -1,0 +1,123 @@
+//! What the charges service tells other services: `charge.created` and
+//! `charge.refunded`, written to idem's outbox in the request's own transaction, relayed
+//! to NATS JetStream, and read back by the service's own ledger consumer, which books
+//! each event once.
+//!
+//! Enabled by `NATS_URL`; without it the service emits nothing and runs as before.
+//! Subjects are `<prefix>.charge.created` and `<prefix>.charge.refunded`, captured by the
+//! stream `<prefix>` (`NATS_SUBJECT_PREFIX`, default `charges`).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use async_nats::jetstream::{self, stream, Context};
+use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher};
+use idem::outbox::{Event, Received, Relay};
+use idem::{OnceError, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::persistent;
+
+/// A charge event, as published: `charge.created` credits the account, `charge.refunded`
+/// debits it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChargeEvent {
+    /// `charge.created` or `charge.refunded`.
+    pub kind: String,
+    /// The charge.
+    pub charge_id: String,
+    /// The refund, for `charge.refunded`.
+    pub refund_id: Option<String>,
+    /// Whose charge.
+    pub account: String,
+    /// The amount charged or refunded.
+    pub amount: i64,
+}
+
+impl ChargeEvent {
+    /// The event to write to the outbox: on `<prefix>.<kind>`, ordered per charge, so
+    /// that a charge's refunds are published after its creation.
+    pub(crate) fn event(&self, prefix: &str) -> Event {
+        Event::new(format!("{prefix}.{}", self.kind), self).ordering_key(&*self.charge_id)
+    }
+}
+
+/// The stream of `prefix`'s events, created if missing; the ledger's durable consumer on
+/// it.
+pub async fn stream(js: &Context, prefix: &str) -> Result<PullConsumer, async_nats::Error> {
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: prefix.to_owned(),
+            subjects: vec![format!("{prefix}.>")],
+            ..Default::default()
+        })
+        .await?;
+    let consumer = stream
+        .get_or_create_consumer(
+            "ledger",
+            pull::Config {
+                durable_name: Some("ledger".into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_deliver: 10,
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(consumer)
+}
+
+/// Starts the relay of the outbox to JetStream and the ledger consumer.
+pub async fn start(
+    store: &Store,
+    nats_url: &str,
+    prefix: &str,
+) -> Result<(Relay, tokio::task::JoinHandle<()>), async_nats::Error> {
+    let client = async_nats::connect(nats_url).await?;
+    let js = jetstream::new(client);
+    let consumer = stream(&js, prefix).await?;
+    let relay = store.relay(JetStreamPublisher::new(js.clone())).spawn()?;
+    let store = store.clone();
+    let dead_letters = format!("{prefix}.dead.ledger");
+    let ledger = tokio::spawn(async move {
+        let result = JetStreamConsumer::new(js, consumer)
+            .dead_letter_subject(dead_letters)
+            .run(async |event: Received<ChargeEvent>| book(&store, &event).await)
+            .await;
+        if let Err(error) = result {
+            tracing::error!(%error, "the ledger consumer stopped");
+        }
+    });
+    Ok((relay, ledger))
+}
+
+/// Books one event in the ledger, once per event id: a redelivery, or a copy published
+/// past JetStream's duplicate window, replays instead.
+pub async fn book(
+    store: &Store,
+    event: &Received<ChargeEvent>,
+) -> Result<(), OnceError<sqlx::Error>> {
+    let named = persistent(store.pooler());
+    let e = event.payload();
+    let amount = if e.kind.ends_with("refunded") {
+        -e.amount
+    } else {
+        e.amount
+    };
+    event
+        .once(store, "ledger_events")
+        .ttl(Duration::from_secs(7 * 24 * 3600))
+        .run(async |mut tx| {
+            sqlx::query(
+                "INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)",
+            )
+            .bind(event.id())
+            .bind(&e.account)
+            .bind(amount)
+            .persistent(named)
+            .execute(&mut *tx)
+            .await?;
+            Ok::<_, sqlx::Error>(())
+        })
+        .await
+}

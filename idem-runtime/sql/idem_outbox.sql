@@ -1,0 +1,33 @@
+-- idem: the outbox table, for users who run their own migrations.
+-- `Store::migrate` runs exactly this; it is safe to run again.
+--
+-- A row is written in a request's own transaction and commits with its business writes,
+-- or not at all. The relay deletes it once the broker acknowledged it, or parks it
+-- (`dead_at`) after too many attempts. Rows come and go quickly: keep autovacuum on for
+-- this table and no transaction open for long on the database (an old snapshot keeps
+-- every deleted row, and slows the relay's scans).
+CREATE TABLE IF NOT EXISTS "idem_outbox" (
+    -- the order events are written in; the relay keeps it per ordering key
+    seq          bigserial   NOT NULL,
+    -- stable: derived from the writing attempt's key and the event's place in it
+    id           text        NOT NULL,
+    topic        text        NOT NULL,
+    ordering_key text,
+    -- one "name: value" per line
+    headers      bytea,
+    payload      bytea       NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- not before: a relay's lease, or the backoff after a failed attempt
+    available_at timestamptz NOT NULL DEFAULT now(),
+    attempts     integer     NOT NULL DEFAULT 0,
+    last_error   text,
+    -- set when the relay gave up; `Store::redrive_dead_events` clears it
+    dead_at      timestamptz,
+    CONSTRAINT "idem_outbox_pkey" PRIMARY KEY (seq),
+    CONSTRAINT "idem_outbox_id_key" UNIQUE (id)
+);
+
+-- The relay's scan: pending rows in order, and the earlier rows of one ordering key.
+CREATE INDEX IF NOT EXISTS "idem_outbox_pending_idx" ON "idem_outbox" (seq) WHERE dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS "idem_outbox_ordering_idx" ON "idem_outbox" (ordering_key, seq)
+    WHERE dead_at IS NULL AND ordering_key IS NOT NULL;

@@ -1,0 +1,604 @@
+//! The relay: takes committed events from the outbox table, hands them to a
+//! [`Publisher`], and deletes each once the broker acknowledged it.
+//!
+//! At least once, never lost: a row is deleted only after its publish succeeded, so a
+//! relay that dies in between leaves it leased, and the next relay (or this one,
+//! restarted) takes it again when the lease runs out and publishes it again under the
+//! same id, which the broker or the consumer drops. A failed publish makes the row
+//! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
+//! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
+//!
+//! The relay's connections never sit in a transaction: each statement is its own short
+//! transaction, and the `LISTEN` connection runs nothing else, so the relay never holds
+//! back vacuum (an old snapshot would keep every deleted outbox row).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgListener;
+use tokio::task::JoinSet;
+
+use super::table::ClaimedRow;
+use crate::store::Store;
+
+/// An event as the relay hands it to a [`Publisher`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxEvent {
+    /// The event's stable id: send it as the broker's deduplication id.
+    pub id: String,
+    /// Where it goes (a NATS subject, an AMQP routing key).
+    pub topic: String,
+    /// Its ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// The headers written with it.
+    pub headers: Vec<(String, String)>,
+    /// The payload, as written (JSON for [`Event::new`](super::Event::new)).
+    pub payload: Vec<u8>,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+}
+
+/// Delivers outbox events somewhere: a broker (the `nats` and `amqp` features provide
+/// JetStream and AMQP ones), an HTTP endpoint, Kafka.
+///
+/// `publish` returns `Ok` only once the destination has durably accepted the event (a
+/// broker's acknowledgement): the relay deletes the row on `Ok`. It may be called again
+/// for an event it already delivered (after a crash, or a timeout): send the event's
+/// [`id`](OutboxEvent::id) as the destination's deduplication id.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot publish outbox events",
+    note = "implement `idem::outbox::Publisher` for it, or use the `nats` or `amqp` feature's publisher"
+)]
+pub trait Publisher: Send + Sync + 'static {
+    /// Publishes one event and waits for the destination's acknowledgement.
+    fn publish(&self, event: &OutboxEvent)
+        -> impl Future<Output = Result<(), PublishError>> + Send;
+}
+
+/// Why a publish failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishError {
+    message: String,
+    permanent: bool,
+}
+
+impl PublishError {
+    /// A failure that may pass (the broker unreachable, a timeout): the event is tried
+    /// again after a backoff, and parked after the relay's `max_attempts`.
+    pub fn retry(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure that no retry can fix (the destination refuses this event): the event
+    /// is parked at once.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+
+    /// What went wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether it was [`PublishError::permanent`].
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+}
+
+impl std::fmt::Display for PublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PublishError {}
+
+/// Configures a relay; see [`Store::relay`].
+#[must_use = "a relay does nothing until `.spawn()` or `.run_until_idle()`"]
+pub struct RelayBuilder<P> {
+    store: Store,
+    publisher: Arc<P>,
+    batch_size: u32,
+    poll_interval: Duration,
+    lease: Duration,
+    publish_timeout: Duration,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    listen: Option<bool>,
+}
+
+impl Store {
+    /// A relay of this store's outbox to `publisher`. Start it with
+    /// [`RelayBuilder::spawn`], like the sweeper; any number of service instances may run
+    /// one at once.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store, publisher: impl idem::outbox::Publisher) -> Result<(), Box<dyn std::error::Error>> {
+    /// let relay = store.relay(publisher).max_attempts(20).spawn()?;
+    /// // ... at shutdown:
+    /// relay.stop();
+    /// # Ok(()) }
+    /// ```
+    pub fn relay<P: Publisher>(&self, publisher: P) -> RelayBuilder<P> {
+        RelayBuilder {
+            store: self.clone(),
+            publisher: Arc::new(publisher),
+            batch_size: 256,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(10),
+            max_attempts: 10,
+            backoff: (Duration::from_millis(500), Duration::from_secs(300)),
+            listen: None,
+        }
+    }
+}
+
+impl<P: Publisher> RelayBuilder<P> {
+    /// How many events one round takes (default 256). They are published concurrently,
+    /// at most one per ordering key.
+    pub fn batch_size(mut self, size: u32) -> Self {
+        self.batch_size = size.max(1);
+        self
+    }
+
+    /// How often the relay looks for events when nothing woke it (default 1 s): the
+    /// fallback to `LISTEN`, and the only way behind a transaction pooler or in portable
+    /// mode, where the relay polls.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// How long a relay keeps the events it took before another relay may take them
+    /// (default 30 s): how long a relay that died delays its events. Longer than the
+    /// publish timeout.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long one publish may wait for the broker's acknowledgement (default 10 s)
+    /// before it counts as failed.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// After how many failed attempts an event is parked as dead (default 10).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The wait after a failed attempt: `first`, doubled after each further failure, at
+    /// most `max` (default 500 ms and 5 min).
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = (first, max.max(first));
+        self
+    }
+
+    /// Whether to wake on the outbox's `NOTIFY` (default: yes, unless the store is behind
+    /// a transaction pooler, where `LISTEN` does not work, or portable, whose writes do
+    /// not notify). Without it the relay polls. A listening relay keeps one connection of
+    /// the store's pool for `LISTEN` (it runs nothing else on it, so it holds no snapshot
+    /// back); size the pool for it.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = Some(listen);
+        self
+    }
+
+    fn check(&self) -> Result<(), RelayError> {
+        if self.poll_interval.is_zero() {
+            return Err(RelayError::ZeroPollInterval);
+        }
+        if self.publish_timeout >= self.lease {
+            return Err(RelayError::LeaseTooShort);
+        }
+        Ok(())
+    }
+
+    /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
+    /// failures are logged and retried; they never stop it.
+    pub fn spawn(self) -> Result<Relay, RelayError> {
+        self.check()?;
+        let counters = Arc::new(Counters::default());
+        let stopping = Arc::new(Stopping::default());
+        let running = Running {
+            counters: Arc::clone(&counters),
+            stopping: Arc::clone(&stopping),
+            listen: self
+                .listen
+                .unwrap_or_else(|| self.store.inner.outbox.can_listen()),
+            builder: self,
+        };
+        let task = tokio::spawn(running.run());
+        Ok(Relay {
+            task,
+            counters,
+            stopping,
+        })
+    }
+
+    /// Publishes every event that is available now, round after round, and returns what
+    /// it did once a round finds nothing to take: for a cron job, or a test. Events in
+    /// their backoff are left for later.
+    pub async fn run_until_idle(self) -> Result<RelayStats, RelayError> {
+        self.check()?;
+        let running = Running {
+            counters: Arc::new(Counters::default()),
+            stopping: Arc::new(Stopping::default()),
+            listen: false,
+            builder: self,
+        };
+        while running.round().await.map_err(RelayError::Database)? > 0 {}
+        Ok(running.counters.stats())
+    }
+}
+
+/// Why a relay did not start, or a drain stopped.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The poll interval is zero: the relay would poll in a busy loop.
+    ZeroPollInterval,
+    /// The publish timeout is not shorter than the lease: a slow publish could outlive
+    /// the lease, and another relay would publish the same event at the same time.
+    LeaseTooShort,
+    /// The outbox could not be read or written.
+    Database(sqlx::Error),
+}
+
+impl std::fmt::Display for RelayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ZeroPollInterval => f.write_str("the relay's poll interval is zero"),
+            Self::LeaseTooShort => {
+                f.write_str("the relay's publish timeout must be shorter than its lease")
+            }
+            Self::Database(e) => write!(f, "the outbox could not be read or written: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RelayError {}
+
+/// A running relay; see [`RelayBuilder::spawn`].
+#[derive(Debug)]
+pub struct Relay {
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<Counters>,
+    stopping: Arc<Stopping>,
+}
+
+/// Tells a relay's task to stop after its current round.
+#[derive(Debug, Default)]
+struct Stopping {
+    asked: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Stopping {
+    fn asked(&self) -> bool {
+        self.asked.load(Ordering::SeqCst)
+    }
+}
+
+impl Relay {
+    /// What this relay has done so far.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.stats()
+    }
+
+    /// Stops the relay once the round it is in (publishing a batch and marking it) is
+    /// done; [`Relay::stopped`] waits for that. Its task outlives a dropped `Relay`.
+    pub fn stop(&self) {
+        self.stopping.asked.store(true, Ordering::SeqCst);
+        self.stopping.wake.notify_one();
+    }
+
+    /// Stops the relay and waits until it has.
+    pub async fn stopped(self) {
+        self.stop();
+        self.task.await.ok();
+    }
+
+    /// Stops the relay at once, even in the middle of a round (as a crash would): events
+    /// it took and had not marked yet are taken again by a relay when their lease runs
+    /// out, and published again under the same id.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
+}
+
+/// Counts of what a relay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Events published and deleted.
+    pub published: u64,
+    /// Failed attempts that will be tried again.
+    pub retried: u64,
+    /// Events parked as dead.
+    pub dead: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+}
+
+impl Counters {
+    fn stats(&self) -> RelayStats {
+        RelayStats {
+            published: self.published.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+        }
+    }
+}
+
+struct Running<P> {
+    builder: RelayBuilder<P>,
+    counters: Arc<Counters>,
+    stopping: Arc<Stopping>,
+    listen: bool,
+}
+
+impl<P: Publisher> Running<P> {
+    async fn run(self) {
+        let store = &self.builder.store;
+        let outbox = &store.inner.outbox;
+        let mut listener = None;
+        let mut last_lag: Option<Instant> = None;
+        while !self.stopping.asked() {
+            if self.listen && listener.is_none() {
+                listener = self.listener().await;
+            }
+            let taken = match self.round().await {
+                Ok(taken) => taken,
+                Err(error) => {
+                    tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
+                    0
+                }
+            };
+            if taken > 0 {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            if last_lag.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                last_lag = Some(Instant::now());
+                if let Ok(single) = store.inner.table.single(&store.inner.pool).await {
+                    if let Ok(lag) = outbox.lag(single).await {
+                        metrics::lag(lag.unwrap_or_default());
+                    }
+                }
+            }
+            // Nothing to take: wait for a commit's NOTIFY, or the next poll.
+            let poll = tokio::time::sleep(self.builder.poll_interval);
+            let stop = self.stopping.wake.notified();
+            match &mut listener {
+                Some(l) => {
+                    tokio::select! {
+                        received = l.recv() => if let Err(error) = received {
+                            tracing::warn!(%error, "idem: the outbox relay lost its LISTEN connection; polling until it is back");
+                            listener = None;
+                        },
+                        () = poll => {}
+                        () = stop => {}
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        () = poll => {}
+                        () = stop => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn listener(&self) -> Option<PgListener> {
+        let store = &self.builder.store;
+        let channel = store.inner.outbox.name().to_string();
+        let connect = async {
+            let mut listener = PgListener::connect_with(&store.inner.pool).await?;
+            listener.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connect.await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                tracing::warn!(%error, "idem: the outbox relay cannot LISTEN; polling");
+                None
+            }
+        }
+    }
+
+    /// One round: take a batch, publish it, mark it. How many events it took.
+    async fn round(&self) -> Result<usize, sqlx::Error> {
+        let builder = &self.builder;
+        let store = &builder.store;
+        let (pool, table, outbox) = (&store.inner.pool, &store.inner.table, &store.inner.outbox);
+        let rows = outbox
+            .claim(
+                table.single(pool).await?,
+                i64::from(builder.batch_size),
+                builder.lease,
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let span = tracing::debug_span!(
+            "idem.relay",
+            taken = rows.len(),
+            published = tracing::field::Empty,
+            retried = tracing::field::Empty,
+            dead = tracing::field::Empty,
+            round_ms = tracing::field::Empty,
+        );
+        let taken = rows.len();
+        let mut publishing = JoinSet::new();
+        for row in rows {
+            let publisher = Arc::clone(&builder.publisher);
+            let timeout = builder.publish_timeout;
+            publishing.spawn(async move {
+                let event = to_event(&row);
+                let result = match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(PublishError::retry(format!(
+                        "no acknowledgement within {timeout:?}"
+                    ))),
+                };
+                (row, result)
+            });
+        }
+        let mut published = Vec::with_capacity(taken);
+        let mut failed = Vec::new();
+        while let Some(joined) = publishing.join_next().await {
+            match joined {
+                Ok((row, Ok(()))) => {
+                    metrics::published(row.age);
+                    published.push(row.seq);
+                }
+                Ok((row, Err(error))) => failed.push((row, error)),
+                // A publisher that panicked: its event stays leased and is taken again.
+                Err(error) => tracing::error!(%error, "idem: an outbox publisher panicked"),
+            }
+        }
+        if !published.is_empty() {
+            outbox.done(table.single(pool).await?, &published).await?;
+            self.counters
+                .published
+                .fetch_add(published.len() as u64, Ordering::Relaxed);
+        }
+        let (mut retried, mut dead) = (0, 0);
+        for (row, error) in failed {
+            let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
+            let park = error.is_permanent() || attempts >= builder.max_attempts;
+            let backoff = backoff(builder.backoff, attempts);
+            outbox
+                .failed(
+                    table.single(pool).await?,
+                    row.seq,
+                    error.message(),
+                    backoff,
+                    park,
+                )
+                .await?;
+            if park {
+                dead += 1;
+                metrics::dead();
+                tracing::error!(
+                    parent: &span,
+                    event_id = %row.id,
+                    topic = %row.topic,
+                    attempts,
+                    error = %error,
+                    "idem: outbox event parked as dead; re-drive it with Store::redrive_dead_events"
+                );
+            } else {
+                retried += 1;
+                metrics::retried();
+                tracing::warn!(
+                    parent: &span,
+                    event_id = %row.id,
+                    topic = %row.topic,
+                    attempts,
+                    error = %error,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "idem: outbox event not published; retrying"
+                );
+            }
+        }
+        self.counters.retried.fetch_add(retried, Ordering::Relaxed);
+        self.counters.dead.fetch_add(dead, Ordering::Relaxed);
+        span.record("published", published.len());
+        span.record("retried", retried);
+        span.record("dead", dead);
+        span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
+        Ok(taken)
+    }
+}
+
+fn to_event(row: &ClaimedRow) -> OutboxEvent {
+    OutboxEvent {
+        id: row.id.clone(),
+        topic: row.topic.clone(),
+        ordering_key: row.ordering_key.clone(),
+        headers: super::decode_headers(&row.headers),
+        payload: row.payload.clone(),
+        attempt: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+    }
+}
+
+/// The wait after the `attempts`-th failure: `first` doubled `attempts - 1` times, at
+/// most `max`.
+fn backoff((first, max): (Duration, Duration), attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(30);
+    first.saturating_mul(1 << doublings).min(max)
+}
+
+#[cfg(feature = "metrics")]
+mod metrics {
+    use std::time::Duration;
+
+    pub(super) fn published(age: Duration) {
+        ::metrics::counter!("idem_outbox_published_total").increment(1);
+        ::metrics::histogram!("idem_outbox_publish_delay_seconds").record(age.as_secs_f64());
+    }
+
+    pub(super) fn retried() {
+        ::metrics::counter!("idem_outbox_retried_total").increment(1);
+    }
+
+    pub(super) fn dead() {
+        ::metrics::counter!("idem_outbox_dead_total").increment(1);
+    }
+
+    pub(super) fn lag(lag: Duration) {
+        ::metrics::gauge!("idem_outbox_lag_seconds").set(lag.as_secs_f64());
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod metrics {
+    use std::time::Duration;
+
+    pub(super) fn published(_: Duration) {}
+
+    pub(super) fn retried() {}
+
+    pub(super) fn dead() {}
+
+    pub(super) fn lag(_: Duration) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let b = (Duration::from_millis(500), Duration::from_secs(5));
+        assert_eq!(backoff(b, 1), Duration::from_millis(500));
+        assert_eq!(backoff(b, 2), Duration::from_secs(1));
+        assert_eq!(backoff(b, 4), Duration::from_secs(4));
+        assert_eq!(backoff(b, 5), Duration::from_secs(5));
+        assert_eq!(backoff(b, u32::MAX), Duration::from_secs(5));
+    }
+}

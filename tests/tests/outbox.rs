@@ -1,0 +1,719 @@
+//! The transactional outbox without a broker: events written through a handler's `Tx`
+//! and through `run_once` commit with the business writes or not at all, replays emit
+//! nothing, ids are derived from the attempt; the relay (with publishers of the test's
+//! own) publishes every committed event once, never loses a row committed late, keeps
+//! per-key order with two relays at once, parks a poison event while the rest flow, and
+//! works by LISTEN/NOTIFY, by polling behind PgBouncer, and in portable mode.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::FromRef;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
+use idem::{idempotent, Pooler, Store, Tx};
+use idem_tests::{count, with_test_db, Pgbouncer, TestApp};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    store: Store,
+}
+
+#[derive(Deserialize, Serialize)]
+struct NewNote {
+    body: String,
+    /// The handler fails after writing when set: everything must roll back.
+    fail: bool,
+}
+
+fn fail(error: String) -> (StatusCode, String) {
+    (StatusCode::INTERNAL_SERVER_ERROR, error)
+}
+
+/// Writes a note and emits `note.created` with it; fails afterwards when asked.
+#[idempotent(scope = "notes", fields = [body])]
+async fn create_note(
+    mut tx: Tx,
+    Json(req): Json<NewNote>,
+) -> Result<(StatusCode, Json<serde_json::Value>), (StatusCode, String)> {
+    let id: i64 = sqlx::query_scalar("INSERT INTO notes (body) VALUES ($1) RETURNING id")
+        .bind(&req.body)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let event = tx
+        .emit(
+            Event::new("note.created", &json!({ "id": id, "body": req.body }))
+                .ordering_key(id.to_string())
+                .header("note-id", id.to_string()),
+        )
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if req.fail {
+        return Err(fail("failed after writing".into()));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "event": event })),
+    ))
+}
+
+async fn notes_app(pool: PgPool, store: Store) -> TestApp {
+    store.migrate().await.expect("migrate");
+    sqlx::query("CREATE TABLE notes (id bigserial PRIMARY KEY, body text NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("notes table");
+    let app = Router::new()
+        .route("/notes", post(create_note))
+        .with_state(AppState { store });
+    TestApp::serve(pool, app).await
+}
+
+/// The events in the outbox, in the order they were written: (id, topic, payload).
+async fn outbox(pool: &PgPool) -> Vec<(String, String, serde_json::Value)> {
+    let rows: Vec<(String, String, Vec<u8>)> =
+        sqlx::query_as("SELECT id, topic, payload FROM idem_outbox ORDER BY seq")
+            .fetch_all(pool)
+            .await
+            .expect("read the outbox");
+    rows.into_iter()
+        .map(|(id, topic, payload)| (id, topic, serde_json::from_slice(&payload).unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_commits_with_its_request_and_a_replay_emits_nothing() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let app = notes_app(pool.clone(), Store::new(pool.clone())).await;
+        let body = json!({ "body": "hello", "fail": false });
+        let first = app.post("/notes", Some("k1"), &body).await;
+        assert_eq!(first.status, 201, "{:?}", first.json());
+        let replay = app.post("/notes", Some("k1"), &body).await;
+        assert_eq!(replay.status, 201);
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+        assert_eq!(replay.json(), first.json());
+        let events = outbox(&pool).await;
+        assert_eq!(events.len(), 1, "the replay emitted nothing: {events:?}");
+        let (id, topic, payload) = &events[0];
+        assert_eq!(topic, "note.created");
+        assert_eq!(payload, &json!({ "id": 1, "body": "hello" }));
+        assert_eq!(
+            first.json()["event"],
+            json!(id),
+            "emit returned the stored id"
+        );
+        let headers: Vec<u8> = sqlx::query_scalar("SELECT headers FROM idem_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(headers, b"note-id: 1\n");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolled_back_request_emits_nothing_and_its_retry_emits_once() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let app = notes_app(pool.clone(), Store::new(pool.clone())).await;
+        let failing = app
+            .post("/notes", Some("k1"), &json!({ "body": "x", "fail": true }))
+            .await;
+        assert_eq!(failing.status, 500);
+        assert_eq!(
+            count(&pool, "idem_outbox").await,
+            0,
+            "rolled back with the note"
+        );
+        assert_eq!(count(&pool, "notes").await, 0);
+        let retry = app
+            .post("/notes", Some("k1"), &json!({ "body": "x", "fail": false }))
+            .await;
+        assert_eq!(retry.status, 201);
+        assert_eq!(count(&pool, "idem_outbox").await, 1);
+    })
+    .await;
+}
+
+/// The id is SHA-256 over (domain, scope, principal, key, topic, place) and the claiming
+/// transaction's start, which the key's row keeps as `created_at`: recomputed here from
+/// outside, it is the id the handler got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_id_is_derived_from_its_attempt() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let ids: Vec<String> = store
+            .run_once("ledger", "msg-1")
+            .run(async |mut tx| {
+                let a = tx.emit(Event::new("a.b", &1)).await?;
+                let b = tx.emit(Event::new("a.b", &1)).await?;
+                Ok::<_, sqlx::Error>(vec![a, b])
+            })
+            .await
+            .unwrap();
+        assert_ne!(ids[0], ids[1], "two events of one attempt");
+        for (place, id) in ids.iter().enumerate() {
+            let mut hasher = Sha256::new();
+            for part in ["idem.event.v1", "ledger", "", "msg-1", "a.b", &place.to_string()] {
+                hasher.update((part.len() as u64).to_be_bytes());
+                hasher.update(part.as_bytes());
+            }
+            let attempt = hasher.finalize().to_vec();
+            let expected: String = sqlx::query_scalar(
+                "SELECT left(encode(sha256($1 || convert_to(extract(epoch FROM created_at)::numeric::text, 'UTF8')), 'hex'), 32)
+                   FROM idempotency_keys WHERE key = 'msg-1'",
+            )
+            .bind(attempt)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(id, &expected);
+            assert_eq!(id.len(), 32);
+        }
+        // Another key, another id; and replaying the work emits nothing.
+        let other: String = store
+            .run_once("ledger", "msg-2")
+            .run(async |mut tx| Ok::<_, sqlx::Error>(tx.emit(Event::new("a.b", &1)).await?))
+            .await
+            .unwrap();
+        assert!(!ids.contains(&other));
+        let again: Vec<String> = store
+            .run_once("ledger", "msg-1")
+            .run(async |mut tx| {
+                let a = tx.emit(Event::new("a.b", &1)).await?;
+                Ok::<_, sqlx::Error>(vec![a])
+            })
+            .await
+            .unwrap();
+        assert_eq!(again, ids, "the stored result");
+        assert_eq!(count(&pool, "idem_outbox").await, 3);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_once_work_that_fails_emits_nothing_and_bad_events_are_refused() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::builder(pool.clone())
+            .table("ops.keys")
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        store.migrate().await.expect("migrate is safe to run again");
+        assert!(store
+            .outbox_schema_sql()
+            .contains("\"ops\".\"idem_outbox\""));
+        let failed = store
+            .run_once("ledger", "m")
+            .run(async |mut tx| {
+                tx.emit(Event::new("x", &1)).await?;
+                Err::<(), sqlx::Error>(sqlx::Error::RowNotFound)
+            })
+            .await;
+        assert!(matches!(failed, Err(idem::OnceError::Work(_))));
+        assert_eq!(count(&pool, "ops.idem_outbox").await, 0);
+        let refused = store
+            .run_once("ledger", "m")
+            .run(async |mut tx| {
+                let topic = tx.emit(Event::new("has space", &1)).await.unwrap_err();
+                let header = tx
+                    .emit(Event::new("ok", &1).header("bad:name", "v"))
+                    .await
+                    .unwrap_err();
+                let value = tx
+                    .emit(Event::new("ok", &1).header("name", "two\nlines"))
+                    .await
+                    .unwrap_err();
+                Ok::<_, sqlx::Error>([topic, header, value].map(|e| e.to_string()))
+            })
+            .await
+            .unwrap();
+        assert!(
+            refused[0].contains("invalid event topic \"has space\""),
+            "{}",
+            refused[0]
+        );
+        assert!(refused[1].contains("\"bad:name\""), "{}", refused[1]);
+        assert!(refused[2].contains("\"name\""), "{}", refused[2]);
+        assert_eq!(count(&pool, "ops.idem_outbox").await, 0);
+    })
+    .await;
+}
+
+/// Which events a [`Recorder`] fails, and how.
+type Failure = dyn Fn(&OutboxEvent) -> Option<PublishError> + Send + Sync;
+
+/// A publisher that records what it was given, after an optional delay, failing the
+/// events `fail` says to.
+#[derive(Clone, Default)]
+struct Recorder {
+    published: Arc<Mutex<Vec<OutboxEvent>>>,
+    fail: Option<Arc<Failure>>,
+    delay: Duration,
+}
+
+impl Recorder {
+    fn failing(
+        fail: impl Fn(&OutboxEvent) -> Option<PublishError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            fail: Some(Arc::new(fail)),
+            ..Self::default()
+        }
+    }
+
+    fn events(&self) -> Vec<OutboxEvent> {
+        self.published.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` events were published, for at most `within`.
+    async fn wait_for(&self, n: usize, within: Duration) -> Vec<OutboxEvent> {
+        let deadline = Instant::now() + within;
+        loop {
+            let events = self.events();
+            if events.len() >= n || Instant::now() > deadline {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Publisher for Recorder {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if let Some(error) = self.fail.as_ref().and_then(|fail| fail(event)) {
+            return Err(error);
+        }
+        self.published.lock().unwrap().push(event.clone());
+        Ok(())
+    }
+}
+
+/// Waits until the outbox holds no row (a relay deletes a row just after its publisher
+/// returned).
+async fn drained(pool: &PgPool) {
+    drained_but(pool, 0).await;
+}
+
+/// Waits until the outbox holds `left` rows, for at most 5 s.
+async fn drained_but(pool: &PgPool, left: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let rows = count(pool, "idem_outbox").await;
+        if rows == left {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rows} rows left in the outbox, not {left}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Emits `n` events on `topic` through `run_once` keys `prefix-0..n`, with the ordering
+/// key `key(i)` and payload `i`.
+async fn emit_many(store: &Store, prefix: &str, n: usize, key: impl Fn(usize) -> Option<String>) {
+    for i in 0..n {
+        let ordering_key = key(i);
+        store
+            .run_once("emit", &format!("{prefix}-{i}"))
+            .run(async |mut tx| {
+                let mut event = Event::new("t.e", &i);
+                if let Some(k) = ordering_key {
+                    event = event.ordering_key(k);
+                }
+                tx.emit(event).await?;
+                Ok::<_, sqlx::Error>(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        emit_many(&store, "a", 50, |_| None).await;
+        let recorder = Recorder::default();
+        let stats = store
+            .relay(recorder.clone())
+            .batch_size(16)
+            .run_until_idle()
+            .await
+            .unwrap();
+        assert_eq!(stats.published, 50);
+        let events = recorder.events();
+        let mut payloads: Vec<i64> = events
+            .iter()
+            .map(|e| serde_json::from_slice(&e.payload).unwrap())
+            .collect();
+        payloads.sort();
+        assert_eq!(payloads, (0..50).collect::<Vec<_>>());
+        assert!(events.iter().all(|e| e.topic == "t.e" && e.attempt == 1));
+        assert_eq!(count(&pool, "idem_outbox").await, 0);
+    })
+    .await;
+}
+
+/// Regression (Watermill's SQL forwarder, issue 311): a relay that cursors on `id >
+/// last_seen` skips a row whose transaction commits after rows written later. The relay
+/// keeps no cursor: the late row is published at the next round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_committed_late_is_never_lost() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(50))
+            .spawn()
+            .unwrap();
+        let (written, wait_written) = tokio::sync::oneshot::channel();
+        let (commit, wait_commit) = tokio::sync::oneshot::channel::<()>();
+        let late = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .run_once("emit", "late")
+                    .run(async |mut tx| {
+                        tx.emit(Event::new("t.e", &"late")).await?;
+                        written.send(()).unwrap();
+                        wait_commit.await.unwrap();
+                        Ok::<_, sqlx::Error>(())
+                    })
+                    .await
+                    .unwrap()
+            }
+        });
+        wait_written.await.unwrap();
+        emit_many(&store, "early", 3, |_| None).await;
+        assert_eq!(recorder.wait_for(3, Duration::from_secs(5)).await.len(), 3);
+        // The early rows are deleted; the late one is not visible yet.
+        drained(&pool).await;
+        commit.send(()).unwrap();
+        late.await.unwrap();
+        let events = recorder.wait_for(4, Duration::from_secs(5)).await;
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[3].payload, b"\"late\"");
+        relay.stop();
+    })
+    .await;
+}
+
+/// Regression (MassTransit PR 6216): one event that can never be sent looped at full
+/// CPU and blocked the others. It is retried with backoff, parked after `max_attempts`,
+/// the rest flow, and a re-drive publishes it once the destination takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_event_is_parked_and_the_rest_flow() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        emit_many(&store, "a", 10, |i| Some(format!("k{}", i % 2))).await;
+        let poisoned = Arc::new(Mutex::new(true));
+        let poison = Arc::clone(&poisoned);
+        let recorder = Recorder::failing(move |e| {
+            (*poison.lock().unwrap() && e.payload == b"4").then(|| PublishError::retry("refused"))
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(40))
+            .max_attempts(3)
+            .spawn()
+            .unwrap();
+        let events = recorder.wait_for(9, Duration::from_secs(10)).await;
+        assert_eq!(events.len(), 9, "all but the poison event");
+        let started = Instant::now();
+        while relay.stats().dead == 0 && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drained_but(&pool, 1).await;
+        let stats = relay.stats();
+        assert_eq!((stats.published, stats.retried, stats.dead), (9, 2, 1));
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].attempts, 3);
+        assert_eq!(dead[0].last_error, "refused");
+        // Its key's later events were not held back by a parked event.
+        let k0: Vec<Vec<u8>> = events
+            .iter()
+            .filter(|e| e.ordering_key.as_deref() == Some("k0"))
+            .map(|e| e.payload.clone())
+            .collect();
+        assert_eq!(
+            k0,
+            [b"0".to_vec(), b"2".to_vec(), b"6".to_vec(), b"8".to_vec()]
+        );
+        *poisoned.lock().unwrap() = false;
+        assert_eq!(store.redrive_dead_events(None).await.unwrap(), 1);
+        let events = recorder.wait_for(10, Duration::from_secs(5)).await;
+        assert_eq!(events[9].payload, b"4");
+        assert!(store.dead_events(10).await.unwrap().is_empty());
+        drained(&pool).await;
+        relay.stop();
+    })
+    .await;
+}
+
+/// A permanent failure parks at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permanent_failure_parks_at_once() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        emit_many(&store, "a", 1, |_| None).await;
+        let recorder = Recorder::failing(|_| Some(PublishError::permanent("no such topic")));
+        let stats = store.relay(recorder).run_until_idle().await.unwrap();
+        assert_eq!((stats.published, stats.retried, stats.dead), (0, 0, 1));
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(
+            (dead[0].attempts, dead[0].last_error.as_str()),
+            (1, "no such topic")
+        );
+    })
+    .await;
+}
+
+/// Two relays on one outbox, publishing slowly and concurrently: every event once, and
+/// the events of each ordering key in the order they were written. Each key has one
+/// writer, which waits for each commit before its next write, so its write order is its
+/// commit order.
+async fn two_relays(store: &Store, pool: &PgPool, listen: bool) {
+    const WRITERS: usize = 4;
+    const PER_WRITER: usize = 30;
+    let recorder = Recorder {
+        delay: Duration::from_millis(2),
+        ..Recorder::default()
+    };
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            store
+                .relay(recorder.clone())
+                .batch_size(4)
+                .listen(listen)
+                .poll_interval(Duration::from_millis(20))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Written while the relays run, from four writers at once.
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                emit_many(&store, &format!("w{w}"), PER_WRITER, |i| {
+                    Some(format!("w{w}-k{}", i % 3))
+                })
+                .await;
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let total = WRITERS * PER_WRITER;
+    let events = recorder.wait_for(total, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(recorder.events().len(), total, "each event once");
+    let mut ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "no duplicate");
+    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in &events {
+        let i: i64 = serde_json::from_slice(&e.payload).unwrap();
+        per_key
+            .entry(e.ordering_key.clone().unwrap())
+            .or_default()
+            .push(i);
+    }
+    assert_eq!(per_key.len(), WRITERS * 3);
+    for (key, order) in &per_key {
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{key}: {order:?}");
+    }
+    let stats: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
+    assert_eq!(stats.iter().sum::<u64>(), total as u64);
+    assert!(
+        stats.iter().all(|&n| n > 0),
+        "both relays published: {stats:?}"
+    );
+    drained(pool).await;
+    for relay in relays {
+        relay.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_publish_each_event_once_in_key_order() {
+    with_test_db(async |db| {
+        let pool = db.pool(12).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        two_relays(&store, &pool, true).await;
+    })
+    .await;
+}
+
+/// Portable mode: writes do not NOTIFY, relays poll, the statements take no row-lock
+/// clauses; the same guarantees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_in_portable_mode() {
+    with_test_db(async |db| {
+        let pool = db.pool(12).await;
+        let store = Store::builder(pool.clone()).portable().build().unwrap();
+        store.migrate().await.unwrap();
+        two_relays(&store, &pool, false).await;
+    })
+    .await;
+}
+
+/// Behind PgBouncer in transaction mode, where LISTEN does not work: the relay polls by
+/// default, and its statements go unnamed in transactions of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_behind_a_transaction_pooler_poll() {
+    with_test_db(async |db| {
+        let direct = db.pool(2).await;
+        let bouncer = Pgbouncer::start(db);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .unwrap();
+        let store = Store::builder(pool.clone())
+            .pooler(Pooler::Transaction)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        // Left to its default, the relay does not LISTEN here.
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        emit_many(&store, "p", 5, |_| None).await;
+        assert_eq!(recorder.wait_for(5, Duration::from_secs(5)).await.len(), 5);
+        relay.stop();
+        two_relays(&store, &direct, false).await;
+    })
+    .await;
+}
+
+/// With LISTEN/NOTIFY, a committed event is published at once, not at the next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_wakes_the_relay() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_secs(60))
+            .spawn()
+            .unwrap();
+        // Let it run its first round and start listening.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for n in 1..=3 {
+            let started = Instant::now();
+            emit_many(&store, &format!("n{n}"), 1, |_| None).await;
+            let events = recorder.wait_for(n, Duration::from_secs(5)).await;
+            assert_eq!(events.len(), n);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        relay.stop();
+    })
+    .await;
+}
+
+/// A destination that is down for a while: the relay retries with backoff, loses
+/// nothing, publishes each event once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_is_retried_until_it_ends() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let down = Arc::new(Mutex::new(true));
+        let outage = Arc::clone(&down);
+        let recorder = Recorder::failing(move |_| {
+            (*outage.lock().unwrap()).then(|| PublishError::retry("connection refused"))
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .max_attempts(1000)
+            .spawn()
+            .unwrap();
+        emit_many(&store, "o", 20, |i| Some(format!("k{}", i % 4))).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(recorder.events().is_empty());
+        assert!(relay.stats().retried > 0);
+        *down.lock().unwrap() = false;
+        let events = recorder.wait_for(20, Duration::from_secs(10)).await;
+        assert_eq!(events.len(), 20);
+        assert_eq!(relay.stats().dead, 0);
+        drained(&pool).await;
+        relay.stop();
+    })
+    .await;
+}
+
+/// `outbox_notify(false)`: writes send no NOTIFY (PostgreSQL serializes the commits of
+/// transactions that notify), the relay does not listen, and polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_notify_the_relay_polls() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::builder(pool.clone())
+            .outbox_notify(false)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        assert!(!store.outbox_schema_sql().is_empty());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .unwrap();
+        listener.listen("idem_outbox").await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(30))
+            .spawn()
+            .unwrap();
+        emit_many(&store, "q", 5, |_| None).await;
+        assert_eq!(recorder.wait_for(5, Duration::from_secs(5)).await.len(), 5);
+        let notified = tokio::time::timeout(Duration::from_millis(200), listener.recv()).await;
+        assert!(notified.is_err(), "no NOTIFY: {notified:?}");
+        relay.stopped().await;
+    })
+    .await;
+}

@@ -1,0 +1,173 @@
+//! The relay reports like the rest of idem: counters of published, retried and parked
+//! events, the lag gauge and the publish delay histogram (feature `metrics`), an
+//! `idem.relay` span per round with its counts, and an ERROR line naming a parked event.
+//! One test in its own binary: it installs the process-wide subscriber and recorder.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
+use idem::Store;
+use idem_tests::{with_test_db, SpanFields};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tracing::span::{Attributes, Id, Record};
+use tracing::Subscriber;
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::prelude::*;
+use tracing_subscriber::registry::LookupSpan;
+
+/// The closed `idem.relay` spans, and the messages of ERROR events.
+#[derive(Clone, Default)]
+struct Seen {
+    rounds: Arc<Mutex<Vec<SpanFields>>>,
+    errors: Arc<Mutex<Vec<SpanFields>>>,
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Seen {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().name() == "idem.relay" {
+            let mut fields = SpanFields::default();
+            attrs.record(&mut fields);
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(fields);
+            }
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(fields) = span.extensions_mut().get_mut::<SpanFields>() {
+                values.record(fields);
+            }
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            let mut fields = SpanFields::default();
+            event.record(&mut fields);
+            self.errors.lock().unwrap().push(fields);
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(&id) {
+            if let Some(fields) = span.extensions_mut().remove::<SpanFields>() {
+                self.rounds.lock().unwrap().push(fields);
+            }
+        }
+    }
+}
+
+/// Refuses event 2 for good and event 3 once; publishes the rest.
+#[derive(Default)]
+struct Picky {
+    refused_three: Mutex<bool>,
+}
+
+impl Publisher for Picky {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        match &*event.payload {
+            b"2" => Err(PublishError::permanent("no such destination")),
+            b"3" if !std::mem::replace(&mut *self.refused_three.lock().unwrap(), true) => {
+                Err(PublishError::retry("timed out"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_counts_and_traces_what_it_does() {
+    let seen = Seen::default();
+    tracing_subscriber::registry().with(seen.clone()).init();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+
+    with_test_db(async |db| {
+        let pool = db.pool(6).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        for i in 0..5 {
+            store
+                .run_once("emit", &format!("m{i}"))
+                .run(async |mut tx| {
+                    tx.emit(Event::new("t.e", &i)).await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+                .await
+                .unwrap();
+        }
+        let relay = store
+            .relay(Picky::default())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(10))
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while relay.stats().published < 4 || relay.stats().dead < 1 {
+            assert!(Instant::now() < deadline, "{:?}", relay.stats());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Idle: the next wait records the lag.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        relay.stopped().await;
+
+        let mut counters: HashMap<String, u64> = HashMap::new();
+        let mut delays = 0;
+        let mut lag = None;
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let name = key.key().name().to_owned();
+            match value {
+                DebugValue::Counter(n) => *counters.entry(name).or_default() += n,
+                DebugValue::Histogram(values) if name == "idem_outbox_publish_delay_seconds" => {
+                    delays += values.len()
+                }
+                DebugValue::Gauge(v) if name == "idem_outbox_lag_seconds" => {
+                    lag = Some(v.into_inner())
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            counters.get("idem_outbox_published_total"),
+            Some(&4),
+            "{counters:?}"
+        );
+        assert_eq!(
+            counters.get("idem_outbox_retried_total"),
+            Some(&1),
+            "{counters:?}"
+        );
+        assert_eq!(
+            counters.get("idem_outbox_dead_total"),
+            Some(&1),
+            "{counters:?}"
+        );
+        assert_eq!(delays, 4);
+        // Nothing pending but the parked event, which does not count.
+        assert_eq!(lag, Some(0.0));
+
+        let rounds = seen.rounds.lock().unwrap().clone();
+        let sum = |field: &str| -> f64 { rounds.iter().filter_map(|r| r.number(field)).sum() };
+        assert_eq!(
+            (sum("published"), sum("retried"), sum("dead")),
+            (4.0, 1.0, 1.0)
+        );
+        assert!(rounds.iter().all(|r| r.number("round_ms").is_some()));
+        let errors = seen.errors.lock().unwrap().clone();
+        let parked: Vec<_> = errors
+            .iter()
+            .filter(|e| {
+                e.get("message")
+                    .is_some_and(|m| m.contains("parked as dead"))
+            })
+            .collect();
+        assert_eq!(parked.len(), 1, "{errors:?}");
+        assert_eq!(parked[0].get("error"), Some("no such destination"));
+        assert!(parked[0].get("event_id").is_some_and(|id| id.len() == 32));
+    })
+    .await;
+}

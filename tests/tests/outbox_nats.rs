@@ -1,0 +1,710 @@
+//! The outbox end to end on a real NATS JetStream: the relay publishes each event with
+//! its id as `Nats-Msg-Id`, JetStream drops a republish inside its duplicate window, and
+//! the consumer credits a ledger once per event through `run_once`, acknowledging only
+//! after its commit, past the window too. Processes are killed with SIGKILL between
+//! publish and mark (relay) and between commit and ack (consumer); a broker is killed and
+//! restarted mid-stream. Each test has a stream and subjects of its own.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use async_nats::jetstream::{self, stream, Context};
+use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
+use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
+use idem::{OnceError, Pooler, Store};
+use idem_tests::{count, nats_url, unique, with_test_db, Pgbouncer, PrivateNats, TestDb};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// A credit the ledger consumer books.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Credit {
+    charge: i64,
+    amount: i64,
+}
+
+struct Broker {
+    js: Context,
+    stream: String,
+    subject: String,
+}
+
+impl Broker {
+    /// A stream of its own capturing `<name>.>`, with the given duplicate window.
+    async fn new(url: &str, window: Duration) -> Self {
+        let client = async_nats::connect(url).await.expect("connect to NATS");
+        let js = jetstream::new(client);
+        let stream = unique("idem");
+        js.create_stream(stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("{stream}.>")],
+            duplicate_window: window,
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+        let subject = format!("{stream}.credit");
+        Self {
+            js,
+            stream,
+            subject,
+        }
+    }
+
+    async fn consumer(&self, name: &str, ack_wait: Duration, max_deliver: i64) -> PullConsumer {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait,
+                max_deliver,
+                filter_subject: self.subject.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("create the consumer")
+    }
+
+    /// Every message in the stream, in order: (Nats-Msg-Id, subject, payload).
+    async fn messages(&self) -> Vec<(String, String, Vec<u8>)> {
+        let mut stream = self.js.get_stream(&self.stream).await.unwrap();
+        let state = stream.info().await.unwrap().state.clone();
+        let mut out = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            if state.messages == 0 {
+                break;
+            }
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                let id = m
+                    .headers
+                    .get(MSG_ID)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default();
+                out.push((id, m.subject.to_string(), m.payload.to_vec()));
+            }
+        }
+        out
+    }
+
+    async fn wait_for(&self, n: usize, within: Duration) -> Vec<(String, String, Vec<u8>)> {
+        let deadline = Instant::now() + within;
+        loop {
+            let messages = self.messages().await;
+            if messages.len() >= n || Instant::now() > deadline {
+                return messages;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn delete(self) {
+        self.js.delete_stream(&self.stream).await.ok();
+    }
+}
+
+async fn ledger(db: &TestDb) -> (PgPool, Store) {
+    let pool = db.pool(10).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE credits (charge bigint NOT NULL, amount bigint NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    (pool, store)
+}
+
+/// Writes `n` credits to the outbox through `run_once` (charge i, amount 100 + i).
+async fn emit_credits(store: &Store, subject: &str, from: i64, n: i64) {
+    for charge in from..from + n {
+        store
+            .run_once("charges", &format!("charge-{charge}"))
+            .run(async |mut tx| {
+                tx.emit(
+                    Event::new(
+                        subject,
+                        &Credit {
+                            charge,
+                            amount: 100 + charge,
+                        },
+                    )
+                    .ordering_key(charge.to_string()),
+                )
+                .await?;
+                Ok::<_, sqlx::Error>(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// Runs a ledger consumer on `consumer` until dropped (aborted).
+fn spawn_ledger(
+    store: &Store,
+    js: &Context,
+    consumer: PullConsumer,
+    dead_letters: Option<String>,
+) -> tokio::task::JoinHandle<()> {
+    let store = store.clone();
+    let mut ledger =
+        JetStreamConsumer::new(js.clone(), consumer).retry_delay(Duration::from_millis(100));
+    if let Some(subject) = dead_letters {
+        ledger = ledger.dead_letter_subject(subject);
+    }
+    tokio::spawn(async move {
+        ledger
+            .run(async |credit: Received<Credit>| book(&store, &credit).await)
+            .await
+            .expect("consume");
+    })
+}
+
+async fn book(store: &Store, credit: &Received<Credit>) -> Result<(), OnceError<sqlx::Error>> {
+    credit
+        .once(store, "ledger")
+        .run(async |mut tx| {
+            if credit.payload().amount < 0 {
+                return Err(sqlx::Error::Protocol("a negative credit".into()));
+            }
+            // Unnamed behind a transaction pooler (see `Store::pooler`).
+            sqlx::query("INSERT INTO credits (charge, amount) VALUES ($1, $2)")
+                .bind(credit.payload().charge)
+                .bind(credit.payload().amount)
+                .persistent(store.pooler() == Pooler::Session)
+                .execute(&mut *tx)
+                .await?;
+            Ok::<_, sqlx::Error>(())
+        })
+        .await
+}
+
+/// The ledger's credits per charge, waited for until `n` charges are credited.
+async fn credits(pool: &PgPool, n: usize, within: Duration) -> HashMap<i64, i64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let rows: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT charge, count(*) FROM credits GROUP BY charge")
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        if rows.len() >= n || Instant::now() > deadline {
+            return rows.into_iter().collect();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A publisher that publishes, then reports a failure the first time: the relay retries,
+/// and the republish carries the same `Nats-Msg-Id`, which JetStream drops.
+struct FailsAfterFirstPublish {
+    inner: JetStreamPublisher,
+    failed: AtomicU64,
+}
+
+impl Publisher for FailsAfterFirstPublish {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        self.inner.publish(event).await?;
+        if event.attempt == 1 {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(PublishError::retry("lost the acknowledgement"));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_each_event_with_its_id_and_a_republish_is_dropped() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 20).await;
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM idem_outbox ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let publisher = FailsAfterFirstPublish {
+            inner: JetStreamPublisher::new(broker.js.clone()),
+            failed: AtomicU64::new(0),
+        };
+        let stats = store
+            .relay(publisher)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+            .run_until_idle()
+            .await
+            .unwrap();
+        // The retries wait out their backoff; drain again.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let again = store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        assert_eq!(stats.retried, 20);
+        assert_eq!(stats.published + again.published, 20);
+        // Events of different charges (ordering keys) are published concurrently, in any
+        // order.
+        let messages = broker.messages().await;
+        let mut stored: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+        stored.sort_unstable();
+        let mut ids = ids;
+        ids.sort();
+        assert_eq!(stored, ids, "each event once, its id as Nats-Msg-Id");
+        assert_eq!(count(&pool, "idem_outbox").await, 0);
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// Past JetStream's duplicate window a republish is a second message: the consumer's
+/// `run_once` keyed by the id credits once all the same, and acknowledges both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_credits_once_past_the_duplicate_window() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_millis(100)).await;
+        for _ in 0..2 {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(MSG_ID, "evt-1");
+            let payload = serde_json::to_vec(&Credit {
+                charge: 1,
+                amount: 5,
+            })
+            .unwrap();
+            broker
+                .js
+                .publish_with_headers(broker.subject.clone(), headers, payload.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(
+            broker.messages().await.len(),
+            2,
+            "outside the window: two messages"
+        );
+        let consumer = broker.consumer("ledger", Duration::from_secs(5), 5).await;
+        let task = spawn_ledger(&store, &broker.js, consumer, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut stream = broker.js.get_stream(&broker.stream).await.unwrap();
+            let info = stream
+                .get_consumer::<pull::Config>("ledger")
+                .await
+                .unwrap()
+                .info()
+                .await
+                .unwrap()
+                .clone();
+            let _ = stream.info().await;
+            if info.num_ack_pending == 0
+                && info.num_pending == 0
+                && info.delivered.stream_sequence >= 2
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "both acknowledged: {info:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            credits(&pool, 1, Duration::from_secs(1)).await,
+            HashMap::from([(1, 1)])
+        );
+        task.abort();
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// What can never succeed goes to the dead-letter subject with its reason, and the rest
+/// flow: a body that does not decode, an id seen before with another payload, and a
+/// delivery that reached `max_deliver`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        let dead_subject = format!("{}.dead", broker.stream);
+        let send = async |id: &str, body: Vec<u8>| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(MSG_ID, id);
+            broker
+                .js
+                .publish_with_headers(broker.subject.clone(), headers, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        };
+        let json = |c: Credit| serde_json::to_vec(&c).unwrap();
+        send(
+            "good-1",
+            json(Credit {
+                charge: 1,
+                amount: 5,
+            }),
+        )
+        .await;
+        send("undecodable", b"{not json".to_vec()).await;
+        send(
+            "good-2",
+            json(Credit {
+                charge: 2,
+                amount: 7,
+            }),
+        )
+        .await;
+        // An id the ledger has processed before, with another payload.
+        store
+            .run_once("ledger", "mismatch")
+            .payload(&Credit {
+                charge: 3,
+                amount: 1,
+            })
+            .run(async |_tx| Ok::<_, sqlx::Error>(()))
+            .await
+            .unwrap();
+        send(
+            "mismatch",
+            json(Credit {
+                charge: 3,
+                amount: 999,
+            }),
+        )
+        .await;
+        // Work that fails every time (`book` refuses a negative amount).
+        send(
+            "failing",
+            json(Credit {
+                charge: 4,
+                amount: -1,
+            }),
+        )
+        .await;
+        let consumer = broker.consumer("ledger", Duration::from_secs(5), 3).await;
+        let task = spawn_ledger(&store, &broker.js, consumer, Some(dead_subject.clone()));
+        assert_eq!(
+            credits(&pool, 2, Duration::from_secs(10)).await,
+            HashMap::from([(1, 1), (2, 1)])
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let dead = loop {
+            let dead: Vec<_> = broker
+                .messages()
+                .await
+                .into_iter()
+                .filter(|(_, subject, _)| *subject == dead_subject)
+                .collect();
+            if dead.len() >= 3 || Instant::now() > deadline {
+                break dead;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // A dead letter's own Nats-Msg-Id is not the event's (the stream would drop it as
+        // a duplicate of the original); `Idem-Event-Id` carries the event's.
+        let ids: Vec<&str> = dead.iter().map(|(id, _, _)| id.as_str()).collect();
+        assert_eq!(ids, ["dead-undecodable", "dead-mismatch", "dead-failing"]);
+        let stream = broker.js.get_stream(&broker.stream).await.unwrap();
+        let reason = |seq| {
+            let stream = stream.clone();
+            async move {
+                let m = stream.get_raw_message(seq).await.unwrap();
+                m.headers
+                    .get("Idem-Dead-Reason")
+                    .unwrap()
+                    .as_str()
+                    .to_owned()
+            }
+        };
+        let last = stream.cached_info().state.last_sequence;
+        let reasons = [
+            reason(last - 2).await,
+            reason(last - 1).await,
+            reason(last).await,
+        ];
+        assert!(reasons[0].contains("does not decode"), "{reasons:?}");
+        assert!(reasons[1].contains("another payload"), "{reasons:?}");
+        assert!(reasons[2].contains("delivered 3 times"), "{reasons:?}");
+        assert_eq!(count(&pool, "credits WHERE amount < 0").await, 0);
+        task.abort();
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// `outbox-worker` (a relay or a consumer in a process of its own) on `db` and `nats`.
+fn worker(mode: &str, db: &TestDb, nats: &str, env: &[(&str, String)]) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-worker"));
+    command
+        .arg(mode)
+        .env("DATABASE_URL", db.url())
+        .env("NATS_URL", nats)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.spawn().expect("start outbox-worker")
+}
+
+/// Waits for the worker to print `HUNG`, then kills it with SIGKILL.
+fn kill_when_hung(mut child: Child) {
+    let stdout = child.stdout.take().unwrap();
+    let hung = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line == "HUNG")
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !hung.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never reached its fault point"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SIGKILL: no destructor, no rollback of its own, no last ack.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        hung.join().unwrap(),
+        "the worker exited before its fault point"
+    );
+}
+
+/// SIGKILL of the relay after JetStream acknowledged events and before it marked them:
+/// after a restart every event is in the stream once (the republish is dropped by its
+/// `Nats-Msg-Id`), none is lost, and the outbox is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 30).await;
+        let relay = worker("relay", db, &nats_url(), &[("HANG_AFTER", "5".into())]);
+        kill_when_hung(relay);
+        let published = broker.messages().await.len();
+        assert!(published >= 5, "published before the kill: {published}");
+        assert_eq!(count(&pool, "idem_outbox").await, 30, "none marked");
+        // The restarted relay takes the killed one's events once their lease ran out.
+        let restarted = worker("relay", db, &nats_url(), &[]);
+        let messages = broker.wait_for(30, Duration::from_secs(20)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&pool, "idem_outbox").await > 0 {
+            assert!(Instant::now() < deadline, "the outbox never emptied");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut child = restarted;
+        child.kill().ok();
+        child.wait().ok();
+        let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+        assert_eq!(ids.len(), 30, "each event once");
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 30);
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// SIGKILL of the consumer after its commit and before its ack: the redelivery replays
+/// the stored result, is acknowledged, and the ledger is credited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_killed_between_commit_and_ack_credits_once() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 10).await;
+        store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let consumer = broker.consumer("ledger", Duration::from_secs(1), 10).await;
+        let env = [
+            ("HANG_AFTER", "3".to_owned()),
+            ("STREAM", broker.stream.clone()),
+            ("CONSUMER", "ledger".to_owned()),
+        ];
+        kill_when_hung(worker("consume", db, &nats_url(), &env));
+        let before = credits(&pool, 0, Duration::ZERO).await;
+        assert_eq!(
+            before.len(),
+            3,
+            "three committed before the kill: {before:?}"
+        );
+        let task = spawn_ledger(&store, &broker.js, consumer, None);
+        let after = credits(&pool, 10, Duration::from_secs(20)).await;
+        assert_eq!(
+            after,
+            (0..10).map(|c| (c, 1)).collect::<HashMap<_, _>>(),
+            "once each"
+        );
+        task.abort();
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// The broker killed and restarted mid-stream: the relay retries, and once it is back
+/// every event is in the stream once; nothing lost, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let mut nats = PrivateNats::start();
+        let broker = Broker::new(&nats.url(), Duration::from_secs(120)).await;
+        let relay = store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .poll_interval(Duration::from_millis(50))
+            .backoff(Duration::from_millis(50), Duration::from_millis(200))
+            .publish_timeout(Duration::from_secs(1))
+            .max_attempts(1000)
+            .spawn()
+            .unwrap();
+        emit_credits(&store, &broker.subject, 0, 20).await;
+        broker.wait_for(20, Duration::from_secs(10)).await;
+        nats.stop();
+        // Written while the broker is down: the service's writes do not depend on it.
+        emit_credits(&store, &broker.subject, 20, 20).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while relay.stats().retried == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.stats());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        nats.restart();
+        let messages = broker.wait_for(40, Duration::from_secs(30)).await;
+        let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!((messages.len(), ids.len()), (40, 40));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&pool, "idem_outbox").await > 0 {
+            assert!(Instant::now() < deadline, "the outbox never emptied");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(relay.stats().dead, 0);
+        relay.stop();
+    })
+    .await;
+}
+
+/// Two relays and two consumers at once: the stream holds each event once, in per-key
+/// order, and the ledger credits each charge once.
+async fn two_relays_and_two_consumers(store: &Store, pool: &PgPool) {
+    let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            store
+                .relay(JetStreamPublisher::new(broker.js.clone()))
+                .batch_size(8)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let consumer = broker.consumer("ledger", Duration::from_secs(5), 10).await;
+    let consumers: Vec<_> = (0..2)
+        .map(|_| spawn_ledger(store, &broker.js, consumer.clone(), None))
+        .collect();
+    // Five charges, each with an event per step (created, then refunds), written in
+    // order by one writer per charge.
+    let writers: Vec<_> = (0..5)
+        .map(|charge: i64| {
+            let store = store.clone();
+            let subject = broker.subject.clone();
+            tokio::spawn(async move {
+                for step in 0..10_i64 {
+                    store
+                        .run_once("charges", &format!("c{charge}-s{step}"))
+                        .run(async |mut tx| {
+                            tx.emit(
+                                Event::new(
+                                    &subject,
+                                    &Credit {
+                                        charge: charge * 100 + step,
+                                        amount: step,
+                                    },
+                                )
+                                .ordering_key(charge.to_string()),
+                            )
+                            .await?;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let credited = credits(pool, 50, Duration::from_secs(20)).await;
+    assert_eq!(credited.len(), 50);
+    assert!(credited.values().all(|&n| n == 1), "{credited:?}");
+    let messages = broker.messages().await;
+    assert_eq!(messages.len(), 50);
+    let mut per_key: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (_, _, payload) in &messages {
+        let c: Credit = serde_json::from_slice(payload).unwrap();
+        per_key.entry(c.charge / 100).or_default().push(c.amount);
+    }
+    for (key, steps) in per_key {
+        assert_eq!(steps, (0..10).collect::<Vec<_>>(), "charge {key}");
+    }
+    let published: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
+    assert_eq!(published.iter().sum::<u64>(), 50, "{published:?}");
+    for r in relays {
+        r.stop();
+    }
+    for c in consumers {
+        c.abort();
+    }
+    broker.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_and_two_consumers_by_default() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        two_relays_and_two_consumers(&store, &pool).await;
+    })
+    .await;
+}
+
+/// Behind PgBouncer in transaction mode: the relays poll, every statement unnamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_and_two_consumers_behind_pgbouncer() {
+    with_test_db(async |db| {
+        let (direct, _) = ledger(db).await;
+        let bouncer = Pgbouncer::start(db);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .unwrap();
+        let store = Store::builder(pool)
+            .pooler(Pooler::Transaction)
+            .build()
+            .unwrap();
+        two_relays_and_two_consumers(&store, &direct).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_and_two_consumers_in_portable_mode() {
+    with_test_db(async |db| {
+        let (pool, _) = ledger(db).await;
+        let store = Store::builder(pool.clone()).portable().build().unwrap();
+        two_relays_and_two_consumers(&store, &pool).await;
+    })
+    .await;
+}
