@@ -10,8 +10,8 @@
 
 mod answer;
 mod app;
-mod citus;
 mod brokers;
+mod citus;
 mod database;
 mod pooler;
 mod spans;
@@ -20,8 +20,8 @@ mod tools;
 
 pub use answer::{post, send, Answer};
 pub use app::TestApp;
-pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
+pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, TestDb};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{RequestSpans, SpanFields};
