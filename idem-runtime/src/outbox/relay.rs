@@ -481,7 +481,8 @@ impl<P: Publisher> Running<P> {
             }
         }
         if !published.is_empty() {
-            outbox.done(table.single(pool).await?, &published).await?;
+            self.marked(|| async { outbox.done(table.single(pool).await?, &published).await })
+                .await?;
             self.counters
                 .published
                 .fetch_add(published.len() as u64, Ordering::Relaxed);
@@ -491,15 +492,18 @@ impl<P: Publisher> Running<P> {
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             let park = error.is_permanent() || attempts >= builder.max_attempts;
             let backoff = backoff(builder.backoff, attempts);
-            outbox
-                .failed(
-                    table.single(pool).await?,
-                    row.seq,
-                    error.message(),
-                    backoff,
-                    park,
-                )
-                .await?;
+            self.marked(|| async {
+                outbox
+                    .failed(
+                        table.single(pool).await?,
+                        row.seq,
+                        error.message(),
+                        backoff,
+                        park,
+                    )
+                    .await
+            })
+            .await?;
             if park {
                 dead += 1;
                 metrics::dead();
@@ -532,6 +536,33 @@ impl<P: Publisher> Running<P> {
         span.record("dead", dead);
         span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
         Ok(taken)
+    }
+}
+
+impl<P: Publisher> Running<P> {
+    /// Runs `mark` (the statement that records what became of events this relay holds
+    /// leased), again after a failure (no connection in time, a dropped one) until half
+    /// the lease has passed. An event whose mark is given up stays leased until its lease
+    /// runs out, holding back the next events of its ordering key all that time, and is
+    /// published again then; the statements are idempotent, so trying again is safe.
+    async fn marked<T, F, Fut>(&self, mark: F) -> Result<T, sqlx::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
+        let give_up = Instant::now() + self.builder.lease / 2;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match mark().await {
+                Ok(done) => return Ok(done),
+                Err(error) if Instant::now() + pause < give_up => {
+                    tracing::warn!(%error, "idem: the outbox relay could not mark events; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 }
 
