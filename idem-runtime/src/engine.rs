@@ -246,7 +246,7 @@ enum Took {
 /// A key held by its advisory lock (the default mode): what its row's insert needs.
 #[derive(Clone, Copy)]
 struct Held {
-    /// The transaction's start ([`Taken::began`]).
+    /// The transaction's start ([`Taken::began`](crate::table::Taken::began)).
     began: f64,
     /// Whether the claim saw a row to write over.
     over: bool,
