@@ -32,7 +32,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
-use super::consume::{log_dead, Verdict};
+use super::consume::{judge, log_dead, Verdict};
 use super::{OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
 
@@ -214,19 +214,16 @@ impl AmqpConsumer {
                 (Some(id), None) => seen.get(id).copied().unwrap_or(0) + 1,
                 (None, None) => 1,
             };
-            let verdict = match (id.clone(), serde_json::from_slice::<T>(&delivery.data)) {
-                (None, _) => Verdict::Dead("no message_id".into()),
-                (Some(_), Err(e)) => Verdict::Dead(format!("the body does not decode: {e}")),
-                (Some(id), Ok(payload)) => {
-                    let received = Received {
-                        id,
-                        topic: topic.clone(),
-                        payload,
-                        delivered,
-                    };
-                    Verdict::of(&handle(received).await).limited(delivered, self.max_deliver)
-                }
-            };
+            let verdict = judge(
+                id.clone(),
+                || "no message_id".into(),
+                &topic,
+                &delivery.data,
+                delivered,
+                self.max_deliver,
+                &mut handle,
+            )
+            .await;
             let id = id.unwrap_or_default();
             let done = match verdict {
                 Verdict::Ack => {

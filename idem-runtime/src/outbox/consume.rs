@@ -11,7 +11,9 @@
 //! saying why, and so does a message that has reached the delivery limit.
 
 use std::fmt;
+use std::future::Future;
 
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::once::{OnceError, RunOnce};
@@ -102,6 +104,41 @@ impl Verdict {
                 "delivered {delivered} times, the most allowed; the last failure: {reason}"
             )),
             (verdict, _) => verdict,
+        }
+    }
+}
+
+/// The verdict on one delivery: dead when it carries no id (`missing` says what is
+/// missing) or its body does not decode as `T`; otherwise what `handle`'s work made of
+/// it, a retry of a delivery that reached `max_deliver` being dead too.
+pub(crate) async fn judge<T, F, Fut, R, E>(
+    id: Option<String>,
+    missing: impl FnOnce() -> String,
+    topic: &str,
+    body: &[u8],
+    delivered: u32,
+    max_deliver: Option<u32>,
+    handle: &mut F,
+) -> Verdict
+where
+    T: DeserializeOwned,
+    F: FnMut(Received<T>) -> Fut,
+    Fut: Future<Output = Result<R, OnceError<E>>>,
+    E: fmt::Display,
+{
+    let Some(id) = id else {
+        return Verdict::Dead(missing());
+    };
+    match serde_json::from_slice::<T>(body) {
+        Err(e) => Verdict::Dead(format!("the body does not decode: {e}")),
+        Ok(payload) => {
+            let received = Received {
+                id,
+                topic: topic.to_owned(),
+                payload,
+                delivered,
+            };
+            Verdict::of(&handle(received).await).limited(delivered, max_deliver)
         }
     }
 }

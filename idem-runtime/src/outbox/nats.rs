@@ -24,7 +24,7 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::consume::{log_dead, Verdict};
+use super::consume::{judge, log_dead, Verdict};
 use super::{OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
 
@@ -175,19 +175,16 @@ impl JetStreamConsumer {
                 .as_ref()
                 .and_then(|h| h.get(self.id_header.as_str()))
                 .map(|v| v.as_str().to_owned());
-            let verdict = match (id.clone(), serde_json::from_slice::<T>(&message.payload)) {
-                (None, _) => Verdict::Dead(format!("no {} header", self.id_header)),
-                (Some(_), Err(e)) => Verdict::Dead(format!("the body does not decode: {e}")),
-                (Some(id), Ok(payload)) => {
-                    let received = Received {
-                        id,
-                        topic: topic.clone(),
-                        payload,
-                        delivered,
-                    };
-                    Verdict::of(&handle(received).await).limited(delivered, max_deliver)
-                }
-            };
+            let verdict = judge(
+                id.clone(),
+                || format!("no {} header", self.id_header),
+                &topic,
+                &message.payload,
+                delivered,
+                max_deliver,
+                &mut handle,
+            )
+            .await;
             let id = id.unwrap_or_default();
             let acked = match verdict {
                 Verdict::Ack => message.double_ack().await,
