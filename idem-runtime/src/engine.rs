@@ -420,7 +420,7 @@ async fn claim_row(
         wait,
         statement: claim.statement_timeout.or(store.inner.statement_timeout),
     };
-    // Portable mode only: the waits by `SET LOCAL`, for the whole claim.
+    // The waits by `SET LOCAL`, for the whole claim.
     table.set_waits(tx, timeouts).await.map_err(classify)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
@@ -455,7 +455,7 @@ async fn claim_row(
         false
     };
     if claimed {
-        // Portable mode only: the handler does not inherit the claim's wait.
+        // The handler does not inherit the claim's wait.
         table.restore_wait(tx).await.map_err(classify)?;
         return Ok(Found::Claimed);
     }
@@ -534,7 +534,7 @@ impl Attempt {
             match written {
                 Written::Stored => {}
                 Written::Escaped => {
-                    escaped(&store, tx, &claim.key).await;
+                    escaped(&store, tx, &claim.key, held.is_none()).await;
                     return Err(CommitError::Escaped);
                 }
                 // Another attempt with this key committed first (invariant 3): one that
@@ -651,15 +651,25 @@ enum Written {
 }
 
 /// The work ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
-/// committed without the key's record. The committed claim, if any, is removed so the
-/// key is not stuck (the claim path would take such a row over anyway).
-async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInScope) {
+/// committed without the key's record. In portable mode the claim's row may have
+/// committed with them (`inserted`), and is removed so the key is not stuck (the claim
+/// path would take such a row over anyway); in the default mode the key's row is only
+/// ever written with its record, so nothing of idem's committed.
+async fn escaped(
+    store: &Store,
+    tx: Transaction<'static, Postgres>,
+    key: &KeyInScope,
+    inserted: bool,
+) {
     tracing::error!(
         scope = &*key.scope,
         "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
          its writes escaped the idempotency guarantee; nothing was stored"
     );
     drop(tx);
+    if !inserted {
+        return;
+    }
     if let Err(e) = store.inner.table.forget(&store.inner.pool, key).await {
         tracing::warn!(error = %e, "idem: could not remove the escaped claim");
     }
@@ -1206,50 +1216,50 @@ mod tests {
     /// commits, and its answer is the winner's record.
     #[tokio::test]
     async fn the_primary_key_decides_past_the_lock() {
-        let db = Db::new().await;
-        let mut attempt = run(db.begin("k1", "a").await);
-        db.write(&mut attempt).await;
-        commit_unlocked(&db, "a", "winner").await;
-        match attempt.commit(&record("loser")).await {
+        match outrun("a", false).await {
             Ok(Committed::Superseded(stored)) => assert_eq!(stored, record("winner")),
             other => panic!("{other:?}"),
         }
-        assert_eq!(db.notes().await, 0, "the loser's writes were rolled back");
-        db.drop_schema().await;
-
         // The winner's request differed: the loser is a mismatch (422), not a replay.
-        let db = Db::new().await;
-        let mut attempt = run(db.begin("k1", "a").await);
-        db.write(&mut attempt).await;
-        commit_unlocked(&db, "b", "winner").await;
         assert!(matches!(
-            attempt.commit(&record("loser")).await,
+            outrun("b", false).await,
             Err(CommitError::Refused(Refusal::Mismatch))
         ));
-        assert_eq!(db.notes().await, 0);
-        db.drop_schema().await;
     }
 
     /// The same over an expired row: the attempt that took the expired key over finds a
     /// live record in its place at commit, and yields to it.
     #[tokio::test]
     async fn a_takeover_yields_to_a_record_committed_meanwhile() {
-        let db = Db::new().await;
-        expired_row(&db).await;
-        let mut attempt = run(db.begin("k1", "a").await);
-        db.write(&mut attempt).await;
-        let sql = format!("DELETE FROM {}.keys WHERE key = 'k1'", db.schema);
-        sqlx::query(AssertSqlSafe(sql))
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        commit_unlocked(&db, "a", "winner").await;
-        match attempt.commit(&record("loser")).await {
+        match outrun("a", true).await {
             Ok(Committed::Superseded(stored)) => assert_eq!(stored, record("winner")),
             other => panic!("{other:?}"),
         }
-        assert_eq!(db.notes().await, 0);
+    }
+
+    /// An attempt of key `k1` (over an expired row when `over_expired`) that writes, while
+    /// an attempt the lock does not keep out commits the key first with `winner_payload`
+    /// (the expired row deleted before, as a sweeper would): how the first one's commit
+    /// ends. Nothing of it was committed, whatever the answer.
+    async fn outrun(winner_payload: &str, over_expired: bool) -> Result<Committed, CommitError> {
+        let db = Db::new().await;
+        if over_expired {
+            expired_row(&db).await;
+        }
+        let mut attempt = run(db.begin("k1", "a").await);
+        db.write(&mut attempt).await;
+        if over_expired {
+            let sql = format!("DELETE FROM {}.keys WHERE key = 'k1'", db.schema);
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        commit_unlocked(&db, winner_payload, "winner").await;
+        let committed = attempt.commit(&record("loser")).await;
+        assert_eq!(db.notes().await, 0, "the loser's writes were rolled back");
         db.drop_schema().await;
+        committed
     }
 
     #[tokio::test]

@@ -842,16 +842,14 @@ impl Table {
 
     /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
     /// engine forwards to the nodes that run the claim (Citus, told so by
-    /// `citus.propagate_set_commands = 'local'` in the same batch). One round trip; none
-    /// in the default mode, where the claim sets them itself.
+    /// `citus.propagate_set_commands = 'local'` in the same batch). One round trip. (The
+    /// default mode's claim waits only in [`WAIT`], which sets and restores the wait
+    /// itself.)
     pub(crate) async fn set_waits(
         &self,
         conn: &mut PgConnection,
         timeouts: Timeouts,
     ) -> Result<(), sqlx::Error> {
-        if !self.dialect.portable {
-            return Ok(());
-        }
         // On Citus, the claim's INSERT waits on the worker that holds the key's shard, and
         // a `SET LOCAL` reaches the workers only when `citus.propagate_set_commands` says
         // so: set first, in the same round trip, so that no database or role setting is
@@ -878,12 +876,8 @@ impl Table {
 
     /// Portable mode: after a successful claim, gives the handler the session's default
     /// `lock_timeout` back (the value it connected with, by its role, database or
-    /// connection options; not one set later by a session-level `SET`). None in the
-    /// default mode, where the claim's row restored it.
+    /// connection options; not one set later by a session-level `SET`).
     pub(crate) async fn restore_wait(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        if !self.dialect.portable {
-            return Ok(());
-        }
         sqlx::raw_sql("SET LOCAL lock_timeout TO DEFAULT")
             .execute(conn)
             .await
