@@ -15,7 +15,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::{idempotent, Pooler, Store, Tx};
-use idem_tests::{count, with_test_db, Pgbouncer, TestApp};
+use idem_tests::{count, with_test_db, Pgbouncer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -89,6 +89,14 @@ async fn outbox(pool: &PgPool) -> Vec<(String, String, serde_json::Value)> {
         .collect()
 }
 
+/// A pool of 8 on `db`, and a default store on it with its tables made.
+async fn migrated(db: &TestDb) -> (PgPool, Store) {
+    let pool = db.pool(8).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    (pool, store)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_commits_with_its_request_and_a_replay_emits_nothing() {
     with_test_db(async |db| {
@@ -150,9 +158,7 @@ async fn a_rolled_back_request_emits_nothing_and_its_retry_emits_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_id_is_derived_from_its_attempt() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (pool, store) = migrated(db).await;
         let ids: Vec<String> = store
             .run_once("ledger", "msg-1")
             .run(async |mut tx| {
@@ -349,9 +355,7 @@ async fn emit_many(store: &Store, prefix: &str, n: usize, key: impl Fn(usize) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (pool, store) = migrated(db).await;
         emit_many(&store, "a", 50, |_| None).await;
         let recorder = Recorder::default();
         let stats = store
@@ -380,9 +384,7 @@ async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_row_committed_late_is_never_lost() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (pool, store) = migrated(db).await;
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
@@ -427,9 +429,7 @@ async fn a_row_committed_late_is_never_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_poison_event_is_parked_and_the_rest_flow() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (pool, store) = migrated(db).await;
         emit_many(&store, "a", 10, |i| Some(format!("k{}", i % 2))).await;
         let poisoned = Arc::new(Mutex::new(true));
         let poison = Arc::clone(&poisoned);
@@ -481,9 +481,7 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permanent_failure_parks_at_once() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (_, store) = migrated(db).await;
         emit_many(&store, "a", 1, |_| None).await;
         let recorder = Recorder::failing(|_| Some(PublishError::permanent("no such topic")));
         let stats = store.relay(recorder).run_until_idle().await.unwrap();
@@ -626,9 +624,7 @@ async fn two_relays_behind_a_transaction_pooler_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_wakes_the_relay() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (_, store) = migrated(db).await;
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
@@ -658,9 +654,7 @@ async fn a_commit_wakes_the_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_outage_is_retried_until_it_ends() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
+        let (pool, store) = migrated(db).await;
         let down = Arc::new(Mutex::new(true));
         let outage = Arc::clone(&down);
         let recorder = Recorder::failing(move |_| {
