@@ -44,6 +44,9 @@ pub(crate) struct Claim {
     pub(crate) conflict_wait: Option<Duration>,
     /// The bound on each statement of the work; `None` for the store's.
     pub(crate) statement_timeout: Option<Duration>,
+    /// Whether the key has no principal of its own, so that `key.principal` is its
+    /// spread ([`crate::spread`]) and earlier versions kept it under the nobody value.
+    pub(crate) spread: bool,
 }
 
 /// How a claim began. Returned once per request and matched at once: boxing the attempt
@@ -183,6 +186,11 @@ pub(crate) async fn begin(
     claim: Option<Claim>,
     isolation: Isolation,
 ) -> Result<Begun, Refusal> {
+    if let Some(request) = &claim {
+        if let Some(row) = earlier(store, request).await? {
+            return replay(row, &request.fingerprint);
+        }
+    }
     if store.inner.table.portable() {
         return begin_portable(store, claim, isolation).await;
     }
@@ -217,6 +225,26 @@ pub(crate) async fn begin(
             Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
+    }
+}
+
+/// A key kept under its spread: its live record under the nobody value, where earlier
+/// versions kept it, while its scope has live records there ([`crate::spread`]).
+async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refusal> {
+    let settings = &store.inner;
+    if !claim.spread
+        || claim.key.principal.is_empty()
+        || !settings
+            .earlier
+            .live(&settings.table, &settings.pool, &claim.key.scope)
+            .await
+    {
+        return Ok(None);
+    }
+    match settings.table.earlier(&settings.pool, &claim.key).await {
+        Ok(Some(Found::Stored(row))) if !row.expired && row.status.is_some() => Ok(Some(row)),
+        Ok(_) => Ok(None),
+        Err(e) => Err(Refusal::from_database(e)),
     }
 }
 
@@ -747,6 +775,7 @@ mod tests {
                 fingerprint: fingerprint.finish(),
                 conflict_wait: None,
                 statement_timeout: None,
+                spread: false,
             })
         }
 

@@ -88,9 +88,10 @@ impl RunOnce<'_> {
     /// the message commits on one node. The tenant is part of the key's identity: name it
     /// from the message itself, so that every redelivery names the same one. An empty
     /// tenant, or one not of the column's type, spreads by the key
-    /// ([`RunOnce::spread_by_key`]). Without either call, keys are kept as before, under
-    /// the principal column's one "nobody" value, which a distributed engine keeps on
-    /// one shard (README, "Distributed PostgreSQL (Citus)").
+    /// ([`RunOnce::spread_by_key`]). Without either call, a
+    /// [portable](crate::StoreBuilder::portable) store keeps the key under a hash of
+    /// itself, and the other modes under the principal column's one "nobody" value, as
+    /// before (README, "Distributed PostgreSQL (Citus)").
     pub fn spread_by(mut self, tenant: &str) -> Self {
         self.spread = Spread::Tenant(Some(tenant.to_owned()));
         self
@@ -98,7 +99,7 @@ impl RunOnce<'_> {
 
     /// Keeps this key under a hash of itself instead of the one value all keys without
     /// a principal share, so that a consumer's keys spread over a distributed engine's
-    /// shards; keys stay global to the scope. [`Tx::principal`] gives the value, for the
+    /// shards; keys stay global to the scope. A portable store does so without the call. [`Tx::principal`] gives the value, for the
     /// rows `work` writes.
     pub fn spread_by_key(mut self) -> Self {
         self.spread = Spread::Key;
@@ -138,15 +139,14 @@ impl RunOnce<'_> {
         let claim = Claim {
             key: KeyInScope {
                 scope: self.scope,
-                principal: self
-                    .spread
-                    .value(self.store.inner.dialect.principal_type, key.as_str()),
+                principal: self.spread.value(self.store.inner.dialect, key.as_str()),
                 key,
             },
             ttl: self.ttl,
             fingerprint,
             conflict_wait: None,
             statement_timeout: None,
+            spread: true,
         };
         let mut attempt =
             match engine::begin(self.store, Some(claim), Isolation::ReadCommitted).await {

@@ -1,18 +1,23 @@
 //! Where a key without a principal is kept: its *spread*.
 //!
 //! idem's table is keyed, and on a distributed engine distributed, by `principal`. A key
-//! without one (a webhook delivery, a queue message) is kept under the column's "nobody"
-//! value (`''`, the nil UUID, 0): one value, so on Citus one shard on one worker for every
-//! such key of a service, however many workers there are. An endpoint that opts in
-//! (`#[idempotent(spread = ..)]`, [`RunOnce::spread_by`](crate::RunOnce::spread_by),
-//! [`RunOnce::spread_by_key`](crate::RunOnce::spread_by_key)) keeps such keys under a
-//! value that spreads instead:
+//! without one (a webhook delivery, a queue message) needs a value in that column. Kept
+//! under one value for all of them, the column's "nobody" value (`''`, the nil UUID, 0),
+//! such keys would all live in one shard on one worker of a distributed engine, however
+//! many workers there are. So:
 //!
-//! - the tenant the event concerns, when the handler can name it (the `account` of a
-//!   payment event): the key then lives on that tenant's shard, beside the rows the
-//!   handler writes for that tenant, so the request commits on one worker;
-//! - else a hash of the key: keys spread evenly over the shards, and business rows
-//!   written under [`Tx::principal`](crate::Tx::principal) land beside them.
+//! - an endpoint may name the tenant the event concerns (`#[idempotent(spread =
+//!   account_of)]`, [`RunOnce::spread_by`](crate::RunOnce::spread_by)): the key then
+//!   lives on that tenant's shard, beside the rows the handler writes for that tenant,
+//!   and the request commits on one worker;
+//! - otherwise, in the [portable mode](crate::StoreBuilder::portable) (the mode that
+//!   runs on a distributed engine), the key is kept under a hash of itself: keys spread
+//!   evenly over the shards, and business rows written under
+//!   [`Tx::principal`](crate::Tx::principal) land beside them. No key shares one shard
+//!   with every other by construction;
+//! - in the default and pooler modes (one PostgreSQL node, where there are no shards),
+//!   such keys keep the nobody value unless the endpoint asks for the hash
+//!   (`spread = key`, [`RunOnce::spread_by_key`](crate::RunOnce::spread_by_key)).
 //!
 //! The spread value takes the principal's place in the lookup, (scope, spread, key). A
 //! hash of the key is a function of the key, so keys stay global to their scope, as
@@ -20,19 +25,35 @@
 //! another record (so a redelivery whose payload names another tenant runs, where it
 //! would otherwise be a 422); name the tenant only from what the sender signs. A request
 //! that has a principal (the store's resolver, `principal = ..`) keeps it: it spreads
-//! already. Without the option nothing changes: keys without a principal stay under the
-//! "nobody" value, as they are stored by earlier versions.
+//! already.
+//!
+//! **Records kept before the spread.** Earlier versions kept every key without a
+//! principal under the nobody value. A key kept under a spread value is first looked up
+//! there too ([`Earlier`]), for as long as the scope has live records under the nobody
+//! value: a retry after an upgrade replays the answer stored before it (or is a 422),
+//! never runs again. Once those records have expired, the look-up stops, and a spread
+//! key costs what any key costs. What the look-up cannot see is an attempt *in flight*
+//! on an instance of an earlier version, during a rolling upgrade of a portable service
+//! (or while adding `spread = ..` to an endpoint): such an attempt holds the nobody
+//! value's key, not the spread's. Upgrade those endpoints with no instance of the
+//! earlier version still taking their requests.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
 
 use sha2::{Digest, Sha256};
 
-use crate::table::PrincipalType;
+use crate::table::{Dialect, PrincipalType, Table};
 
 /// How an endpoint spreads its keys without a principal.
 #[doc(hidden)]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Spread {
-    /// Not at all: the column's "nobody" value (the default, and the only behaviour
-    /// before spreads existed).
+    /// The endpoint says nothing: a hash of the key in the portable mode, else the
+    /// column's "nobody" value (the only behaviour before spreads existed).
     #[default]
     None,
     /// A hash of the key.
@@ -43,15 +64,16 @@ pub enum Spread {
 }
 
 impl Spread {
-    /// The value a key without a principal is kept under: `""` (the "nobody" value) for
-    /// [`Spread::None`].
-    pub(crate) fn value(&self, principal_type: PrincipalType, key: &str) -> String {
+    /// The value a key without a principal is kept under in `dialect`: `""` (the
+    /// "nobody" value) for [`Spread::None`] outside the portable mode.
+    pub(crate) fn value(&self, dialect: Dialect, key: &str) -> String {
+        let principal_type = dialect.principal_type;
         match self {
-            Self::None => String::new(),
+            Self::None if !dialect.portable => String::new(),
             Self::Tenant(Some(tenant)) if !tenant.is_empty() && principal_type.accepts(tenant) => {
                 tenant.clone()
             }
-            Self::Key | Self::Tenant(_) => hashed(principal_type, key),
+            Self::None | Self::Key | Self::Tenant(_) => hashed(principal_type, key),
         }
     }
 }
@@ -81,6 +103,47 @@ fn hashed(principal_type: PrincipalType, key: &str) -> String {
             ((u64::from_be_bytes(bytes) >> 1) | 1).to_string()
         }
         PrincipalType::Text => format!("~{}", &hex[..16]),
+    }
+}
+
+/// How long a scope's answer to "are records kept under the nobody value still live?"
+/// is trusted: a minute of an instance of an earlier version writing there unseen.
+const EARLIER_RECHECK: Duration = Duration::from_secs(60);
+
+/// Whether keys kept under a spread value must also be looked up under the nobody value,
+/// where earlier versions kept them (the module's "Records kept before the spread"), per
+/// scope. Asked once a minute per scope ([`Table::earlier_live`]: one indexed statement);
+/// between two asks the answer is kept.
+#[derive(Default)]
+pub(crate) struct Earlier {
+    scopes: Mutex<HashMap<String, (Instant, bool)>>,
+}
+
+impl Earlier {
+    /// Whether `scope` may still have a live record under the nobody value. A failed
+    /// ask answers `true` (and is asked again next time): looking costs a statement,
+    /// not looking could run a request twice.
+    pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str) -> bool {
+        let known = self.lock().get(scope).copied();
+        if let Some((asked, live)) = known {
+            if asked.elapsed() < EARLIER_RECHECK {
+                return live;
+            }
+        }
+        match table.earlier_live(pool, scope).await {
+            Ok(live) => {
+                self.lock().insert(scope.to_owned(), (Instant::now(), live));
+                live
+            }
+            Err(error) => {
+                tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; looking");
+                true
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, bool)>> {
+        self.scopes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -125,14 +188,32 @@ pub fn tenant_of(tenant: impl IntoTenant) -> Spread {
 mod tests {
     use super::*;
 
+    fn one_node(principal_type: PrincipalType) -> Dialect {
+        Dialect {
+            principal_type,
+            ..Dialect::default()
+        }
+    }
+
+    fn portable(principal_type: PrincipalType) -> Dialect {
+        Dialect {
+            portable: true,
+            ..one_node(principal_type)
+        }
+    }
+
     #[test]
-    fn no_spread_keeps_the_nobody_value() {
+    fn no_spread_keeps_the_nobody_value_on_one_node_and_the_hash_when_portable() {
         for t in [
             PrincipalType::Text,
             PrincipalType::Uuid,
             PrincipalType::Bigint,
         ] {
-            assert_eq!(Spread::None.value(t, "evt_1"), "");
+            assert_eq!(Spread::None.value(one_node(t), "evt_1"), "");
+            assert_eq!(
+                Spread::None.value(portable(t), "evt_1"),
+                Spread::Key.value(one_node(t), "evt_1")
+            );
         }
     }
 
@@ -143,15 +224,22 @@ mod tests {
             PrincipalType::Uuid,
             PrincipalType::Bigint,
         ] {
-            let a = Spread::Key.value(t, "evt_1");
-            assert_eq!(a, Spread::Key.value(t, "evt_1"), "a function of the key");
-            assert_ne!(a, Spread::Key.value(t, "evt_2"));
+            let a = Spread::Key.value(one_node(t), "evt_1");
+            assert_eq!(
+                a,
+                Spread::Key.value(one_node(t), "evt_1"),
+                "a function of the key"
+            );
+            assert_ne!(a, Spread::Key.value(one_node(t), "evt_2"));
             assert!(t.accepts(&a), "{a} is a {t:?}");
         }
-        assert_eq!(Spread::Key.value(PrincipalType::Text, "k").len(), 17);
+        assert_eq!(
+            Spread::Key.value(one_node(PrincipalType::Text), "k").len(),
+            17
+        );
         // 1 000 keys take 1 000 values: nothing shares one value by construction.
         let values: std::collections::HashSet<String> = (0..1000)
-            .map(|i| Spread::Key.value(PrincipalType::Text, &format!("evt_{i}")))
+            .map(|i| Spread::Key.value(one_node(PrincipalType::Text), &format!("evt_{i}")))
             .collect();
         assert_eq!(values.len(), 1000);
     }
@@ -160,19 +248,19 @@ mod tests {
     fn a_tenant_is_used_when_it_fits_the_column_else_the_key_hash() {
         let t = PrincipalType::Text;
         assert_eq!(
-            Spread::Tenant(Some("acct_1".into())).value(t, "evt_1"),
+            Spread::Tenant(Some("acct_1".into())).value(one_node(t), "evt_1"),
             "acct_1"
         );
-        let hashed = Spread::Key.value(t, "evt_1");
-        assert_eq!(Spread::Tenant(None).value(t, "evt_1"), hashed);
+        let hashed = Spread::Key.value(one_node(t), "evt_1");
+        assert_eq!(Spread::Tenant(None).value(one_node(t), "evt_1"), hashed);
         assert_eq!(
-            Spread::Tenant(Some(String::new())).value(t, "evt_1"),
+            Spread::Tenant(Some(String::new())).value(one_node(t), "evt_1"),
             hashed
         );
         let u = PrincipalType::Uuid;
         assert_eq!(
-            Spread::Tenant(Some("not a uuid".into())).value(u, "evt_1"),
-            Spread::Key.value(u, "evt_1")
+            Spread::Tenant(Some("not a uuid".into())).value(one_node(u), "evt_1"),
+            Spread::Key.value(one_node(u), "evt_1")
         );
         assert_eq!(tenant_of(Some("a")), Spread::Tenant(Some("a".into())));
         assert_eq!(tenant_of(None::<String>), Spread::Tenant(None));

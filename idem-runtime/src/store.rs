@@ -11,6 +11,7 @@ use http::request::Parts;
 use sqlx::PgPool;
 
 use crate::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
+use crate::spread::Earlier;
 use crate::table::{Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_TABLE};
 
 /// How a store finds the principal of a request.
@@ -63,6 +64,8 @@ pub(crate) struct Settings {
     pub(crate) problem_base: Option<String>,
     pub(crate) dialect: Dialect,
     pub(crate) outbox: OutboxTable,
+    /// Which scopes still have records kept before the spread ([`crate::spread`]).
+    pub(crate) earlier: Earlier,
 }
 
 impl Store {
@@ -385,6 +388,7 @@ impl StoreBuilder {
                 problem_base: self.problem_base,
                 dialect: self.dialect,
                 outbox: OutboxTable::new(outbox, self.dialect, self.outbox_notify),
+                earlier: Earlier::default(),
             }),
         }
     }

@@ -232,6 +232,13 @@ DELETE FROM {table}
            FOR UPDATE SKIP LOCKED)
    AND expires_at <= now()";
 
+/// Whether a scope ($1) has a live record under the nobody value ($2, bound `""`), where
+/// earlier versions kept every key without a principal ([`crate::spread`]). The primary
+/// key's prefix (scope, principal) finds them; on a distributed engine, in one shard.
+const EARLIER_LIVE: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}
+                WHERE scope = $1 AND principal = {p2} AND expires_at > now())";
+
 /// A committed record, for operators. $1..$3 the key.
 const INSPECT: &str = "\
 SELECT extract(epoch FROM created_at)::float8 AS created_at,
@@ -538,6 +545,7 @@ pub(crate) struct Table {
     purge: SqlStr,
     sweep_one: SqlStr,
     inspect: SqlStr,
+    earlier_live: SqlStr,
 }
 
 /// One of this module's statements (or the outbox's, [`crate::outbox`]) with the table's
@@ -662,6 +670,7 @@ impl Table {
             purge: pick(PURGE, EXPIRED_BATCH_PORTABLE),
             sweep_one: render(SWEEP_ONE_PORTABLE),
             inspect: render(INSPECT),
+            earlier_live: render(EARLIER_LIVE),
         }
     }
 
@@ -966,6 +975,42 @@ impl Table {
             .await?;
         conn.finish().await?;
         row.map(|row| row.try_get(0)).transpose()
+    }
+
+    /// [`EARLIER_LIVE`].
+    pub(crate) async fn earlier_live(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let mut conn = self.single(pool).await?;
+        let live = self
+            .query(&self.earlier_live)
+            .bind(scope)
+            .bind(self.dialect.principal_type.bound(""))
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+        conn.finish().await?;
+        Ok(live)
+    }
+
+    /// [`READ_PORTABLE`] of the key as earlier versions kept it, under the nobody value
+    /// ([`crate::spread`]), in a statement of its own: in every mode, a read of what is
+    /// committed.
+    pub(crate) async fn earlier(
+        &self,
+        pool: &PgPool,
+        key: &KeyInScope,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let nobody = KeyInScope {
+            principal: String::new(),
+            ..key.clone()
+        };
+        let mut conn = self.single(pool).await?;
+        let found = self.read(&mut conn, &nobody).await?;
+        conn.finish().await?;
+        Ok(found)
     }
 
     /// [`FORGET`].

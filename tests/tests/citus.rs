@@ -759,6 +759,33 @@ async fn every_endpoint_of_the_example_commits_on_one_worker() {
         "a request committed across workers"
     );
 
+    // A consumer that names no tenant: the portable store keeps each key under a hash of
+    // itself, so 40 such keys land on many shards, none on the nobody value's.
+    let store = charges::store(
+        s.pool.clone(),
+        &Config {
+            portable: true,
+            ..Config::default()
+        },
+    );
+    for n in 0..40 {
+        store
+            .run_once("unnamed", &format!("m{n}"))
+            .run(async |_tx| Ok::<_, sqlx::Error>(()))
+            .await
+            .unwrap();
+    }
+    let (shards, nobody): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT get_shard_id_for_distribution_column('idempotency_keys', principal)), \
+                count(*) FILTER (WHERE principal = '') \
+           FROM idempotency_keys WHERE scope = 'unnamed'",
+    )
+    .fetch_one(&s.pool)
+    .await
+    .unwrap();
+    assert_eq!(nobody, 0);
+    assert!(shards >= 16, "40 keys on {shards} of 32 shards");
+
     // The control: one transaction writing charges of many accounts spans both workers.
     let mut tx = s.pool.begin().await.unwrap();
     for n in 0..20 {

@@ -359,3 +359,91 @@ async fn run_once_spreads_by_tenant_or_key() {
     })
     .await;
 }
+
+/// A portable store keeps every key without a principal under a hash of the key, with no
+/// option on the endpoint or the consumer: no key shares one shard by construction. A
+/// key kept before that, under the nobody value (by an earlier version, or by a store of
+/// the default mode), is still answered from there until it expires: a retry after the
+/// upgrade replays, or is a 422, and never runs again; once expired, the key runs under
+/// its spread. (The default mode keeps the nobody value: the tests above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let once = async |store: &Store, key: &str, n: u32, ttl: u64| {
+            store
+                .run_once("jobs", key)
+                .payload(&json!({ "n": n }))
+                .ttl(std::time::Duration::from_secs(ttl))
+                .run(async |tx| {
+                    let run = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    Ok::<_, sqlx::Error>((run, tx.principal().unwrap().to_owned()))
+                })
+                .await
+        };
+        let before = Store::new(pool.clone());
+        before.migrate().await.unwrap();
+        assert_eq!(once(&before, "m1", 1, 60).await.unwrap(), (1, String::new()));
+        assert_eq!(once(&before, "m2", 1, 1).await.unwrap(), (2, String::new()));
+
+        let after = Store::builder(pool.clone()).portable().build().unwrap();
+        assert_eq!(
+            once(&after, "m1", 1, 60).await.unwrap(),
+            (1, String::new()),
+            "the record kept before the upgrade is replayed"
+        );
+        assert!(
+            matches!(
+                once(&after, "m1", 2, 60).await,
+                Err(idem::OnceError::Mismatch)
+            ),
+            "and its payload still decides"
+        );
+        let (run, fresh) = once(&after, "m3", 1, 60).await.unwrap();
+        assert_eq!(run, 3);
+        assert!(fresh.starts_with('~') && fresh.len() == 17, "{fresh}");
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let (run, expired) = once(&after, "m2", 1, 60).await.unwrap();
+        assert_eq!(run, 4, "an expired record kept before runs again");
+        assert!(expired.starts_with('~'), "{expired}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 4);
+
+        let app = Router::new()
+            .route("/plain", post(plain))
+            .with_state(State {
+                store: after.clone(),
+            });
+        let s = TestApp::serve(pool.clone(), app).await;
+        let answer = send(s.client.post(s.url("/plain")).json(&json!({ "id": "e1" }))).await;
+        let principal = answer.json()["principal"].as_str().unwrap().to_owned();
+        assert_eq!(principal, fresh_hash(&after, "e1").await);
+
+        let stored: Vec<(String, String)> =
+            sqlx::query_as("SELECT key, principal FROM idempotency_keys WHERE scope <> 'probe' ORDER BY key, principal")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            stored,
+            [
+                ("e1".to_owned(), principal),
+                ("m1".to_owned(), String::new()),
+                ("m2".to_owned(), String::new()),
+                ("m2".to_owned(), expired),
+                ("m3".to_owned(), fresh),
+            ]
+        );
+    })
+    .await;
+}
+
+/// The value a portable store keeps `key` under in scope "probe": what `run_once`
+/// hands its work.
+async fn fresh_hash(store: &Store, key: &str) -> String {
+    store
+        .run_once("probe", key)
+        .run(async |tx| Ok::<_, sqlx::Error>(tx.principal().unwrap().to_owned()))
+        .await
+        .unwrap()
+}

@@ -174,6 +174,7 @@ impl<S> Guard<S> {
                 return Err(observation.answer(Outcome::RejectedKey, problem));
             }
         };
+        let mut spread = false;
         let principal = match &key {
             None => String::new(),
             Some(claimed) => match policy::principal(
@@ -195,9 +196,11 @@ impl<S> Guard<S> {
                     let problem = problems.invalid_principal(expected).into_response();
                     return Err(observation.answer(Outcome::RejectedKey, problem));
                 }
-                Some(principal) if principal.is_empty() => self
-                    .spread
-                    .value(self.store.inner.dialect.principal_type, claimed.as_str()),
+                Some(principal) if principal.is_empty() => {
+                    spread = true;
+                    self.spread
+                        .value(self.store.inner.dialect, claimed.as_str())
+                }
                 Some(principal) => principal,
                 None => {
                     tracing::warn!(
@@ -226,6 +229,7 @@ impl<S> Guard<S> {
                 fingerprint: fields.builder.finish(),
                 conflict_wait: spec.conflict_wait,
                 statement_timeout: spec.statement_timeout,
+                spread,
             }),
         };
         claimed(self.store, claim, spec.isolation, observation).await
