@@ -160,7 +160,8 @@
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
 // knows no HTTP; it runs on `table`, which owns the DDL and every statement with its
 // binds. Above the engine: the HTTP adapter `web` (with `webhook`, and `probe` for the
-// generated code) and `once` (`Store::run_once`). Nothing imports upward.
+// generated code) and `once` (`Store::run_once`). Nothing imports upward: `header_hash`,
+// which `probe` and `webhook` share, sits below both.
 
 #[doc(hidden)]
 pub mod __private;
@@ -169,6 +170,7 @@ mod distribution;
 mod engine;
 mod expiry;
 mod fingerprint;
+mod header_hash;
 mod inspect;
 mod key;
 mod migrate;

@@ -471,7 +471,7 @@ impl<const H: u64, S: crate::webhook::SignsIdHeader<H>> HeaderKey<H> for SignedT
 
 /// Asserts that `key = header(..)` keys a signed body only with a header its scheme
 /// signs; `tag` comes from probing the last parameter, `H` is the header name's
-/// [`header_hash`].
+/// [`header_hash`](crate::header_hash::header_hash).
 pub fn header_key<const H: u64, Tag: HeaderKey<H>>(_: Tag) {}
 
 /// Without `key = ..`, a request is keyed by its `Idempotency-Key` header, which no
@@ -497,21 +497,6 @@ pub fn default_key<Tag: DefaultKey>(_: Tag) {}
     note = "this `#[idempotent]` handler takes no `Tx`: writes through a pool of its own (`State<PgPool>`) commit apart from the key, and a retry repeats them; take `mut tx: Tx` and write through it, or put `#[allow(deprecated)]` on a handler that writes nothing"
 )]
 pub const fn handler_without_tx() {}
-
-/// FNV-1a of the lowercased header name: the `H` of [`HeaderKey`] and of
-/// `idem::webhook::SignsIdHeader`. `#[idempotent(key = header(..))]` computes it in a
-/// const block.
-pub const fn header_hash(name: &str) -> u64 {
-    let bytes = name.as_bytes();
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < bytes.len() {
-        hash ^= bytes[i].to_ascii_lowercase() as u64;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        i += 1;
-    }
-    hash
-}
 
 /// What `__path_<handler>` names in the check of the attribute order with
 /// `#[utoipa::path]` when the handler's module has no such item: no `#[utoipa::path]`
