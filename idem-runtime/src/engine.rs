@@ -18,7 +18,9 @@
 //!    the primary key, which the record is inserted under. An attempt the lock did not
 //!    keep out (a colliding hash only delays; an instance of an earlier version takes
 //!    no lock) loses at commit and answers the winner's record
-//!    ([`Committed::Superseded`]).
+//!    ([`Committed::Superseded`]). The arbiter needs both attempts under one primary
+//!    key: a key without a principal that a new version keeps under its spread, and an
+//!    earlier version under the nobody value, has two ([`crate::spread`]).
 //! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
 //!    sees the record the winner committed.
 //! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
@@ -44,9 +46,6 @@ pub(crate) struct Claim {
     pub(crate) conflict_wait: Option<Duration>,
     /// The bound on each statement of the work; `None` for the store's.
     pub(crate) statement_timeout: Option<Duration>,
-    /// Whether the key has no principal of its own, so that `key.principal` is its
-    /// spread ([`crate::spread`]) and earlier versions kept it under the nobody value.
-    pub(crate) spread: bool,
 }
 
 /// How a claim began. Returned once per request and matched at once: boxing the attempt
@@ -232,7 +231,7 @@ pub(crate) async fn begin(
 /// versions kept it, while its scope has live records there ([`crate::spread`]).
 async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refusal> {
     let settings = &store.inner;
-    if !claim.spread
+    if !claim.key.spread
         || claim.key.principal.is_empty()
         || !settings
             .earlier
@@ -770,12 +769,12 @@ mod tests {
                     scope: "notes".into(),
                     principal: String::new(),
                     key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+                    spread: false,
                 },
                 ttl: Duration::from_secs(60),
                 fingerprint: fingerprint.finish(),
                 conflict_wait: None,
                 statement_timeout: None,
-                spread: false,
             })
         }
 

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use http::StatusCode;
 
+use crate::spread::Spread;
 use crate::Store;
 
 /// A committed idempotency record, as [`Store::inspect`] finds it. Requests still
@@ -26,18 +27,49 @@ pub struct KeyRecord {
 
 impl Store {
     /// The committed record of `key` (as the client meant it, without sf-string quotes)
-    /// for `principal` (`""` when keys are global) in `scope`, if any.
+    /// for `principal` in `scope`, if any.
+    ///
+    /// For a key without a principal pass `""`: the record is found where it is kept,
+    /// under a hash of the key (a [portable](crate::StoreBuilder::portable) store's
+    /// default, or `spread = key`) or under the nobody value (the other modes' default,
+    /// and earlier versions'); a live record before an expired one. A key spread by a tenant
+    /// (`spread = tenant_fn`, [`RunOnce::spread_by`](crate::RunOnce::spread_by)) is
+    /// kept under that tenant: pass it as `principal`.
     pub async fn inspect(
         &self,
         scope: &str,
         principal: &str,
         key: &str,
     ) -> Result<Option<KeyRecord>, sqlx::Error> {
-        let found = self
-            .inner
-            .table
-            .inspect(&self.inner.pool, [scope, principal, key]);
-        let Some(row) = found.await? else {
+        let hashed;
+        let places: &[&str] = if principal.is_empty() {
+            hashed = Spread::Key.value(self.inner.dialect, key);
+            if self.inner.dialect.portable {
+                &[hashed.as_str(), ""]
+            } else {
+                &["", hashed.as_str()]
+            }
+        } else {
+            &[principal]
+        };
+        // The first live record, else the first expired one.
+        let mut found = None;
+        for place in places {
+            let row = self
+                .inner
+                .table
+                .inspect(&self.inner.pool, [scope, place, key])
+                .await?;
+            match row {
+                Some(row) if !row.expired => {
+                    found = Some(row);
+                    break;
+                }
+                Some(row) if found.is_none() => found = Some(row),
+                _ => {}
+            }
+        }
+        let Some(row) = found else {
             return Ok(None);
         };
         let status = u16::try_from(row.status)

@@ -99,8 +99,8 @@ impl RunOnce<'_> {
 
     /// Keeps this key under a hash of itself instead of the one value all keys without
     /// a principal share, so that a consumer's keys spread over a distributed engine's
-    /// shards; keys stay global to the scope. A portable store does so without the call. [`Tx::principal`] gives the value, for the
-    /// rows `work` writes.
+    /// shards; keys stay global to the scope. A portable store does so without the call.
+    /// [`Tx::principal`] gives the value, for the rows `work` writes.
     pub fn spread_by_key(mut self) -> Self {
         self.spread = Spread::Key;
         self
@@ -141,12 +141,12 @@ impl RunOnce<'_> {
                 scope: self.scope,
                 principal: self.spread.value(self.store.inner.dialect, key.as_str()),
                 key,
+                spread: true,
             },
             ttl: self.ttl,
             fingerprint,
             conflict_wait: None,
             statement_timeout: None,
-            spread: true,
         };
         let mut attempt =
             match engine::begin(self.store, Some(claim), Isolation::ReadCommitted).await {

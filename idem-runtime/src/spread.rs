@@ -15,8 +15,8 @@
 //!   evenly over the shards, and business rows written under
 //!   [`Tx::principal`](crate::Tx::principal) land beside them. No key shares one shard
 //!   with every other by construction;
-//! - in the default and pooler modes (one PostgreSQL node, where there are no shards),
-//!   such keys keep the nobody value unless the endpoint asks for the hash
+//! - outside the portable mode (one PostgreSQL node, where there are no shards), such
+//!   keys keep the nobody value unless the endpoint asks for the hash
 //!   (`spread = key`, [`RunOnce::spread_by_key`](crate::RunOnce::spread_by_key)).
 //!
 //! The spread value takes the principal's place in the lookup, (scope, spread, key). A
@@ -32,11 +32,16 @@
 //! there too ([`Earlier`]), for as long as the scope has live records under the nobody
 //! value: a retry after an upgrade replays the answer stored before it (or is a 422),
 //! never runs again. Once those records have expired, the look-up stops, and a spread
-//! key costs what any key costs. What the look-up cannot see is an attempt *in flight*
-//! on an instance of an earlier version, during a rolling upgrade of a portable service
-//! (or while adding `spread = ..` to an endpoint): such an attempt holds the nobody
-//! value's key, not the spread's. Upgrade those endpoints with no instance of the
-//! earlier version still taking their requests.
+//! key costs what any key costs (one indexed statement per scope a minute). What the
+//! look-up cannot see is an instance of an earlier version at work during a rolling
+//! upgrade of a portable service (or while adding `spread = ..` to an endpoint): its
+//! attempt in flight holds the nobody value's key, not the spread's, so the primary key
+//! no longer arbitrates between the two; and what it commits is unseen for up to a
+//! minute when the scope had no live records there. Upgrade those endpoints with no
+//! instance of the earlier version still taking their requests. Going back is not
+//! covered: a store outside the portable mode does not look under the hash.
+//! [`Tx::derived_key`](crate::Tx::derived_key) derives from `""` for such keys wherever
+//! they are kept, so a downstream call keeps its key across the move.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -107,8 +112,13 @@ fn hashed(principal_type: PrincipalType, key: &str) -> String {
 }
 
 /// How long a scope's answer to "are records kept under the nobody value still live?"
-/// is trusted: a minute of an instance of an earlier version writing there unseen.
+/// is trusted: what an instance of an earlier version commits there goes unseen for up
+/// to this long (the module's "Records kept before the spread").
 const EARLIER_RECHECK: Duration = Duration::from_secs(60);
+
+/// How many scopes' answers are kept; past it they are all asked again (scopes named at
+/// run time, such as `run_once` scopes built from data, must not grow the map forever).
+const EARLIER_SCOPES: usize = 1024;
 
 /// Whether keys kept under a spread value must also be looked up under the nobody value,
 /// where earlier versions kept them (the module's "Records kept before the spread"), per
@@ -120,9 +130,12 @@ pub(crate) struct Earlier {
 }
 
 impl Earlier {
-    /// Whether `scope` may still have a live record under the nobody value. A failed
-    /// ask answers `true` (and is asked again next time): looking costs a statement,
-    /// not looking could run a request twice.
+    /// Whether `scope` may still have a live record under the nobody value.
+    ///
+    /// A failed ask keeps a known "no" for another period: once a scope's records there
+    /// are gone, that shard is no longer needed for its requests. A failed first ask
+    /// answers `true` and is asked again next time: looking costs a statement, not
+    /// looking could run a request twice.
     pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str) -> bool {
         let known = self.lock().get(scope).copied();
         if let Some((asked, live)) = known {
@@ -130,16 +143,23 @@ impl Earlier {
                 return live;
             }
         }
-        match table.earlier_live(pool, scope).await {
-            Ok(live) => {
-                self.lock().insert(scope.to_owned(), (Instant::now(), live));
-                live
+        let live = match table.earlier_live(pool, scope).await {
+            Ok(live) => live,
+            Err(error) if known.is_some_and(|(_, live)| !live) => {
+                tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; there were none");
+                false
             }
             Err(error) => {
                 tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; looking");
-                true
+                return true;
             }
+        };
+        let mut scopes = self.lock();
+        if scopes.len() >= EARLIER_SCOPES && !scopes.contains_key(scope) {
+            scopes.clear();
         }
+        scopes.insert(scope.to_owned(), (Instant::now(), live));
+        live
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, bool)>> {
@@ -242,6 +262,30 @@ mod tests {
             .map(|i| Spread::Key.value(one_node(PrincipalType::Text), &format!("evt_{i}")))
             .collect();
         assert_eq!(values.len(), 1000);
+    }
+
+    /// A failed ask keeps a known "no" (the shard of the nobody value is not needed once
+    /// its records are gone), and answers "look" when nothing is known.
+    #[tokio::test]
+    async fn a_failed_ask_keeps_a_known_no_and_otherwise_looks() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://127.0.0.1:1/none")
+            .unwrap();
+        let table = Table::new(
+            &crate::table::TableName::default(),
+            Dialect::default(),
+            Duration::from_millis(200),
+        );
+        let earlier = Earlier::default();
+        let long_ago = Instant::now() - EARLIER_RECHECK - Duration::from_secs(1);
+        earlier.lock().insert("gone".into(), (long_ago, false));
+        earlier.lock().insert("kept".into(), (long_ago, true));
+        assert!(!earlier.live(&table, &pool, "gone").await);
+        assert!(earlier.live(&table, &pool, "kept").await);
+        assert!(earlier.live(&table, &pool, "unknown").await);
+        // The kept "no" counts as asked: the next request does not ask again.
+        assert!(earlier.lock()["gone"].0 > long_ago);
+        assert!(!earlier.lock().contains_key("unknown"));
     }
 
     #[test]

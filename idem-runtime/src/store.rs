@@ -205,6 +205,13 @@ impl StoreBuilder {
     /// the worker holding the key (without it, duplicates wait for the request in flight
     /// instead of being answered 409); elsewhere that is an unused placeholder setting.
     /// Plain PostgreSQL runs it too.
+    ///
+    /// A portable store keeps keys without a principal under a hash of the key rather
+    /// than the principal column's nobody value, so that they spread over the shards
+    /// ([`Tx::principal`](crate::Tx::principal) gives the value). It still answers
+    /// records kept under the nobody value, but a store of another mode does not find
+    /// a portable store's: switching a service out of the portable mode (or back to an
+    /// earlier version) while such records are live runs their keys once more.
     pub fn portable(mut self) -> Self {
         self.dialect.portable = true;
         self
@@ -214,8 +221,9 @@ impl StoreBuilder {
     /// type of your tenant column, so that a distributed engine can colocate idem's table
     /// with your tables. The [resolver](StoreBuilder::principal) still answers text: a
     /// UUID in its usual form, or a decimal integer. The type's zero value (the nil
-    /// UUID, 0) keeps the keys without a principal, so a request whose principal is that
-    /// value is refused with 400 (`invalid-principal`). Set it before [`Store::migrate`]
+    /// UUID, 0) is the nobody value, where keys without a principal are kept outside the
+    /// portable mode, so a request whose principal is that value is refused with 400
+    /// (`invalid-principal`). Set it before [`Store::migrate`]
     /// creates the table; it does not change an existing one.
     pub fn principal_type(mut self, principal_type: PrincipalType) -> Self {
         self.dialect.principal_type = principal_type;

@@ -449,11 +449,11 @@ pub enum PrincipalType {
     /// `text` (the default): any principal.
     #[default]
     Text,
-    /// `uuid`: the resolver answers a UUID in its text form; keys without a principal are
-    /// kept under the nil UUID.
+    /// `uuid`: the resolver answers a UUID in its text form; the nil UUID is the nobody
+    /// value, which keys without a principal are kept under outside the
+    /// [portable mode](crate::StoreBuilder::portable).
     Uuid,
-    /// `bigint`: the resolver answers a decimal integer; keys without a principal are kept
-    /// under 0.
+    /// `bigint`: the resolver answers a decimal integer; 0 is the nobody value.
     Bigint,
 }
 
@@ -1327,6 +1327,7 @@ mod tests {
             scope: scope.into(),
             principal: principal.into(),
             key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+            spread: false,
         };
         let table = Table::new(
             &TableName::default(),

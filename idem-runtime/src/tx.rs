@@ -69,8 +69,26 @@ pub struct Tx<'t> {
 #[derive(Debug, Clone)]
 pub(crate) struct KeyInScope {
     pub(crate) scope: Cow<'static, str>,
+    /// The value the key is kept under: its principal, or its spread.
     pub(crate) principal: String,
     pub(crate) key: IdempotencyKey,
+    /// Whether the key has no principal of its own, so that `principal` is its spread
+    /// ([`crate::spread`]), and earlier versions kept it under the nobody value.
+    pub(crate) spread: bool,
+}
+
+impl KeyInScope {
+    /// The principal the key belongs to: `""` for a key without one, whatever value it
+    /// is kept under. What identifies the request beyond idem's table
+    /// ([`Tx::derived_key`]), so that moving a key (to a spread, across an upgrade)
+    /// changes nothing a downstream service sees.
+    fn owner(&self) -> &str {
+        if self.spread {
+            ""
+        } else {
+            &self.principal
+        }
+    }
 }
 
 impl<'t> Tx<'t> {
@@ -122,7 +140,9 @@ impl<'t> Tx<'t> {
     /// A key for a downstream API that accepts one (a payment processor, say), derived
     /// from this request's scope, principal and key and from `purpose`: a retry of this
     /// request derives the same key, another request or another purpose a different one.
-    /// 64 hex characters.
+    /// 64 hex characters. A key without a principal derives from `""`, whatever value it
+    /// is kept under ([`Tx::principal`]), so its derived keys stay the same across the
+    /// upgrade that spread it.
     ///
     /// The database transaction cannot roll back a call to another service; forwarding a
     /// derived key is how that call becomes idempotent too. `None` without a key.
@@ -132,7 +152,7 @@ impl<'t> Tx<'t> {
         for part in [
             "idem.derived-key.v1",
             &key.scope,
-            &key.principal,
+            key.owner(),
             key.key.as_str(),
             purpose,
         ] {

@@ -1,8 +1,8 @@
 //! Keys without a principal spread by what they are about (issue 23), on plain
 //! PostgreSQL: `#[idempotent(spread = ..)]` and `RunOnce::spread_by{,_key}` keep such
 //! keys under the tenant the event concerns or a hash of the key, instead of the one
-//! "nobody" value that a distributed engine puts on one shard; without the option, keys
-//! are kept as before. The example's webhooks and ledger use it, in the default and the
+//! "nobody" value that a distributed engine puts on one shard; without the option, a
+//! portable store keeps them under a hash of the key, the other modes as before. The example's webhooks and ledger use it, in the default and the
 //! portable mode. (On Citus: `tests/tests/citus.rs`.)
 
 use std::collections::BTreeSet;
@@ -419,6 +419,39 @@ async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
         let principal = answer.json()["principal"].as_str().unwrap().to_owned();
         assert_eq!(principal, fresh_hash(&after, "e1").await);
 
+        // An operator finds each key with no principal given, wherever it is kept, the
+        // live record before the expired one in either mode.
+        for store in [&after, &before] {
+            for key in ["m1", "m2", "m3"] {
+                let record = store.inspect("jobs", "", key).await.unwrap();
+                assert!(record.is_some_and(|r| !r.expired), "{key}");
+            }
+            assert!(store.inspect("jobs", "", "m4").await.unwrap().is_none());
+        }
+
+        // A key derives the same downstream key wherever it is kept: an attempt that
+        // failed before the upgrade and runs after it calls the processor with the same
+        // idempotency key.
+        let failed = before
+            .run_once("jobs", "m5")
+            .run(async |tx| Err::<(), _>(tx.derived_key("processor").unwrap()))
+            .await;
+        let Err(idem::OnceError::Work(derived)) = failed else {
+            panic!("the work failed");
+        };
+        let after_upgrade = after
+            .run_once("jobs", "m5")
+            .run(async |tx| {
+                Ok::<_, sqlx::Error>((
+                    tx.principal().unwrap().to_owned(),
+                    tx.derived_key("processor").unwrap(),
+                ))
+            })
+            .await
+            .unwrap();
+        assert!(after_upgrade.0.starts_with('~'));
+        assert_eq!(after_upgrade.1, derived);
+
         let stored: Vec<(String, String)> =
             sqlx::query_as("SELECT key, principal FROM idempotency_keys WHERE scope <> 'probe' ORDER BY key, principal")
                 .fetch_all(&pool)
@@ -432,6 +465,7 @@ async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
                 ("m2".to_owned(), String::new()),
                 ("m2".to_owned(), expired),
                 ("m3".to_owned(), fresh),
+                ("m5".to_owned(), after_upgrade.0),
             ]
         );
     })

@@ -182,7 +182,7 @@ impl<S> Guard<S> {
                 self.principal,
                 self.store.inner.require_principal,
             ) {
-                // No principal (empty) is kept under the type's own "nobody" value.
+                // No principal (empty): the key is kept under its spread (crate::spread).
                 Some(principal)
                     if !principal.is_empty()
                         && !self.store.inner.dialect.principal_type.accepts(&principal) =>
@@ -224,12 +224,12 @@ impl<S> Guard<S> {
                     scope: spec.scope.into(),
                     principal,
                     key,
+                    spread,
                 },
                 ttl: spec.ttl,
                 fingerprint: fields.builder.finish(),
                 conflict_wait: spec.conflict_wait,
                 statement_timeout: spec.statement_timeout,
-                spread,
             }),
         };
         claimed(self.store, claim, spec.isolation, observation).await
