@@ -66,6 +66,29 @@ impl TestApp {
         post(&self.client, &self.url(path), key, body, headers).await
     }
 
+    /// `POST path` with the JSON text `body` and `headers`, as a webhook provider
+    /// sends a delivery.
+    pub async fn deliver_to<N, V>(
+        &self,
+        path: &str,
+        body: &str,
+        headers: impl IntoIterator<Item = (N, V)>,
+    ) -> Answer
+    where
+        N: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut request = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(name.as_ref(), value.as_ref());
+        }
+        crate::send(request).await
+    }
+
     /// Counts the rows of a table (or any `FROM` clause) of the app's database.
     pub async fn count(&self, from: &str) -> i64 {
         count(&self.pool, from).await

@@ -210,17 +210,7 @@ async fn webhook_deliveries_through_pgbouncer_take_effect_once() {
         let deliver =
             |path: &'static str, body: String, headers: Vec<(axum::http::HeaderName, String)>| {
                 let s = &s;
-                async move {
-                    let mut request = s
-                        .client
-                        .post(s.url(path))
-                        .header("content-type", "application/json")
-                        .body(body);
-                    for (name, value) in headers {
-                        request = request.header(name, value);
-                    }
-                    idem_tests::send(request).await
-                }
+                async move { s.deliver_to(path, &body, headers).await }
             };
         let mut sends = Vec::new();
         for n in 0..10 {

@@ -17,7 +17,7 @@ use charges::Config;
 use futures::future::join_all;
 use idem::webhook::{Shopify, Signed, Slack, Verifier};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{send, with_test_db, Answer, Signers, SpanFields, TestApp, TestDb};
+use idem_tests::{with_test_db, Answer, Signers, SpanFields, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::Subscriber;
@@ -62,15 +62,12 @@ fn now() -> u64 {
 
 /// `POST path` with `body` and `headers`, as a provider sends it.
 async fn deliver(s: &TestApp, path: &str, body: &str, headers: &[(String, String)]) -> Answer {
-    let mut request = s
-        .client
-        .post(s.url(path))
-        .header("Content-Type", "application/json")
-        .body(body.to_owned());
-    for (name, value) in headers {
-        request = request.header(name, value);
-    }
-    send(request).await
+    s.deliver_to(
+        path,
+        body,
+        headers.iter().map(|(name, value)| (name, value)),
+    )
+    .await
 }
 
 /// Concurrent copies of one delivery: every copy 200, one of them run, the others

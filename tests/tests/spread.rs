@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 
 use axum::extract::FromRef;
-use axum::http::HeaderName;
 use axum::routing::post;
 use axum::{Json, Router};
 use charges::consumer::{self, Credit};
@@ -27,23 +26,6 @@ fn now() -> u64 {
         .as_secs()
 }
 
-async fn deliver(
-    s: &TestApp,
-    path: &str,
-    body: &str,
-    headers: Vec<(HeaderName, String)>,
-) -> Answer {
-    let mut request = s
-        .client
-        .post(s.url(path))
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (name, value) in headers {
-        request = request.header(name, value);
-    }
-    send(request).await
-}
-
 /// One delivery to each of the example's webhook endpoints, `copies` concurrent copies
 /// each: a refund event naming acct_1's charge, a payment event naming no account, a
 /// Stripe event and a GitHub delivery. Every copy is answered 200.
@@ -58,34 +40,34 @@ async fn deliver_all(s: &TestApp, charge_id: &str, copies: usize) {
     let payments = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET).unwrap();
     let mut sends = Vec::new();
     for _ in 0..copies {
-        sends.push(deliver(
-            s,
+        sends.push(s.deliver_to(
             "/webhooks/payments",
             &refund,
             payments.sign("msg_refund", t, refund.as_bytes()),
         ));
-        sends.push(deliver(
-            s,
+        sends.push(s.deliver_to(
             "/webhooks/payments",
             &payment,
             payments.sign("msg_pay", t, payment.as_bytes()),
         ));
-        sends.push(deliver(
-            s,
-            "/webhooks/stripe",
-            &stripe,
-            Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
-                .unwrap()
-                .sign("", t, stripe.as_bytes()),
-        ));
-        sends.push(deliver(
-            s,
-            "/webhooks/github",
-            &github,
-            Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
-                .unwrap()
-                .sign("", t, github.as_bytes()),
-        ));
+        sends.push(
+            s.deliver_to(
+                "/webhooks/stripe",
+                &stripe,
+                Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
+                    .unwrap()
+                    .sign("", t, stripe.as_bytes()),
+            ),
+        );
+        sends.push(
+            s.deliver_to(
+                "/webhooks/github",
+                &github,
+                Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
+                    .unwrap()
+                    .sign("", t, github.as_bytes()),
+            ),
+        );
     }
     for answer in join_all(sends).await {
         assert_eq!(

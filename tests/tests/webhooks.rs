@@ -46,26 +46,13 @@ trait Deliver {
 
 impl Deliver for TestApp {
     async fn deliver(&self, body: &str, headers: &[(HeaderName, String)]) -> Answer {
-        let mut request = self
-            .client
-            .post(self.url("/webhooks/payments"))
-            .header("Content-Type", "application/json")
-            .body(body.to_owned());
-        for (name, value) in headers {
-            request = request.header(name, value);
-        }
-        send(request).await
+        let headers = headers.iter().map(|(name, value)| (name, value));
+        self.deliver_to("/webhooks/payments", body, headers).await
     }
 
     async fn deliver_stripe(&self, body: &str, signature: &str) -> Answer {
-        send(
-            self.client
-                .post(self.url("/webhooks/stripe"))
-                .header("Stripe-Signature", signature)
-                .header("Content-Type", "application/json")
-                .body(body.to_owned()),
-        )
-        .await
+        self.deliver_to("/webhooks/stripe", body, [("Stripe-Signature", signature)])
+            .await
     }
 }
 
