@@ -41,6 +41,57 @@ pub mod kw {
 const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `spread`, `required`, \
                        `concurrency`, `isolation` or `statement_timeout`";
 
+/// The options' names, for "did you mean" on a misspelt one.
+const NAMES: [&str; 10] = [
+    "scope",
+    "ttl",
+    "fields",
+    "key",
+    "principal",
+    "spread",
+    "required",
+    "concurrency",
+    "isolation",
+    "statement_timeout",
+];
+
+/// The option `name` most likely misspells: within two edits (one for names of up to
+/// three letters), the closest first.
+fn nearest(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    NAMES
+        .iter()
+        .map(|option| (edits(&name, option), *option))
+        .filter(|&(edits, option)| edits <= if option.len() <= 3 { 1 } else { 2 })
+        .min_by_key(|&(edits, _)| edits)
+        .map(|(_, option)| option)
+}
+
+/// Levenshtein distance, with a swap of two neighbours counted as one edit (`tll`).
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
 /// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
 pub struct Args {
     pub scope: (kw::scope, LitStr),
@@ -280,7 +331,12 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
             Arg::Spread(k, value) => set_once(&mut spread, k, parse_spread(&value, errors), errors),
             Arg::Unknown(name) => errors.at(
                 name.span(),
-                format!("unknown option `{name}`; valid options are {OPTIONS}"),
+                match nearest(&name.to_string()) {
+                    Some(option) => format!(
+                        "unknown option `{name}` (did you mean `{option}`?); valid options are {OPTIONS}"
+                    ),
+                    None => format!("unknown option `{name}`; valid options are {OPTIONS}"),
+                },
             ),
         }
     }
@@ -619,6 +675,18 @@ mod tests {
     use quote::quote;
 
     use super::*;
+
+    #[test]
+    fn a_misspelt_option_is_named_and_an_unrelated_one_is_not() {
+        assert_eq!(nearest("tll"), Some("ttl"));
+        assert_eq!(nearest("feilds"), Some("fields"));
+        assert_eq!(nearest("Scope"), Some("scope"));
+        assert_eq!(nearest("statement_timout"), Some("statement_timeout"));
+        assert_eq!(nearest("isolaton"), Some("isolation"));
+        assert_eq!(nearest("retries"), None);
+        assert_eq!(nearest("id"), None);
+        assert_eq!(edits("kitten", "sitting"), 3);
+    }
 
     fn parse_ok(args: proc_macro2::TokenStream) -> Args {
         let errors = Errors::new();

@@ -51,12 +51,34 @@ fn fallback(item: TokenStream, error: syn::Error) -> TokenStream {
     quote!(#item #error)
 }
 
-/// The fallback for a function: as written, but with `Tx` lifetimes made explicit and
-/// a refused `tx.commit()` replaced, so the only errors are the real ones.
+/// The fallback for a function, so that the only errors are the real ones: a handler of
+/// the same name that takes nothing, which a route (`post(create_charge)`) accepts where
+/// the function as written (its `Tx` is no extractor) would add a second, misleading
+/// error there; inside it, the function as written (with `Tx` lifetimes made explicit
+/// and a refused `tx.commit()` replaced), so its body is still checked. Docs, `cfg` and
+/// the handler's attributes go on the outer function, as on the wrapper.
 fn fallback_fn(mut func: ItemFn, error: syn::Error) -> TokenStream {
     elide_tx_lifetimes(&mut func.sig);
     valid::defuse_tx_endings(&mut func);
-    fallback(quote!(#func), error)
+    // A method (refused) is no handler, and its `self` means nothing in a nested item.
+    if func.sig.receiver().is_some() {
+        return fallback(quote!(#func), error);
+    }
+    let (outer, inner): (Vec<Attribute>, Vec<Attribute>) = std::mem::take(&mut func.attrs)
+        .into_iter()
+        .partition(|attr| is_wrapper_attr(attr) || is_handler_attr(attr));
+    func.attrs = inner;
+    let vis = std::mem::replace(&mut func.vis, syn::Visibility::Inherited);
+    let name = &func.sig.ident;
+    let handler = quote! {
+        #(#outer)*
+        #vis async fn #name() -> ::idem::__private::Response {
+            #[allow(dead_code)]
+            #func
+            ::core::unreachable!("`#[idempotent]` did not expand")
+        }
+    };
+    fallback(handler, error)
 }
 
 /// Docs and `cfg` describe the handler, so they go on the wrapper; every other

@@ -159,8 +159,10 @@ impl Drop for Observation {
     }
 }
 
+/// Milliseconds to the microsecond: `1.61`, not `1.6098480000000002`, in a log line.
 fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    // A duration of a request is far below 2^53 µs, which f64 holds exactly.
+    d.as_micros() as f64 / 1000.0
 }
 
 #[cfg(feature = "metrics")]
@@ -195,4 +197,16 @@ pub(crate) mod metrics {
     pub(crate) fn request(_: Cow<'static, str>, _: Outcome, _: Duration) {}
 
     pub(crate) fn swept(_: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_are_logged_to_the_microsecond() {
+        assert_eq!(millis(Duration::from_nanos(1_609_848)).to_string(), "1.609");
+        assert_eq!(millis(Duration::from_nanos(31_520)).to_string(), "0.031");
+        assert_eq!(millis(Duration::from_secs(2)).to_string(), "2000");
+    }
 }

@@ -423,18 +423,33 @@ async fn a_sweep_never_answers_409() {
 /// and with a one-second period and batches of 2 it empties expired records by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_examples_sweeper_period_and_batch_are_settings() {
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
-        .env("SWEEP_PERIOD_SECS", "0")
-        .env("BIND_ADDR", "127.0.0.1:0")
-        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    let line = stderr.lines().last().unwrap_or_default();
+    let refusal = |name: &str, value: &str| {
+        let refused = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
+            .env(name, value)
+            .env("BIND_ADDR", "127.0.0.1:0")
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        assert!(!refused.status.success(), "{name}={value} was taken");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        stderr.lines().last().unwrap_or_default().to_owned()
+    };
     assert_eq!(
-        line,
+        refusal("SWEEP_PERIOD_SECS", "0"),
         "charges: SWEEP_PERIOD_SECS must be at least 1: a sweep every 0 s would never pause"
+    );
+    // Out of range is refused, not quietly clamped.
+    assert_eq!(
+        refusal("SWEEP_BATCH", "0"),
+        "charges: SWEEP_BATCH must be from 1 to 100000, not 0"
+    );
+    assert_eq!(
+        refusal("SWEEP_BATCH", "100001"),
+        "charges: SWEEP_BATCH must be from 1 to 100000, not 100001"
+    );
+    assert_eq!(
+        refusal("DB_POOL_SIZE", "0"),
+        "charges: DB_POOL_SIZE must be from 1 to 1000, not 0"
     );
 
     with_test_db(async |db| {

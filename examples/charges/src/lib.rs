@@ -278,9 +278,19 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
             "SWEEP_PERIOD_SECS must be at least 1: a sweep every 0 s would never pause".into(),
         ));
     }
-    let sweep_batch =
-        u32::try_from(number("SWEEP_BATCH", 1_000)?.clamp(1, 100_000)).unwrap_or(1_000);
-    let pool_size = u32::try_from(number("DB_POOL_SIZE", 20)?.clamp(1, 1000)).unwrap_or(20);
+    let within = |name: &str, default: u64, range: std::ops::RangeInclusive<u64>| {
+        let value = number(name, default)?;
+        match u32::try_from(value) {
+            Ok(value) if range.contains(&u64::from(value)) => Ok(value),
+            _ => Err(ServiceError::setting(format!(
+                "{name} must be from {} to {}, not {value}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    };
+    let sweep_batch = within("SWEEP_BATCH", 1_000, 1..=100_000)?;
+    let pool_size = within("DB_POOL_SIZE", 20, 1..=1_000)?;
     let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())
         .map_err(ServiceError::setting)?;
     let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())

@@ -14,13 +14,14 @@
 //! `NATS_URL` (unset by default: no events; set, `charge.created` and `charge.refunded`
 //! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
 //! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects),
-//! `RUST_LOG` (default `info`).
+//! `RUST_LOG` (default `info`, with PostgreSQL's notices such as "relation already exists,
+//! skipping" from `warn` only).
 
 use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    charges::init_logging("info");
+    charges::init_logging("info,sqlx::postgres::notice=warn");
     match charges::main_from_env().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
