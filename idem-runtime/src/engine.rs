@@ -100,9 +100,9 @@ pub(crate) enum CommitError {
     Serialization(sqlx::Error),
     /// A statement of the work failed and the work answered all the same: PostgreSQL
     /// refuses every statement of the transaction after that (25P02), so nothing of it
-    /// can commit. It was rolled back; [`Retake::store_alone`] can store the answer by
-    /// itself.
-    Aborted(Retake),
+    /// can commit. It was rolled back; for a claimed key, [`Retake::store_alone`] can
+    /// store the answer by itself (`None`: an attempt without a key).
+    Aborted(Option<Retake>),
     /// Another attempt with the same key committed first, and the primary key refused
     /// this one's row (invariant 3): nothing of it was committed, and the winner's record
     /// cannot be answered, for this reason (its request differed: a mismatch).
@@ -586,11 +586,11 @@ impl Attempt {
                     if e.code().as_deref() == Some("25P02") =>
                 {
                     drop(tx);
-                    return Err(CommitError::Aborted(Retake {
+                    return Err(CommitError::Aborted(Some(Retake {
                         store,
                         claim,
                         isolation,
-                    }));
+                    })));
                 }
                 Written::Failed(e) => return Err(CommitError::from_database(e)),
             }
@@ -603,8 +603,31 @@ impl Attempt {
     }
 
     /// Commits what the work wrote, storing nothing: only for an attempt without a key.
-    pub(crate) async fn commit_unrecorded(self) -> Result<(), CommitError> {
+    ///
+    /// With `claims_success` (the answer is a 2xx or 3xx), one statement first asks
+    /// whether a statement of the work failed: PostgreSQL answers the COMMIT of such a
+    /// transaction with a silent ROLLBACK, and the success would claim writes that never
+    /// happened ([`CommitError::Aborted`], as for a keyed attempt). Any other answer
+    /// commits at once: a rejection after a failed statement is true either way.
+    pub(crate) async fn commit_unrecorded(
+        mut self,
+        claims_success: bool,
+    ) -> Result<(), CommitError> {
         debug_assert!(self.claim.is_none(), "a claimed key must commit its record");
+        if claims_success {
+            let persistent = self.store.inner.table.persistent();
+            let asked = sqlx::query("SELECT 1")
+                .persistent(persistent)
+                .execute(&mut *self.tx)
+                .await;
+            match asked {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                    return Err(CommitError::Aborted(None));
+                }
+                Err(e) => return Err(CommitError::from_database(e)),
+            }
+        }
         self.tx.commit().await.map_err(CommitError::from_database)
     }
 
@@ -1038,7 +1061,7 @@ mod tests {
             status: 409,
             ..record("conflict")
         };
-        let Err(CommitError::Aborted(retake)) = attempt.commit(&rejected).await else {
+        let Err(CommitError::Aborted(Some(retake))) = attempt.commit(&rejected).await else {
             panic!("not aborted");
         };
         assert!(matches!(
@@ -1064,7 +1087,7 @@ mod tests {
             .execute(&mut *attempt.tx())
             .await
             .is_err());
-        let Err(CommitError::Aborted(retake)) = attempt.commit(&record("late")).await else {
+        let Err(CommitError::Aborted(Some(retake))) = attempt.commit(&record("late")).await else {
             panic!("not aborted");
         };
         run(db.begin("k1", "a").await)
@@ -1369,7 +1392,7 @@ mod tests {
         let mut attempt = run(begin(&db.store, None, Isolation::ReadCommitted).await);
         assert!(attempt.key().is_none());
         db.write(&mut attempt).await;
-        attempt.commit_unrecorded().await.unwrap();
+        attempt.commit_unrecorded(true).await.unwrap();
         assert_eq!(db.notes().await, 1);
         let keys: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM {}.keys",

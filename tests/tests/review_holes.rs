@@ -52,6 +52,25 @@ async fn lenient(mut tx: Tx, Json(signup): Json<Signup>) -> (StatusCode, Json<Va
     (StatusCode::OK, Json(json!({ "email": signup.email })))
 }
 
+/// The same without a key: `required = false`.
+#[idempotent(scope = "lenient_optional", fields = [email], required = false)]
+async fn lenient_optional(tx: Tx, body: Json<Signup>) -> (StatusCode, Json<Value>) {
+    lenient_body(tx, body).await
+}
+
+/// What `lenient` does, for the endpoint that runs it without a key.
+async fn lenient_body(mut tx: Tx<'_>, Json(signup): Json<Signup>) -> (StatusCode, Json<Value>) {
+    sqlx::query("INSERT INTO audit (note) VALUES ('lenient')")
+        .execute(&mut *tx)
+        .await
+        .expect("audit");
+    let _ignored = sqlx::query("INSERT INTO emails (address) VALUES ($1)")
+        .bind(&signup.email)
+        .execute(&mut *tx)
+        .await;
+    (StatusCode::OK, Json(json!({ "email": signup.email })))
+}
+
 async fn start(db: &TestDb) -> TestApp {
     let pool = db.pool(5).await;
     sqlx::raw_sql(
@@ -65,6 +84,7 @@ async fn start(db: &TestDb) -> TestApp {
     let app = Router::new()
         .route("/signups", post(signup))
         .route("/lenient", post(lenient))
+        .route("/lenient_optional", post(lenient_optional))
         .with_state(AppState { idempotency: store });
     TestApp::serve(pool, app).await
 }
@@ -124,6 +144,30 @@ async fn a_success_after_a_failed_statement_is_refused_and_retryable() {
         let answer = s.post("/lenient", Some("k2"), &taken).await;
         assert_eq!((answer.status, answer.replayed()), (200, false));
         assert_eq!(s.count("audit").await, 1);
+    })
+    .await;
+}
+
+/// The same without a key (`required = false`): PostgreSQL answers the COMMIT of the
+/// aborted transaction with a silent ROLLBACK, so the success was untrue; it is the same
+/// 500. Without a failed statement the request commits and says it was not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_after_a_failed_statement_without_a_key_is_refused() {
+    with_test_db(async |db| {
+        let s = start(db).await;
+        let taken = json!({ "email": "a@example.com" });
+        s.post("/signups", Some("k1"), &taken).await;
+        s.post("/lenient_optional", None, &taken)
+            .await
+            .assert_problem(500, "transaction-aborted");
+        assert_eq!(s.count("audit").await, 0);
+        let free = json!({ "email": "b@example.com" });
+        let answer = s.post("/lenient_optional", None, &free).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("idempotent-recorded"), Some("false"));
+        assert_eq!(s.count("audit").await, 1);
+        assert_eq!(s.count("emails").await, 2);
+        assert_eq!(s.keys().await, 1, "only k1's record");
     })
     .await;
 }

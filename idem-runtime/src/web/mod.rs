@@ -356,7 +356,9 @@ impl Claimed {
         if attempt.key().is_none() {
             // `required = false` and no key: the handler's writes commit, nothing is
             // recorded, and the response says so.
-            if let Err(error) = attempt.commit_unrecorded().await {
+            let status = answer.response.status();
+            let claims_success = status.is_success() || status.is_redirection();
+            if let Err(error) = attempt.commit_unrecorded(claims_success).await {
                 return commit_failed(&store, observation, &error);
             }
             let mut response = answer.response;
@@ -389,7 +391,7 @@ impl Claimed {
             // A final 4xx after a failed statement (a unique violation answered 409, say):
             // PostgreSQL rolled back whatever the handler wrote, and the rejection is
             // stored by itself, so that its retries replay it rather than fail forever.
-            Err(CommitError::Aborted(retake)) if parts.status.is_client_error() => {
+            Err(CommitError::Aborted(Some(retake))) if parts.status.is_client_error() => {
                 tracing::info!(
                     parent: observation.span(),
                     status = parts.status.as_u16(),
