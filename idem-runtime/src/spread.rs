@@ -137,15 +137,19 @@ impl Earlier {
     /// answers `true` and is asked again next time: looking costs a statement, not
     /// looking could run a request twice.
     pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str) -> bool {
-        let known = self.lock().get(scope).copied();
-        if let Some((asked, live)) = known {
-            if asked.elapsed() < EARLIER_RECHECK {
-                return live;
+        // A stale answer is marked asked at once and kept meanwhile, so that one request
+        // asks again, not every request that arrives while it does.
+        let known = match self.lock().get_mut(scope) {
+            Some((asked, live)) if asked.elapsed() < EARLIER_RECHECK => return *live,
+            Some((asked, live)) => {
+                *asked = Instant::now();
+                Some(*live)
             }
-        }
+            None => None,
+        };
         let live = match table.earlier_live(pool, scope).await {
             Ok(live) => live,
-            Err(error) if known.is_some_and(|(_, live)| !live) => {
+            Err(error) if known == Some(false) => {
                 tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; there were none");
                 false
             }
@@ -283,8 +287,9 @@ mod tests {
         assert!(!earlier.live(&table, &pool, "gone").await);
         assert!(earlier.live(&table, &pool, "kept").await);
         assert!(earlier.live(&table, &pool, "unknown").await);
-        // The kept "no" counts as asked: the next request does not ask again.
+        // A stale answer counts as asked once asked: the next request does not ask again.
         assert!(earlier.lock()["gone"].0 > long_ago);
+        assert!(earlier.lock()["kept"].0 > long_ago);
         assert!(!earlier.lock().contains_key("unknown"));
     }
 
