@@ -24,6 +24,6 @@ pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, TestDb};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
-pub use spans::{RequestSpans, SpanFields};
+pub use spans::{ClosedSpans, SpanFields};
 pub use stats::{percentiles, tally};
 pub use tools::{schemathesis, Signers};

@@ -1,4 +1,4 @@
-//! What idem reports through `tracing`: the fields of its `idem.request` spans.
+//! What idem reports through `tracing`: the fields of its spans and ERROR events.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,20 +36,45 @@ impl SpanFields {
     }
 }
 
-/// A layer that collects the fields of every `idem.request` span when it closes.
-#[derive(Clone, Default)]
-pub struct RequestSpans(Arc<Mutex<Vec<SpanFields>>>);
+/// A layer that collects the fields of every span of one name when it closes
+/// (`idem.request` by default, `idem.relay` ...), and of every ERROR event.
+#[derive(Clone)]
+pub struct ClosedSpans {
+    name: &'static str,
+    closed: Arc<Mutex<Vec<SpanFields>>>,
+    errors: Arc<Mutex<Vec<SpanFields>>>,
+}
 
-impl RequestSpans {
-    /// The spans closed so far, taken: the next call starts afresh.
-    pub fn take(&self) -> Vec<SpanFields> {
-        std::mem::take(&mut *self.0.lock().unwrap())
+impl Default for ClosedSpans {
+    fn default() -> Self {
+        Self::named("idem.request")
     }
 }
 
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for RequestSpans {
+impl ClosedSpans {
+    /// Collects the spans named `name`.
+    pub fn named(name: &'static str) -> Self {
+        Self {
+            name,
+            closed: Arc::default(),
+            errors: Arc::default(),
+        }
+    }
+
+    /// The spans closed so far, taken: the next call starts afresh.
+    pub fn take(&self) -> Vec<SpanFields> {
+        std::mem::take(&mut *self.closed.lock().unwrap())
+    }
+
+    /// The ERROR events so far.
+    pub fn errors(&self) -> Vec<SpanFields> {
+        self.errors.lock().unwrap().clone()
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ClosedSpans {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if attrs.metadata().name() == "idem.request" {
+        if attrs.metadata().name() == self.name {
             let mut fields = SpanFields::default();
             attrs.record(&mut fields);
             if let Some(span) = ctx.span(id) {
@@ -66,10 +91,18 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for RequestSpans {
         }
     }
 
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            let mut fields = SpanFields::default();
+            event.record(&mut fields);
+            self.errors.lock().unwrap().push(fields);
+        }
+    }
+
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         if let Some(span) = ctx.span(&id) {
             if let Some(fields) = span.extensions_mut().remove::<SpanFields>() {
-                self.0.lock().unwrap().push(fields);
+                self.closed.lock().unwrap().push(fields);
             }
         }
     }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, RequestSpans, TestApp};
+use idem_tests::{with_test_db, ClosedSpans, TestApp};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing_subscriber::prelude::*;
@@ -80,7 +80,7 @@ async fn deadline(request: Request, next: Next) -> Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_request_frees_its_key_and_is_recorded() {
-    let spans = RequestSpans::default();
+    let spans = ClosedSpans::default();
     tracing_subscriber::registry().with(spans.clone()).init();
     with_test_db(async |db| {
         let pool = db.pool(5).await;

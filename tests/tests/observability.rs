@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{post as send, with_test_db, RequestSpans, TestApp};
+use idem_tests::{post as send, with_test_db, ClosedSpans, TestApp};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde_json::{json, Value};
 use tracing_subscriber::prelude::*;
@@ -45,7 +45,7 @@ async fn optional(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_outcome_is_recorded_in_the_span_and_the_metrics() {
-    let spans = RequestSpans::default();
+    let spans = ClosedSpans::default();
     tracing_subscriber::registry().with(spans.clone()).init();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

@@ -4,61 +4,14 @@
 //! One test in its own binary: it installs the process-wide subscriber and recorder.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::Store;
-use idem_tests::{with_test_db, SpanFields};
+use idem_tests::{with_test_db, ClosedSpans};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tracing::span::{Attributes, Id, Record};
-use tracing::Subscriber;
-use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
-use tracing_subscriber::registry::LookupSpan;
-
-/// The closed `idem.relay` spans, and the messages of ERROR events.
-#[derive(Clone, Default)]
-struct Seen {
-    rounds: Arc<Mutex<Vec<SpanFields>>>,
-    errors: Arc<Mutex<Vec<SpanFields>>>,
-}
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Seen {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if attrs.metadata().name() == "idem.relay" {
-            let mut fields = SpanFields::default();
-            attrs.record(&mut fields);
-            if let Some(span) = ctx.span(id) {
-                span.extensions_mut().insert(fields);
-            }
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
-            if let Some(fields) = span.extensions_mut().get_mut::<SpanFields>() {
-                values.record(fields);
-            }
-        }
-    }
-
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::ERROR {
-            let mut fields = SpanFields::default();
-            event.record(&mut fields);
-            self.errors.lock().unwrap().push(fields);
-        }
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(&id) {
-            if let Some(fields) = span.extensions_mut().remove::<SpanFields>() {
-                self.rounds.lock().unwrap().push(fields);
-            }
-        }
-    }
-}
 
 /// Refuses event 2 for good and event 3 once; publishes the rest.
 #[derive(Default)]
@@ -80,7 +33,7 @@ impl Publisher for Picky {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_counts_and_traces_what_it_does() {
-    let seen = Seen::default();
+    let seen = ClosedSpans::named("idem.relay");
     tracing_subscriber::registry().with(seen.clone()).init();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -150,14 +103,14 @@ async fn the_relay_counts_and_traces_what_it_does() {
         // Nothing pending but the parked event, which does not count.
         assert_eq!(lag, Some(0.0));
 
-        let rounds = seen.rounds.lock().unwrap().clone();
+        let rounds = seen.take();
         let sum = |field: &str| -> f64 { rounds.iter().filter_map(|r| r.number(field)).sum() };
         assert_eq!(
             (sum("published"), sum("retried"), sum("dead")),
             (4.0, 1.0, 1.0)
         );
         assert!(rounds.iter().all(|r| r.number("round_ms").is_some()));
-        let errors = seen.errors.lock().unwrap().clone();
+        let errors = seen.errors();
         let parked: Vec<_> = errors
             .iter()
             .filter(|e| {
