@@ -8,6 +8,33 @@ use sqlx::PgPool;
 
 use crate::{count, post, Answer, TestDb};
 
+/// A delivery to one of the example's webhook endpoints: its path, body and headers.
+pub type Delivery = (&'static str, String, Vec<(axum::http::HeaderName, String)>);
+
+/// One delivery numbered `n` to each of the example's three webhook endpoints, signed
+/// with the example's test secrets at `now`: `payments_body` as Standard Webhooks
+/// message `msg_{n}`, Stripe event `evt_{n}`, and GitHub's pull request `n`.
+pub fn example_deliveries(n: usize, payments_body: String, now: u64) -> [Delivery; 3] {
+    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
+    let payments = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET)
+        .expect("the example's secret")
+        .sign(&format!("msg_{n}"), now, payments_body.as_bytes());
+    let stripe_body =
+        serde_json::json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
+    let stripe = Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
+        .expect("the example's secret")
+        .sign("", now, stripe_body.as_bytes());
+    let github_body = serde_json::json!({ "action": "opened", "number": n }).to_string();
+    let github = Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
+        .expect("the example's secret")
+        .sign("", now, github_body.as_bytes());
+    [
+        ("/webhooks/payments", payments_body, payments),
+        ("/webhooks/stripe", stripe_body, stripe),
+        ("/webhooks/github", github_body, github),
+    ]
+}
+
 /// A router served over real HTTP on a loopback port until dropped, the pool it works
 /// on, and a client to call it with.
 pub struct TestApp {

@@ -17,7 +17,7 @@ use charges::Config;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use idem::{Distribution, Store, VerifyError};
-use idem_tests::{count, post, send, tally, Answer, Citus, TestApp};
+use idem_tests::{count, example_deliveries, post, send, tally, Answer, Citus, TestApp};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -444,7 +444,6 @@ async fn a_service_killed_mid_request_on_citus_leaves_nothing_and_retries_charge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_deliveries_on_citus_take_effect_once() {
-    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
     let Some(cluster) = Citus::start("citus::webhook_deliveries", 2).await else {
         return;
     };
@@ -469,34 +468,10 @@ async fn webhook_deliveries_on_citus_take_effect_once() {
             json!({ "type": "payment.succeeded", "data": { "n": n } })
         }
         .to_string();
-        let payments = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET)
-            .unwrap()
-            .sign(&format!("msg_{n}"), now, body.as_bytes());
-        let stripe_body =
-            json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
-        let stripe = Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
-            .unwrap()
-            .sign("", now, stripe_body.as_bytes());
-        let github_body = json!({ "action": "opened", "number": n }).to_string();
-        let github = Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
-            .unwrap()
-            .sign("", now, github_body.as_bytes());
-        for _ in 0..3 {
-            sends.push(deliver(
-                "/webhooks/payments",
-                body.clone(),
-                payments.clone(),
-            ));
-            sends.push(deliver(
-                "/webhooks/stripe",
-                stripe_body.clone(),
-                stripe.clone(),
-            ));
-            sends.push(deliver(
-                "/webhooks/github",
-                github_body.clone(),
-                github.clone(),
-            ));
+        for (path, body, headers) in example_deliveries(n, body, now) {
+            for _ in 0..3 {
+                sends.push(deliver(path, body.clone(), headers.clone()));
+            }
         }
     }
     let answers = join_all(sends).await;

@@ -15,7 +15,8 @@ use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use idem::{Pooler, Store, VerifyError};
 use idem_tests::{
-    admin_options, tally, with_test_db, Answer, Pgbouncer, SpanFields, TestApp, TestDb,
+    admin_options, example_deliveries, tally, with_test_db, Answer, Pgbouncer, SpanFields, TestApp,
+    TestDb,
 };
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
@@ -199,7 +200,6 @@ async fn a_duplicate_storm_through_pgbouncer_makes_one_charge_per_key() {
 /// every copy 200, one row per event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_deliveries_through_pgbouncer_take_effect_once() {
-    use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
     with_test_db(async |db| {
         let bouncer = Pgbouncer::start(db);
         let s = through(&bouncer, Pooler::Transaction).await;
@@ -215,30 +215,10 @@ async fn webhook_deliveries_through_pgbouncer_take_effect_once() {
         let mut sends = Vec::new();
         for n in 0..10 {
             let body = json!({ "type": "payment.succeeded", "data": { "n": n } }).to_string();
-            let headers = Verifier::<StandardWebhooks>::new(charges::TEST_WEBHOOK_SECRET)
-                .unwrap()
-                .sign(&format!("msg_{n}"), now, body.as_bytes());
-            let stripe_body =
-                json!({ "id": format!("evt_{n}"), "type": "charge.succeeded" }).to_string();
-            let stripe = Verifier::<Stripe>::new(charges::TEST_STRIPE_SECRET)
-                .unwrap()
-                .sign("", now, stripe_body.as_bytes());
-            let github_body = json!({ "action": "opened", "number": n }).to_string();
-            let github = Verifier::<GitHub>::new(charges::TEST_GITHUB_SECRET)
-                .unwrap()
-                .sign("", now, github_body.as_bytes());
-            for _ in 0..3 {
-                sends.push(deliver("/webhooks/payments", body.clone(), headers.clone()));
-                sends.push(deliver(
-                    "/webhooks/stripe",
-                    stripe_body.clone(),
-                    stripe.clone(),
-                ));
-                sends.push(deliver(
-                    "/webhooks/github",
-                    github_body.clone(),
-                    github.clone(),
-                ));
+            for (path, body, headers) in example_deliveries(n, body, now) {
+                for _ in 0..3 {
+                    sends.push(deliver(path, body.clone(), headers.clone()));
+                }
             }
         }
         let answers = join_all(sends).await;
