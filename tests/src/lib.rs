@@ -13,6 +13,7 @@ mod app;
 mod brokers;
 mod citus;
 mod database;
+pub mod ledger;
 mod pooler;
 mod spans;
 mod stats;

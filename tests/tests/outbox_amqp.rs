@@ -10,21 +10,14 @@ use std::time::{Duration, Instant};
 
 use idem::outbox::amqp::{AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
-use idem::{OnceError, Store};
-use idem_tests::{amqp_url, count, unique, with_test_db, TestDb};
+use idem::Store;
+use idem_tests::ledger::{book, credits, ledger, Credit};
+use idem_tests::{amqp_url, count, unique, with_test_db};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Credit {
-    charge: i64,
-    amount: i64,
-}
 
 async fn channel() -> Channel {
     let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
@@ -52,31 +45,6 @@ async fn queue(channel: &Channel, name: &str, dead_letters: Option<&str>) {
         .expect("declare the queue");
 }
 
-async fn ledger(db: &TestDb) -> (PgPool, Store) {
-    let pool = db.pool(10).await;
-    let store = Store::new(pool.clone());
-    store.migrate().await.unwrap();
-    sqlx::query("CREATE TABLE credits (charge bigint NOT NULL, amount bigint NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    (pool, store)
-}
-
-async fn book(store: &Store, credit: &Received<Credit>) -> Result<(), OnceError<sqlx::Error>> {
-    credit
-        .once(store, "ledger")
-        .run(async |mut tx| {
-            sqlx::query("INSERT INTO credits (charge, amount) VALUES ($1, $2)")
-                .bind(credit.payload().charge)
-                .bind(credit.payload().amount)
-                .execute(&mut *tx)
-                .await?;
-            Ok::<_, sqlx::Error>(())
-        })
-        .await
-}
-
 fn spawn_ledger(store: &Store, channel: Channel, queue: &str) -> tokio::task::JoinHandle<()> {
     let store = store.clone();
     let consumer = AmqpConsumer::new(channel, queue)
@@ -88,21 +56,6 @@ fn spawn_ledger(store: &Store, channel: Channel, queue: &str) -> tokio::task::Jo
             .await
             .expect("consume");
     })
-}
-
-async fn credits(pool: &PgPool, n: usize, within: Duration) -> HashMap<i64, i64> {
-    let deadline = Instant::now() + within;
-    loop {
-        let rows: Vec<(i64, i64)> =
-            sqlx::query_as("SELECT charge, count(*) FROM credits GROUP BY charge")
-                .fetch_all(pool)
-                .await
-                .unwrap();
-        if rows.len() >= n || Instant::now() > deadline {
-            return rows.into_iter().collect();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn emit_credits(store: &Store, routing_key: &str, n: i64) {

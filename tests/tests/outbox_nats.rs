@@ -16,17 +16,10 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
-use idem::{OnceError, Pooler, Store};
+use idem::{Pooler, Store};
+use idem_tests::ledger::{book, credits, ledger, Credit};
 use idem_tests::{count, nats_url, unique, with_test_db, Pgbouncer, PrivateNats, TestDb};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-
-/// A credit the ledger consumer books.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Credit {
-    charge: i64,
-    amount: i64,
-}
 
 struct Broker {
     js: Context,
@@ -108,17 +101,6 @@ impl Broker {
     }
 }
 
-async fn ledger(db: &TestDb) -> (PgPool, Store) {
-    let pool = db.pool(10).await;
-    let store = Store::new(pool.clone());
-    store.migrate().await.unwrap();
-    sqlx::query("CREATE TABLE credits (charge bigint NOT NULL, amount bigint NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    (pool, store)
-}
-
 /// Writes `n` credits to the outbox through `run_once` (charge i, amount 100 + i).
 async fn emit_credits(store: &Store, subject: &str, from: i64, n: i64) {
     for charge in from..from + n {
@@ -162,41 +144,6 @@ fn spawn_ledger(
             .await
             .expect("consume");
     })
-}
-
-async fn book(store: &Store, credit: &Received<Credit>) -> Result<(), OnceError<sqlx::Error>> {
-    credit
-        .once(store, "ledger")
-        .run(async |mut tx| {
-            if credit.payload().amount < 0 {
-                return Err(sqlx::Error::Protocol("a negative credit".into()));
-            }
-            // Unnamed behind a transaction pooler (see `Store::pooler`).
-            sqlx::query("INSERT INTO credits (charge, amount) VALUES ($1, $2)")
-                .bind(credit.payload().charge)
-                .bind(credit.payload().amount)
-                .persistent(store.pooler() == Pooler::Session)
-                .execute(&mut *tx)
-                .await?;
-            Ok::<_, sqlx::Error>(())
-        })
-        .await
-}
-
-/// The ledger's credits per charge, waited for until `n` charges are credited.
-async fn credits(pool: &PgPool, n: usize, within: Duration) -> HashMap<i64, i64> {
-    let deadline = Instant::now() + within;
-    loop {
-        let rows: Vec<(i64, i64)> =
-            sqlx::query_as("SELECT charge, count(*) FROM credits GROUP BY charge")
-                .fetch_all(pool)
-                .await
-                .unwrap();
-        if rows.len() >= n || Instant::now() > deadline {
-            return rows.into_iter().collect();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A publisher that publishes, then reports a failure the first time: the relay retries,

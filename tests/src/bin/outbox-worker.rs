@@ -18,14 +18,7 @@ use std::time::Duration;
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher};
 use idem::outbox::{OutboxEvent, PublishError, Publisher, Received};
 use idem::Store;
-use serde::{Deserialize, Serialize};
-
-/// A credit the consumer books.
-#[derive(Serialize, Deserialize)]
-struct Credit {
-    charge: i64,
-    amount: i64,
-}
+use idem_tests::ledger::{book, Credit};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -103,17 +96,7 @@ async fn main() {
             JetStreamConsumer::new(jetstream, consumer)
                 .retry_delay(Duration::from_millis(100))
                 .run(async |credit: Received<Credit>| {
-                    let result = credit
-                        .once(&store, "ledger")
-                        .run(async |mut tx| {
-                            sqlx::query("INSERT INTO credits (charge, amount) VALUES ($1, $2)")
-                                .bind(credit.payload().charge)
-                                .bind(credit.payload().amount)
-                                .execute(&mut *tx)
-                                .await?;
-                            Ok::<_, sqlx::Error>(())
-                        })
-                        .await;
+                    let result = book(&store, &credit).await;
                     if result.is_ok() && handled.fetch_add(1, Ordering::SeqCst) + 1 >= after {
                         hang().await;
                     }
