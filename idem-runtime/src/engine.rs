@@ -561,7 +561,7 @@ impl Attempt {
             match written {
                 Written::Stored => {}
                 Written::Escaped => {
-                    escaped(&store, tx, &claim.key, held.is_none()).await;
+                    escaped(&store, tx, &claim.key).await;
                     return Err(CommitError::Escaped);
                 }
                 // Another attempt with this key committed first (invariant 3): one that
@@ -702,22 +702,17 @@ enum Written {
 
 /// The work ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
 /// committed without the key's record. In portable mode the claim's row may have
-/// committed with them (`inserted`), and is removed so the key is not stuck (the claim
-/// path would take such a row over anyway); in the default mode the key's row is only
-/// ever written with its record, so nothing of idem's committed.
-async fn escaped(
-    store: &Store,
-    tx: Transaction<'static, Postgres>,
-    key: &KeyInScope,
-    inserted: bool,
-) {
+/// committed with them, and is removed so the key is not stuck (the claim path would
+/// take such a row over anyway); in the default mode the key's row is only ever written
+/// with its record, so nothing of idem's committed.
+async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInScope) {
     tracing::error!(
         scope = &*key.scope,
         "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
          its writes escaped the idempotency guarantee; nothing was stored"
     );
     drop(tx);
-    if !inserted {
+    if !store.inner.table.portable() {
         return;
     }
     if let Err(e) = store.inner.table.forget(&store.inner.pool, key).await {
