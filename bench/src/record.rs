@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-use idem_tests::{RequestSpans, SpanFields};
+use idem_tests::{ClosedSpans, SpanFields};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::dynamic_filter_fn;
 use tracing_subscriber::layer::{Context, Layer};
@@ -14,7 +14,7 @@ use tracing_subscriber::prelude::*;
 
 static RECORDING: AtomicBool = AtomicBool::new(false);
 static STATEMENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-static SPANS: LazyLock<RequestSpans> = LazyLock::new(RequestSpans::default);
+static SPANS: LazyLock<ClosedSpans> = LazyLock::new(ClosedSpans::default);
 
 pub fn install() {
     let recording = dynamic_filter_fn(|metadata, _| {
