@@ -317,6 +317,16 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         },
         _ => quote!(),
     };
+    // A signed body vouches for the request: its identity is not taken from the store's
+    // principal resolver, which reads what the signature does not cover.
+    let signed = match extracted.last() {
+        Some((_, ty)) => quote_spanned! {ty.span()=>
+            let __idem_guard = __idem_guard.signed(::idem::__private::signed(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            ));
+        },
+        None => quote!(),
+    };
     // A handler without `Tx` is warned about (a deprecated item's use, the one warning a
     // proc macro can raise on stable), on its name; the handler's own `allow`s, such as
     // `#[allow(deprecated)]`, go on the statement so that they silence it.
@@ -515,6 +525,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let __idem_principal = #principal;
             let __idem_key = #key;
             #spread
+            #signed
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields

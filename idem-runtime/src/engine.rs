@@ -33,7 +33,8 @@ use sqlx::{Postgres, Transaction};
 use crate::fingerprint::Fingerprint;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
 use crate::table::{Found, Inserting, Isolation, Record, StoredRow, Timeouts};
-use crate::tx::{KeyInScope, Tx};
+use crate::identity::KeyInScope;
+use crate::tx::Tx;
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
 /// match.
@@ -227,24 +228,33 @@ pub(crate) async fn begin(
     }
 }
 
-/// A key kept under its spread: its live record under the nobody value, where earlier
-/// versions kept it, while its scope has live records there ([`crate::spread`]).
+/// The key's live record where an earlier configuration kept it
+/// ([`crate::spread::earlier_places`]), in each place while its scope has live records
+/// there ([`crate::spread::Earlier`]): once they have expired, this costs nothing.
 async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refusal> {
     let settings = &store.inner;
-    if !claim.key.spread
-        || claim.key.principal.is_empty()
-        || !settings
+    let places = crate::spread::earlier_places(
+        &claim.key,
+        settings.dialect,
+        settings.require_principal,
+    );
+    for place in places {
+        let live = settings
             .earlier
-            .live(&settings.table, &settings.pool, &claim.key.scope)
-            .await
-    {
-        return Ok(None);
+            .live(&settings.table, &settings.pool, &place.scope, place.place)
+            .await;
+        if !live {
+            continue;
+        }
+        match settings.table.earlier(&settings.pool, &place).await {
+            Ok(Some(Found::Stored(row))) if !row.expired && row.status.is_some() => {
+                return Ok(Some(row))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Refusal::from_database(e)),
+        }
     }
-    match settings.table.earlier(&settings.pool, &claim.key).await {
-        Ok(Some(Found::Stored(row))) if !row.expired && row.status.is_some() => Ok(Some(row)),
-        Ok(_) => Ok(None),
-        Err(e) => Err(Refusal::from_database(e)),
-    }
+    Ok(None)
 }
 
 /// A transaction of the store's pool at `isolation`, waited for no longer than the
@@ -787,7 +797,7 @@ mod tests {
                     scope: "notes".into(),
                     principal: String::new(),
                     key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
-                    spread: false,
+                    place: crate::identity::Place::Principal,
                 },
                 ttl: Duration::from_secs(60),
                 fingerprint: fingerprint.finish(),

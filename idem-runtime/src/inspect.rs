@@ -1,10 +1,12 @@
 //! Answering an operator's "did key K of principal P in scope S run, when, and with what
 //! status?".
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use http::StatusCode;
 
+use crate::identity::{stored_scope, Place};
 use crate::spread::Spread;
 use crate::Store;
 
@@ -32,33 +34,44 @@ impl Store {
     /// For a key without a principal pass `""`: the record is found where it is kept,
     /// under a hash of the key (a [portable](crate::StoreBuilder::portable) store's
     /// default, or `spread = key`) or under the nobody value (the other modes' default,
-    /// and earlier versions'); a live record before an expired one. A key spread by a tenant
-    /// (`spread = tenant_fn`, [`RunOnce::spread_by`](crate::RunOnce::spread_by)) is
-    /// kept under that tenant: pass it as `principal`.
+    /// and earlier versions'); a live record before an expired one. A key spread by a
+    /// tenant (`spread = tenant_fn`, [`RunOnce::spread_by`](crate::RunOnce::spread_by))
+    /// is kept under that tenant, apart from the tenant's own keys: pass the tenant as
+    /// `principal`, and the principal's own record is found first, else the spread
+    /// one's. A principal is found in any spelling the principal column's type takes
+    /// (an upper-case UUID, say).
     pub async fn inspect(
         &self,
         scope: &str,
         principal: &str,
         key: &str,
     ) -> Result<Option<KeyRecord>, sqlx::Error> {
-        let hashed;
-        let places: &[&str] = if principal.is_empty() {
-            hashed = Spread::Key.value(self.inner.dialect, key);
-            if self.inner.dialect.portable {
-                &[hashed.as_str(), ""]
+        let dialect = self.inner.dialect;
+        let places: Vec<(Cow<'_, str>, String)> = if principal.is_empty() {
+            let (_, hashed) = Spread::Key.place(dialect, key);
+            let hashed = (stored_scope(scope, Place::Hashed), hashed);
+            let nobody = (Cow::Borrowed(scope), String::new());
+            if dialect.portable {
+                vec![hashed, nobody]
             } else {
-                &["", hashed.as_str()]
+                vec![nobody, hashed]
             }
         } else {
-            &[principal]
+            let Some(principal) = dialect.principal_type.canonical(principal) else {
+                return Ok(None);
+            };
+            vec![
+                (Cow::Borrowed(scope), principal.clone()),
+                (stored_scope(scope, Place::Tenant), principal),
+            ]
         };
         // The first live record, else the first expired one.
         let mut found = None;
-        for place in places {
+        for (stored, place) in &places {
             let row = self
                 .inner
                 .table
-                .inspect(&self.inner.pool, [scope, place, key])
+                .inspect(&self.inner.pool, [stored, place, key])
                 .await?;
             match row {
                 Some(row) if !row.expired => {

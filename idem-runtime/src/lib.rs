@@ -171,6 +171,7 @@ mod engine;
 mod expiry;
 mod fingerprint;
 mod header_hash;
+mod identity;
 mod inspect;
 mod key;
 mod migrate;

@@ -15,7 +15,8 @@ use crate::observe::{Observation, Outcome};
 use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::{Isolation, Record};
-use crate::tx::{KeyInScope, Tx};
+use crate::identity::KeyInScope;
+use crate::tx::Tx;
 
 /// One piece of work to run once per key; see [`Store::run_once`].
 #[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]
@@ -124,6 +125,10 @@ impl RunOnce<'_> {
         R: Serialize + DeserializeOwned,
     {
         let observation = Observation::start(self.scope.clone());
+        if !crate::identity::valid_scope(&self.scope) {
+            let scope = self.scope.into_owned();
+            return Err(observation.refuse(Outcome::RejectedKey, OnceError::Scope(scope)));
+        }
         let key = match self.key {
             Ok(key) => key,
             Err(error) => {
@@ -136,12 +141,13 @@ impl RunOnce<'_> {
                 return Err(observation.refuse(Outcome::Failed, OnceError::Payload(error)))
             }
         };
+        let (place, principal) = self.spread.place(self.store.inner.dialect, key.as_str());
         let claim = Claim {
             key: KeyInScope {
                 scope: self.scope,
-                principal: self.spread.value(self.store.inner.dialect, key.as_str()),
+                principal,
                 key,
-                spread: true,
+                place,
             },
             ttl: self.ttl,
             fingerprint,
@@ -247,6 +253,9 @@ pub enum OnceError<E> {
     Work(E),
     /// The key is empty (see [`IdempotencyKey::from_text`]).
     Key(KeyError),
+    /// The scope has a control character, which idem reserves to keep keys without a
+    /// principal apart from every principal's (the scope is given back).
+    Scope(String),
     /// The payload cannot be fingerprinted: its `Serialize` implementation failed.
     Payload(FingerprintError),
     /// Another delivery of this key is running right now; redeliver later.
@@ -276,6 +285,7 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
         match self {
             Self::Work(e) => write!(f, "the work failed and was rolled back: {e}"),
             Self::Key(e) => write!(f, "bad key: {}", e.describe(&KeyOrigin::Message)),
+            Self::Scope(scope) => write!(f, "bad scope {scope:?}: it has a control character"),
             Self::Payload(e) => write!(f, "bad payload: {e}"),
             Self::InUse => f.write_str("another delivery of this key is running"),
             Self::Mismatch => f.write_str("this key was used before with another payload"),
@@ -301,7 +311,12 @@ impl<E: std::error::Error + 'static> std::error::Error for OnceError<E> {
             Self::Payload(e) => Some(e),
             Self::Unavailable(e) | Self::Database(e) => Some(e),
             Self::Result(e) => Some(e),
-            Self::InUse | Self::Mismatch | Self::Unreadable | Self::Escaped | Self::Aborted => None,
+            Self::Scope(_)
+            | Self::InUse
+            | Self::Mismatch
+            | Self::Unreadable
+            | Self::Escaped
+            | Self::Aborted => None,
         }
     }
 }

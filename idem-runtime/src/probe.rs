@@ -445,6 +445,28 @@ impl<S> Default for SignedTag<S> {
     }
 }
 
+/// Whether a body's signature vouches for the request, from its probe's tag. A signed
+/// delivery's identity (scope, principal, key) comes from what its signature covers and
+/// from the endpoint's own code, never from the store's principal resolver, which reads
+/// request data the signature does not cover (DESIGN.md, invariant 8).
+pub trait Vouched {
+    /// `true` for a signed body.
+    const SIGNED: bool;
+}
+
+impl<S> Vouched for SignedTag<S> {
+    const SIGNED: bool = true;
+}
+
+impl Vouched for UnsignedTag {
+    const SIGNED: bool = false;
+}
+
+/// Whether the body probed into `tag` is signed ([`Vouched`]).
+pub fn signed<Tag: Vouched>(_: Tag) -> bool {
+    Tag::SIGNED
+}
+
 /// Otherwise.
 pub trait UnsignedLevel {
     /// The tag.

@@ -51,6 +51,7 @@ use sqlx::PgPool;
 
 use sha2::{Digest, Sha256};
 
+use crate::identity::{KeyInScope, Place};
 use crate::table::{Dialect, PrincipalType, Table};
 
 /// How an endpoint spreads its keys without a principal.
@@ -69,18 +70,58 @@ pub enum Spread {
 }
 
 impl Spread {
-    /// The value a key without a principal is kept under in `dialect`: `""` (the
-    /// "nobody" value) for [`Spread::None`] outside the portable mode.
-    pub(crate) fn value(&self, dialect: Dialect, key: &str) -> String {
+    /// Where a key without a principal is kept in `dialect`, and the value it is kept
+    /// under: the nobody value (`""`) for [`Spread::None`] outside the portable mode; a
+    /// tenant in its canonical spelling.
+    pub(crate) fn place(&self, dialect: Dialect, key: &str) -> (Place, String) {
         let principal_type = dialect.principal_type;
-        match self {
-            Self::None if !dialect.portable => String::new(),
-            Self::Tenant(Some(tenant)) if !tenant.is_empty() && principal_type.accepts(tenant) => {
-                tenant.clone()
-            }
-            Self::None | Self::Key | Self::Tenant(_) => hashed(principal_type, key),
+        let tenant = match self {
+            Self::None if !dialect.portable => return (Place::Nobody, String::new()),
+            Self::Tenant(Some(tenant)) if !tenant.is_empty() => principal_type.canonical(tenant),
+            Self::None | Self::Key | Self::Tenant(_) => None,
+        };
+        match tenant {
+            Some(tenant) => (Place::Tenant, tenant),
+            None => (Place::Hashed, hashed(principal_type, key)),
         }
     }
+}
+
+/// Where earlier configurations may have kept `key`'s record: every place it can be
+/// found from the key alone, other than its own (DESIGN.md, invariant 9). A spread
+/// added or changed (to a hash, to a tenant), or a mode changed (the portable mode
+/// hashes where the others keep the nobody value), moves a key between these; a retry
+/// of a request answered before the change finds its record there. A tenant cannot be
+/// found from the key: a key that was kept under its tenant is not found once the
+/// endpoint no longer names one (README, "Changing where keys are kept").
+///
+/// A key with an owner looks where keys without one are kept only when the store
+/// requires a principal (`require_principal`): then a record there was written before
+/// the resolver was added (or by a signed delivery, which no client can forge), and a
+/// retry of it, authenticated now, is the same request. Without that, anonymous requests
+/// still write there, and one could plant a record under a key a principal will use.
+pub(crate) fn earlier_places(
+    key: &KeyInScope,
+    dialect: Dialect,
+    require_principal: bool,
+) -> Vec<KeyInScope> {
+    let places: &[Place] = match key.place {
+        Place::Principal if require_principal => &[Place::Nobody, Place::Hashed],
+        Place::Principal => &[],
+        Place::Nobody => &[Place::Hashed],
+        Place::Hashed => &[Place::Nobody],
+        Place::Tenant => &[Place::Nobody, Place::Hashed],
+    };
+    places
+        .iter()
+        .map(|&place| {
+            let principal = match place {
+                Place::Hashed => hashed(dialect.principal_type, key.key.as_str()),
+                _ => String::new(),
+            };
+            key.moved(place, principal)
+        })
+        .collect()
 }
 
 /// A value of the principal column's type from a hash of `key`: 16 hex digits after `~`
@@ -126,20 +167,21 @@ const EARLIER_SCOPES: usize = 1024;
 /// between two asks the answer is kept.
 #[derive(Default)]
 pub(crate) struct Earlier {
-    scopes: Mutex<HashMap<String, (Instant, bool)>>,
+    scopes: Mutex<HashMap<(String, Place), (Instant, bool)>>,
 }
 
 impl Earlier {
-    /// Whether `scope` may still have a live record under the nobody value.
+    /// Whether `place` of `scope` may still have a live record.
     ///
     /// A failed ask keeps a known "no" for another period: once a scope's records there
     /// are gone, that shard is no longer needed for its requests. A failed first ask
     /// answers `true` and is asked again next time: looking costs a statement, not
     /// looking could run a request twice.
-    pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str) -> bool {
+    pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str, place: Place) -> bool {
+        let id = (scope.to_owned(), place);
         // A stale answer is marked asked at once and kept meanwhile, so that one request
         // asks again, not every request that arrives while it does.
-        let known = match self.lock().get_mut(scope) {
+        let known = match self.lock().get_mut(&id) {
             Some((asked, live)) if asked.elapsed() < EARLIER_RECHECK => return *live,
             Some((asked, live)) => {
                 *asked = Instant::now();
@@ -147,26 +189,26 @@ impl Earlier {
             }
             None => None,
         };
-        let live = match table.earlier_live(pool, scope).await {
+        let live = match table.earlier_live(pool, scope, place).await {
             Ok(live) => live,
             Err(error) if known == Some(false) => {
-                tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; there were none");
+                tracing::warn!(%error, scope, ?place, "idem: could not ask for records kept elsewhere before; there were none");
                 false
             }
             Err(error) => {
-                tracing::warn!(%error, scope, "idem: could not ask for records kept before the spread; looking");
+                tracing::warn!(%error, scope, ?place, "idem: could not ask for records kept elsewhere before; looking");
                 return true;
             }
         };
         let mut scopes = self.lock();
-        if scopes.len() >= EARLIER_SCOPES && !scopes.contains_key(scope) {
+        if scopes.len() >= EARLIER_SCOPES && !scopes.contains_key(&id) {
             scopes.clear();
         }
-        scopes.insert(scope.to_owned(), (Instant::now(), live));
+        scopes.insert(id, (Instant::now(), live));
         live
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, bool)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, Place), (Instant, bool)>> {
         self.scopes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -233,10 +275,10 @@ mod tests {
             PrincipalType::Uuid,
             PrincipalType::Bigint,
         ] {
-            assert_eq!(Spread::None.value(one_node(t), "evt_1"), "");
+            assert_eq!(Spread::None.place(one_node(t), "evt_1").1, "");
             assert_eq!(
-                Spread::None.value(portable(t), "evt_1"),
-                Spread::Key.value(one_node(t), "evt_1")
+                Spread::None.place(portable(t), "evt_1").1,
+                Spread::Key.place(one_node(t), "evt_1").1
             );
         }
     }
@@ -248,22 +290,22 @@ mod tests {
             PrincipalType::Uuid,
             PrincipalType::Bigint,
         ] {
-            let a = Spread::Key.value(one_node(t), "evt_1");
+            let a = Spread::Key.place(one_node(t), "evt_1").1;
             assert_eq!(
                 a,
-                Spread::Key.value(one_node(t), "evt_1"),
+                Spread::Key.place(one_node(t), "evt_1").1,
                 "a function of the key"
             );
-            assert_ne!(a, Spread::Key.value(one_node(t), "evt_2"));
-            assert!(t.accepts(&a), "{a} is a {t:?}");
+            assert_ne!(a, Spread::Key.place(one_node(t), "evt_2").1);
+            assert_eq!(t.canonical(&a).as_ref(), Some(&a), "{a} is a {t:?}");
         }
         assert_eq!(
-            Spread::Key.value(one_node(PrincipalType::Text), "k").len(),
+            Spread::Key.place(one_node(PrincipalType::Text), "k").1.len(),
             17
         );
         // 1 000 keys take 1 000 values: nothing shares one value by construction.
         let values: std::collections::HashSet<String> = (0..1000)
-            .map(|i| Spread::Key.value(one_node(PrincipalType::Text), &format!("evt_{i}")))
+            .map(|i| Spread::Key.place(one_node(PrincipalType::Text), &format!("evt_{i}")).1)
             .collect();
         assert_eq!(values.len(), 1000);
     }
@@ -282,36 +324,91 @@ mod tests {
         );
         let earlier = Earlier::default();
         let long_ago = Instant::now() - EARLIER_RECHECK - Duration::from_secs(1);
-        earlier.lock().insert("gone".into(), (long_ago, false));
-        earlier.lock().insert("kept".into(), (long_ago, true));
-        assert!(!earlier.live(&table, &pool, "gone").await);
-        assert!(earlier.live(&table, &pool, "kept").await);
-        assert!(earlier.live(&table, &pool, "unknown").await);
+        earlier.lock().insert(("gone".into(), Place::Nobody), (long_ago, false));
+        earlier.lock().insert(("kept".into(), Place::Nobody), (long_ago, true));
+        assert!(!earlier.live(&table, &pool, "gone", Place::Nobody).await);
+        assert!(earlier.live(&table, &pool, "kept", Place::Nobody).await);
+        assert!(earlier.live(&table, &pool, "unknown", Place::Nobody).await);
         // A stale answer counts as asked once asked: the next request does not ask again.
-        assert!(earlier.lock()["gone"].0 > long_ago);
-        assert!(earlier.lock()["kept"].0 > long_ago);
-        assert!(!earlier.lock().contains_key("unknown"));
+        assert!(earlier.lock()[&("gone".to_owned(), Place::Nobody)].0 > long_ago);
+        assert!(earlier.lock()[&("kept".to_owned(), Place::Nobody)].0 > long_ago);
+        assert!(!earlier.lock().contains_key(&("unknown".to_owned(), Place::Nobody)));
     }
 
     #[test]
     fn a_tenant_is_used_when_it_fits_the_column_else_the_key_hash() {
         let t = PrincipalType::Text;
         assert_eq!(
-            Spread::Tenant(Some("acct_1".into())).value(one_node(t), "evt_1"),
+            Spread::Tenant(Some("acct_1".into())).place(one_node(t), "evt_1").1,
             "acct_1"
         );
-        let hashed = Spread::Key.value(one_node(t), "evt_1");
-        assert_eq!(Spread::Tenant(None).value(one_node(t), "evt_1"), hashed);
+        let hashed = Spread::Key.place(one_node(t), "evt_1").1;
+        assert_eq!(Spread::Tenant(None).place(one_node(t), "evt_1").1, hashed);
         assert_eq!(
-            Spread::Tenant(Some(String::new())).value(one_node(t), "evt_1"),
+            Spread::Tenant(Some(String::new())).place(one_node(t), "evt_1").1,
             hashed
         );
         let u = PrincipalType::Uuid;
         assert_eq!(
-            Spread::Tenant(Some("not a uuid".into())).value(one_node(u), "evt_1"),
-            Spread::Key.value(one_node(u), "evt_1")
+            Spread::Tenant(Some("not a uuid".into())).place(one_node(u), "evt_1").1,
+            Spread::Key.place(one_node(u), "evt_1").1
         );
         assert_eq!(tenant_of(Some("a")), Spread::Tenant(Some("a".into())));
         assert_eq!(tenant_of(None::<String>), Spread::Tenant(None));
+    }
+
+    /// Regression (issue 27, 4): a tenant spelled two ways was kept, locked and hashed as
+    /// two tenants.
+    #[test]
+    fn a_tenant_is_kept_in_its_canonical_spelling() {
+        let u = PrincipalType::Uuid;
+        let lower = "3f2504e0-4f89-41d3-9a0c-0305e82c3301";
+        for spelling in [
+            lower,
+            "3F2504E0-4F89-41D3-9A0C-0305E82C3301",
+            "{3f2504e0-4f89-41d3-9a0c-0305e82c3301}",
+            "3f2504e04f8941d39a0c0305e82c3301",
+        ] {
+            assert_eq!(
+                Spread::Tenant(Some(spelling.into())).place(one_node(u), "evt_1"),
+                (Place::Tenant, lower.to_owned()),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            Spread::Tenant(Some("+007".into())).place(one_node(PrincipalType::Bigint), "k"),
+            (Place::Tenant, "7".to_owned())
+        );
+    }
+
+    /// Regression (issue 27, 2): a key moved by a change of spread or mode was looked
+    /// for only under the nobody value.
+    #[test]
+    fn a_key_is_looked_for_wherever_another_configuration_kept_it() {
+        let d = one_node(PrincipalType::Text);
+        let key = |spread: Spread| {
+            let (place, principal) = spread.place(d, "evt_1");
+            KeyInScope {
+                scope: "s".into(),
+                principal,
+                key: crate::key::IdempotencyKey::from_text("evt_1").unwrap(),
+                place,
+            }
+        };
+        let places = |k: &KeyInScope, strict| {
+            earlier_places(k, d, strict)
+                .into_iter()
+                .map(|k| (k.place, k.principal))
+                .collect::<Vec<_>>()
+        };
+        let hashed = (Place::Hashed, Spread::Key.place(d, "evt_1").1);
+        let nobody = (Place::Nobody, String::new());
+        let tenant = key(Spread::Tenant(Some("acct_1".into())));
+        assert_eq!(places(&tenant, false), [nobody.clone(), hashed.clone()]);
+        assert_eq!(places(&key(Spread::Key), false), [nobody.clone()]);
+        assert_eq!(places(&key(Spread::None), false), [hashed.clone()]);
+        let owned = tenant.moved(Place::Principal, "acct_1".into());
+        assert!(places(&owned, false).is_empty(), "anonymous records could be planted");
+        assert_eq!(places(&owned, true), [nobody, hashed]);
     }
 }

@@ -44,7 +44,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
 use crate::fingerprint::Fingerprint;
-use crate::tx::KeyInScope;
+use crate::identity::{stored_scope, KeyInScope, Place};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -233,11 +233,17 @@ DELETE FROM {table}
    AND expires_at <= now()";
 
 /// Whether a scope ($1) has a live record under the nobody value ($2, bound `""`), where
-/// earlier versions kept every key without a principal ([`crate::spread`]). The primary
-/// key's prefix (scope, principal) finds them; on a distributed engine, in one shard.
+/// earlier versions and configurations kept keys without a principal
+/// ([`crate::spread`]). The primary key's prefix (scope, principal) finds them; on a
+/// distributed engine, in one shard.
 const EARLIER_LIVE: &str = "\
 SELECT EXISTS (SELECT 1 FROM {table}
                 WHERE scope = $1 AND principal = {p2} AND expires_at > now())";
+
+/// Whether a spread place has a live record: $1 its stored scope
+/// ([`crate::identity::stored_scope`]), the primary key's prefix.
+const SPREAD_LIVE: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table} WHERE scope = $1 AND expires_at > now())";
 
 /// A committed record, for operators. $1..$3 the key.
 const INSPECT: &str = "\
@@ -458,15 +464,24 @@ pub enum PrincipalType {
 }
 
 impl PrincipalType {
-    /// Whether `principal` can key requests: a value of the column's type that PostgreSQL
-    /// casts (any text; a UUID as 32 hex digits, plain or in the 8-4-4-4-12 groups, either
-    /// optionally in braces; a decimal `bigint`), other than the value that keeps keys
-    /// without a principal (the nil UUID, 0; see [`Self::bound`]), which would share their
-    /// namespace. The empty text is "no principal" itself, decided before this.
-    pub(crate) fn accepts(self, principal: &str) -> bool {
+    /// `principal` in the one spelling every hash of it uses (the key's lock, derived
+    /// keys, the spread), `None` when it cannot key requests. PostgreSQL stores a `uuid`
+    /// or a `bigint` in one form whatever text it was cast from, but idem hashes the text:
+    /// two spellings of one principal would take two locks and derive two keys for a
+    /// downstream service (DESIGN.md, invariant 8). So: any text as it is; a UUID of 32
+    /// hex digits, plain or in the 8-4-4-4-12 groups, either optionally in braces, as
+    /// lowercase 8-4-4-4-12; a decimal `bigint` (sign, leading zeros) as PostgreSQL
+    /// prints it. Never the value that keeps keys without a principal (the nil UUID, 0;
+    /// see [`Self::bound`]), which would share their namespace. The empty text is "no
+    /// principal" itself, decided before this.
+    pub(crate) fn canonical(self, principal: &str) -> Option<String> {
         match self {
-            Self::Text => true,
-            Self::Bigint => principal.parse::<i64>().is_ok_and(|n| n != 0),
+            Self::Text => Some(principal.to_owned()),
+            Self::Bigint => principal
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n != 0)
+                .map(|n| n.to_string()),
             Self::Uuid => {
                 let bare = principal
                     .strip_prefix('{')
@@ -483,7 +498,22 @@ impl PrincipalType {
                     }
                     _ => false,
                 };
-                valid && !bare.bytes().all(|b| b == b'0' || b == b'-')
+                if !valid || bare.bytes().all(|b| b == b'0' || b == b'-') {
+                    return None;
+                }
+                let digits: String = bare
+                    .chars()
+                    .filter(|c| *c != '-')
+                    .map(|c| c.to_ascii_lowercase())
+                    .collect();
+                Some(format!(
+                    "{}-{}-{}-{}-{}",
+                    &digits[..8],
+                    &digits[8..12],
+                    &digits[12..16],
+                    &digits[16..20],
+                    &digits[20..]
+                ))
             }
         }
     }
@@ -546,6 +576,7 @@ pub(crate) struct Table {
     sweep_one: SqlStr,
     inspect: SqlStr,
     earlier_live: SqlStr,
+    spread_live: SqlStr,
 }
 
 /// One of this module's statements (or the outbox's, [`crate::outbox`]) with the table's
@@ -671,6 +702,7 @@ impl Table {
             sweep_one: render(SWEEP_ONE_PORTABLE),
             inspect: render(INSPECT),
             earlier_live: render(EARLIER_LIVE),
+            spread_live: render(SPREAD_LIVE),
         }
     }
 
@@ -693,7 +725,7 @@ impl Table {
     /// A statement whose first three parameters are the key: (scope, principal, key).
     fn keyed(&self, sql: &SqlStr, key: &KeyInScope) -> Query<'static, Postgres, PgArguments> {
         self.query(sql)
-            .bind(&*key.scope)
+            .bind(key.stored_scope().into_owned())
             .bind(self.dialect.principal_type.bound(&key.principal))
             .bind(key.key.as_str())
     }
@@ -720,7 +752,7 @@ impl Table {
         for part in [
             "idem key lock v1",
             &self.qualified,
-            &key.scope,
+            &key.stored_scope(),
             self.dialect.principal_type.bound(&key.principal),
             key.key.as_str(),
         ] {
@@ -977,25 +1009,30 @@ impl Table {
         row.map(|row| row.try_get(0)).transpose()
     }
 
-    /// [`EARLIER_LIVE`].
+    /// Whether `place` of `scope` has a live record: [`EARLIER_LIVE`] under the nobody
+    /// value, [`SPREAD_LIVE`] in a spread place.
     pub(crate) async fn earlier_live(
         &self,
         pool: &PgPool,
         scope: &str,
+        place: Place,
     ) -> Result<bool, sqlx::Error> {
+        let query = match place {
+            Place::Nobody => self
+                .query(&self.earlier_live)
+                .bind(scope.to_owned())
+                .bind(self.dialect.principal_type.bound("")),
+            place => self
+                .query(&self.spread_live)
+                .bind(stored_scope(scope, place).into_owned()),
+        };
         let mut conn = self.single(pool).await?;
-        let live = self
-            .query(&self.earlier_live)
-            .bind(scope)
-            .bind(self.dialect.principal_type.bound(""))
-            .fetch_one(&mut *conn)
-            .await?
-            .try_get(0)?;
+        let live = query.fetch_one(&mut *conn).await?.try_get(0)?;
         conn.finish().await?;
         Ok(live)
     }
 
-    /// [`READ_PORTABLE`] of the key as earlier versions kept it, under the nobody value
+    /// [`READ_PORTABLE`] of a key where an earlier configuration kept it
     /// ([`crate::spread`]), in a statement of its own: in every mode, a read of what is
     /// committed.
     pub(crate) async fn earlier(
@@ -1003,12 +1040,8 @@ impl Table {
         pool: &PgPool,
         key: &KeyInScope,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let nobody = KeyInScope {
-            principal: String::new(),
-            ..key.clone()
-        };
         let mut conn = self.single(pool).await?;
-        let found = self.read(&mut conn, &nobody).await?;
+        let found = self.read(&mut conn, key).await?;
         conn.finish().await?;
         Ok(found)
     }
@@ -1209,7 +1242,7 @@ mod tests {
             &uuid.replace('-', ""),
             &format!("{{{uuid}}}"),
         ] {
-            assert!(PrincipalType::Uuid.accepts(ok), "{ok}");
+            assert!(PrincipalType::Uuid.canonical(ok).is_some(), "{ok}");
         }
         for bad in [
             "",
@@ -1219,15 +1252,15 @@ mod tests {
             "6f1c8a52-3b7e4a59-9a1d-2f0c5e9b7d41",
             "{6f1c8a523b7e4a599a1d2f0c5e9b7d41",
         ] {
-            assert!(!PrincipalType::Uuid.accepts(bad), "{bad}");
+            assert!(!PrincipalType::Uuid.canonical(bad).is_some(), "{bad}");
         }
         for ok in ["1", "42", "-7", "9223372036854775807"] {
-            assert!(PrincipalType::Bigint.accepts(ok), "{ok}");
+            assert!(PrincipalType::Bigint.canonical(ok).is_some(), "{ok}");
         }
         for bad in ["", "4.2", "acct_1", "9223372036854775808", "0x10"] {
-            assert!(!PrincipalType::Bigint.accepts(bad), "{bad}");
+            assert!(!PrincipalType::Bigint.canonical(bad).is_some(), "{bad}");
         }
-        assert!(PrincipalType::Text.accepts("anything at all"));
+        assert!(PrincipalType::Text.canonical("anything at all").is_some());
     }
 
     /// Regression (issue 19, 7): a resolver answering the nil UUID or 0 shared the
@@ -1236,11 +1269,11 @@ mod tests {
     fn no_principal_can_equal_the_value_of_none() {
         let nil = "00000000-0000-0000-0000-000000000000";
         for none in [nil, &nil.replace('-', ""), &format!("{{{nil}}}")] {
-            assert!(!PrincipalType::Uuid.accepts(none), "{none}");
+            assert!(!PrincipalType::Uuid.canonical(none).is_some(), "{none}");
         }
         assert_eq!(PrincipalType::Uuid.bound(""), nil);
         for none in ["0", "-0", "+0", "000"] {
-            assert!(!PrincipalType::Bigint.accepts(none), "{none}");
+            assert!(!PrincipalType::Bigint.canonical(none).is_some(), "{none}");
         }
         assert_eq!(PrincipalType::Bigint.bound(""), "0");
     }
@@ -1327,7 +1360,7 @@ mod tests {
             scope: scope.into(),
             principal: principal.into(),
             key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
-            spread: false,
+            place: crate::identity::Place::Principal,
         };
         let table = Table::new(
             &TableName::default(),

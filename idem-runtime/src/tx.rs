@@ -1,13 +1,12 @@
 //! [`Tx`]: the handler's view of the request's transaction.
 
-use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
 use crate::fingerprint::hex;
-use crate::key::IdempotencyKey;
+use crate::identity::KeyInScope;
 use crate::outbox::OutboxTable;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
@@ -63,32 +62,6 @@ pub struct Tx<'t> {
     outbox: &'t OutboxTable,
     /// How many events this attempt has written ([`Tx::emit`]): the next one's place.
     emitted: u32,
-}
-
-/// A key with what it was claimed under.
-#[derive(Debug, Clone)]
-pub(crate) struct KeyInScope {
-    pub(crate) scope: Cow<'static, str>,
-    /// The value the key is kept under: its principal, or its spread.
-    pub(crate) principal: String,
-    pub(crate) key: IdempotencyKey,
-    /// Whether the key has no principal of its own, so that `principal` is its spread
-    /// ([`crate::spread`]), and earlier versions kept it under the nobody value.
-    pub(crate) spread: bool,
-}
-
-impl KeyInScope {
-    /// The principal the key belongs to: `""` for a key without one, whatever value it
-    /// is kept under. What identifies the request beyond idem's table
-    /// ([`Tx::derived_key`]), so that moving a key (to a spread, across an upgrade)
-    /// changes nothing a downstream service sees.
-    fn owner(&self) -> &str {
-        if self.spread {
-            ""
-        } else {
-            &self.principal
-        }
-    }
 }
 
 impl<'t> Tx<'t> {

@@ -85,6 +85,7 @@ impl Verdict {
                 Self::Dead("an event with this id was processed before with another payload".into())
             }
             OnceError::Key(_)
+            | OnceError::Scope(_)
             | OnceError::Payload(_)
             | OnceError::Result(_)
             | OnceError::Unreadable => Self::Dead(error.to_string()),

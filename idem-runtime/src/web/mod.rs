@@ -30,7 +30,8 @@ use crate::probe::Fingerprintable;
 use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::Isolation;
-use crate::tx::{KeyInScope, Tx};
+use crate::identity::{KeyInScope, Place};
+use crate::tx::Tx;
 use extract::HoldsStore;
 use policy::KeyRead;
 use problem::Problems;
@@ -92,6 +93,8 @@ pub struct Guard<S> {
     key: KeyRead,
     principal: Option<String>,
     spread: Spread,
+    /// Whether the body is signed ([`Guard::signed`]).
+    signed: bool,
     method: Method,
     route: Option<MatchedPath>,
     params: Option<RawPathParams>,
@@ -118,6 +121,7 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
         Ok(Self {
             principal: store.resolve_principal(parts),
             spread: Spread::None,
+            signed: false,
             // A bad key is answered by `claim`, where the endpoint's key source is known.
             key: KeyRead::idempotency_key(&parts.headers),
             store,
@@ -152,6 +156,13 @@ impl<S> Guard<S> {
         self
     }
 
+    /// Whether the request's body is signed (a webhook delivery): its principal then
+    /// comes from the endpoint's own `principal = ..` alone ([`policy::principal`]).
+    pub fn signed(mut self, signed: bool) -> Self {
+        self.signed = signed;
+        self
+    }
+
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...`, and `key` the endpoint's own key source (`key = ...`), when it
@@ -174,34 +185,34 @@ impl<S> Guard<S> {
                 return Err(observation.answer(Outcome::RejectedKey, problem));
             }
         };
-        let mut spread = false;
-        let principal = match &key {
-            None => String::new(),
+        let (place, principal) = match &key {
+            None => (Place::Nobody, String::new()),
             Some(claimed) => match policy::principal(
                 principal,
                 self.principal,
                 self.store.inner.require_principal,
+                self.signed,
             ) {
                 // No principal (empty): the key is kept under its spread (crate::spread).
-                Some(principal)
-                    if !principal.is_empty()
-                        && !self.store.inner.dialect.principal_type.accepts(&principal) =>
-                {
-                    let expected = self.store.inner.dialect.principal_type.sql();
-                    tracing::warn!(
-                        scope = spec.scope,
-                        expected,
-                        "idem: the request's principal is not of the principal column's type; refused"
-                    );
-                    let problem = problems.invalid_principal(expected).into_response();
-                    return Err(observation.answer(Outcome::RejectedKey, problem));
+                Some(principal) if principal.is_empty() => self
+                    .spread
+                    .place(self.store.inner.dialect, claimed.as_str()),
+                Some(principal) => {
+                    let principal_type = self.store.inner.dialect.principal_type;
+                    match principal_type.canonical(&principal) {
+                        Some(canonical) => (Place::Principal, canonical),
+                        None => {
+                            let expected = principal_type.sql();
+                            tracing::warn!(
+                                scope = spec.scope,
+                                expected,
+                                "idem: the request's principal is not of the principal column's type; refused"
+                            );
+                            let problem = problems.invalid_principal(expected).into_response();
+                            return Err(observation.answer(Outcome::RejectedKey, problem));
+                        }
+                    }
                 }
-                Some(principal) if principal.is_empty() => {
-                    spread = true;
-                    self.spread
-                        .value(self.store.inner.dialect, claimed.as_str())
-                }
-                Some(principal) => principal,
                 None => {
                     tracing::warn!(
                         scope = spec.scope,
@@ -224,7 +235,7 @@ impl<S> Guard<S> {
                     scope: spec.scope.into(),
                     principal,
                     key,
-                    spread,
+                    place,
                 },
                 ttl: spec.ttl,
                 fingerprint: fields.builder.finish(),

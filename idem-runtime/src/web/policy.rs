@@ -85,14 +85,23 @@ pub(crate) fn key(
 /// the store's resolver; with neither, the empty principal, which makes keys global to
 /// their scope, unless the store requires a principal (`None`: refuse the request). An
 /// empty principal is no principal: two tenants resolved to `""` would share keys.
+///
+/// A `signed` request (a webhook delivery) is named by what its signature covers and by
+/// the endpoint's own code alone (DESIGN.md, invariant 8): the store's resolver reads
+/// request data that nothing vouches for (a tenant header, an optional auth layer), and
+/// a captured delivery sent again under another value of it would be another request
+/// and act again. So the resolver is not asked, and a store that requires a principal
+/// still serves it: its sender is the provider, which has no account with the service.
 pub(crate) fn principal(
     own: Option<String>,
     resolved: Option<String>,
     required: bool,
+    signed: bool,
 ) -> Option<String> {
     let non_empty = |p: Option<String>| p.filter(|p| !p.is_empty());
-    match non_empty(own).or(non_empty(resolved)) {
-        None if required => None,
+    let resolved = if signed { None } else { non_empty(resolved) };
+    match non_empty(own).or(resolved) {
+        None if required && !signed => None,
         principal => Some(principal.unwrap_or_default()),
     }
 }
@@ -180,26 +189,45 @@ mod tests {
     #[test]
     fn the_handlers_principal_wins() {
         assert_eq!(
-            principal(Some("t1".into()), Some("acct".into()), false).as_deref(),
+            principal(Some("t1".into()), Some("acct".into()), false, false).as_deref(),
             Some("t1")
         );
         assert_eq!(
-            principal(None, Some("acct".into()), true).as_deref(),
+            principal(None, Some("acct".into()), true, false).as_deref(),
             Some("acct")
         );
-        assert_eq!(principal(None, None, false).as_deref(), Some(""));
-        assert_eq!(principal(None, None, true), None, "strict: no global keys");
+        assert_eq!(principal(None, None, false, false).as_deref(), Some(""));
+        assert_eq!(principal(None, None, true, false), None, "strict: no global keys");
         // Regression (issue 19, 7): an empty principal passed strict mode and landed
         // among the global keys.
         let empty = || Some(String::new());
-        assert_eq!(principal(empty(), None, true), None);
-        assert_eq!(principal(None, empty(), true), None);
-        assert_eq!(principal(empty(), empty(), false).as_deref(), Some(""));
+        assert_eq!(principal(empty(), None, true, false), None);
+        assert_eq!(principal(None, empty(), true, false), None);
+        assert_eq!(principal(empty(), empty(), false, false).as_deref(), Some(""));
         let acct = || Some("acct_1".to_owned());
         assert_eq!(
-            principal(empty(), acct(), true),
+            principal(empty(), acct(), true, false),
             acct(),
             "an empty override defers"
+        );
+    }
+
+    /// Regression (issue 27, 1): a captured signed delivery sent again with another
+    /// tenant header took the resolver's principal and ran again under each value.
+    #[test]
+    fn a_signed_request_takes_no_principal_from_the_resolver() {
+        let acct = || Some("acct_1".to_owned());
+        assert_eq!(principal(None, acct(), false, true).as_deref(), Some(""));
+        assert_eq!(
+            principal(None, acct(), true, true).as_deref(),
+            Some(""),
+            "a store that requires principals still serves signed deliveries"
+        );
+        assert_eq!(principal(None, None, true, true).as_deref(), Some(""));
+        assert_eq!(
+            principal(Some("t1".into()), acct(), true, true).as_deref(),
+            Some("t1"),
+            "the endpoint's own principal is its code's"
         );
     }
 }
