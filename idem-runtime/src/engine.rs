@@ -458,7 +458,7 @@ async fn claim_row(
         statement: claim.statement_timeout.or(store.inner.statement_timeout),
     };
     // The waits by `SET LOCAL`, for the whole claim.
-    table.set_waits(tx, timeouts).await.map_err(classify)?;
+    let saved = table.set_waits(tx, timeouts).await.map_err(classify)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     let claimed = 'rounds: {
@@ -493,7 +493,7 @@ async fn claim_row(
     };
     if claimed {
         // The handler does not inherit the claim's wait.
-        table.restore_wait(tx).await.map_err(classify)?;
+        table.restore_wait(tx, &saved).await.map_err(classify)?;
         return Ok(Found::Claimed);
     }
     Err(ClaimError::InUse)

@@ -125,20 +125,36 @@ impl Isolation {
 /// session's own), which stays set for the rest of the transaction: it bounds the
 /// handler's statements. `began` is the transaction's start (`now()`), which [`INSERT`]
 /// checks.
+///
+/// When another request holds the key (`locked` false), a [`WAIT`] may follow, bounded
+/// by the endpoint's conflict wait alone: so the statement timeout (the request's, or
+/// the session's, by its role, say) is lifted for it and kept in `idem.statement_timeout`
+/// for [`WAIT`] to give back. Were it not, a statement timeout shorter than the wait
+/// would cancel the wait (57014) and turn a duplicate into an error instead of a replay
+/// or a 409. The lock is taken in a materialized CTE, so that it is tried once.
 const TAKE: &str = "\
+WITH took AS MATERIALIZED (
 SELECT extract(epoch FROM now())::float8 AS began,
        CASE WHEN k.status IS NOT NULL AND k.expires_at > now() THEN NULL
             ELSE pg_try_advisory_xact_lock($4) END AS locked,
        k.fingerprint, k.field_hashes, k.status, k.headers, k.body,
-       k.expires_at <= now() AS expired,
-       set_config('statement_timeout', coalesce($5, current_setting('statement_timeout')), true) AS bounded
+       k.expires_at <= now() AS expired
   FROM (VALUES (1)) AS one (x)
-  LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3";
+  LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3
+)
+SELECT took.*,
+       CASE WHEN locked IS FALSE
+            THEN set_config('idem.statement_timeout', coalesce($5, current_setting('statement_timeout')), true)
+                 || set_config('statement_timeout', '0', true)
+            ELSE set_config('statement_timeout', coalesce($5, current_setting('statement_timeout')), true)
+       END AS bounded
+  FROM took";
 
 /// Waits for the key's lock for at most the claim's wait (`concurrency = wait(..)`),
-/// then gives the session's `lock_timeout` back. The settings are read and set in the
-/// first CTE, which the lock's CTE depends on, and restored in the result, computed
-/// after both: the handler never inherits the wait. 55P03 when the wait expires.
+/// then gives the session's `lock_timeout` back, and the statement timeout [`TAKE`]
+/// lifted for the wait. The settings are read and set in the first CTE, which the lock's
+/// CTE depends on, and restored in the result, computed after both: the handler never
+/// inherits the wait. 55P03 when the wait expires.
 ///
 /// $1 the lock, $2 the wait.
 const WAIT: &str = "\
@@ -147,7 +163,9 @@ WITH wait AS MATERIALIZED (
 ), held AS MATERIALIZED (
     SELECT pg_advisory_xact_lock($1) IS NULL AS held FROM wait WHERE waits IS NOT NULL
 )
-SELECT set_config('lock_timeout', wait.saved, true) AS restored FROM wait, held";
+SELECT set_config('lock_timeout', wait.saved, true) AS restored,
+       set_config('statement_timeout', current_setting('idem.statement_timeout'), true) AS bounded
+  FROM wait, held";
 
 /// The key's row, written once and complete, in the transaction that holds its lock,
 /// just before COMMIT. `now()` is the transaction's start: if the handler ran a raw
@@ -883,43 +901,72 @@ impl Table {
 
     /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
     /// engine forwards to the nodes that run the claim (Citus, told so by
-    /// `citus.propagate_set_commands = 'local'` in the same batch). One round trip. (The
-    /// default mode's claim waits only in [`WAIT`], which sets and restores the wait
-    /// itself.)
+    /// `citus.propagate_set_commands = 'local'` in the same batch), and returns the
+    /// settings they replace, for [`Self::restore_wait`]. One round trip. (The default
+    /// mode's claim waits only in [`WAIT`], which sets and restores the wait itself.)
+    ///
+    /// The claim is bounded by its wait alone: the statement timeout (the request's, or
+    /// the session's, by its role, say) is lifted until the claim ends. Were it not, a
+    /// statement timeout shorter than the wait would cancel the claim (57014) and turn a
+    /// duplicate into an error instead of a replay or a 409.
     pub(crate) async fn set_waits(
         &self,
         conn: &mut PgConnection,
         timeouts: Timeouts,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Saved, sqlx::Error> {
         // On Citus, the claim's INSERT waits on the worker that holds the key's shard, and
         // a `SET LOCAL` reaches the workers only when `citus.propagate_set_commands` says
         // so: set first, in the same round trip, so that no database or role setting is
         // needed. Elsewhere it is an unused placeholder setting, gone at COMMIT.
-        // Both timeouts are whole milliseconds written by `lock_timeout`: digits and "ms".
-        let mut sql = format!(
-            "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '{}'",
+        // The wait is whole milliseconds written by `lock_timeout`: digits and "ms".
+        let sql = format!(
+            "SET LOCAL citus.propagate_set_commands = 'local'; \
+             SELECT current_setting('lock_timeout'), current_setting('statement_timeout'); \
+             SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = 0",
             lock_timeout(timeouts.wait)
         );
-        if let Some(statement) = timeouts.statement {
-            sql.push_str(&format!(
-                "; SET LOCAL statement_timeout = '{}'",
-                lock_timeout(statement)
-            ));
-        }
         // A query without arguments goes by the simple protocol: unnamed, and several
-        // statements at once, as `raw_sql` sends them. Asserted safe: both values are
+        // statements at once, as `raw_sql` sends them. Asserted safe: the value is
         // digits and "ms" (above), nothing from a client.
-        sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(conn)
-            .await
-            .map(drop)
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| sqlx::Error::Protocol("the claim's settings were not read".into()))?;
+        Ok(Saved {
+            lock_timeout: row.try_get(0)?,
+            statement_timeout: match timeouts.statement {
+                Some(statement) => lock_timeout(statement),
+                None => row.try_get(1)?,
+            },
+        })
     }
 
-    /// Portable mode: after a successful claim, gives the handler the session's default
-    /// `lock_timeout` back (the value it connected with, by its role, database or
-    /// connection options; not one set later by a session-level `SET`).
-    pub(crate) async fn restore_wait(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("SET LOCAL lock_timeout TO DEFAULT")
+    /// Portable mode: after a successful claim, gives the handler the settings
+    /// [`Self::set_waits`] replaced: the `lock_timeout` the transaction had before the
+    /// claim (the session's, by its role, database, connection options or a `SET` of its
+    /// own), and the request's statement timeout, else the one it had before.
+    pub(crate) async fn restore_wait(
+        &self,
+        conn: &mut PgConnection,
+        saved: &Saved,
+    ) -> Result<(), sqlx::Error> {
+        // The values are PostgreSQL's own spellings of a duration ("0", "300ms", "1min")
+        // or `lock_timeout`'s: letters and digits. Anything else (never seen) gives the
+        // session's default back rather than reach the SQL.
+        let value = |setting: &str| {
+            if !setting.is_empty() && setting.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                format!("'{setting}'")
+            } else {
+                "DEFAULT".to_owned()
+            }
+        };
+        let sql = format!(
+            "SET LOCAL lock_timeout TO {}; SET LOCAL statement_timeout TO {}",
+            value(&saved.lock_timeout),
+            value(&saved.statement_timeout)
+        );
+        // Asserted safe: both values are letters and digits (above) or DEFAULT.
+        sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(conn)
             .await
             .map(drop)
@@ -1176,6 +1223,13 @@ pub(crate) struct Timeouts {
     pub(crate) wait: Duration,
     /// The bound on each of the handler's statements; `None` for the session's own.
     pub(crate) statement: Option<Duration>,
+}
+
+/// The settings a portable claim replaced for its wait ([`Table::set_waits`]), and gives
+/// back when it holds the key ([`Table::restore_wait`]).
+pub(crate) struct Saved {
+    lock_timeout: String,
+    statement_timeout: String,
 }
 
 /// The connection of one statement sent outside a request's transaction.
