@@ -259,6 +259,15 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
         }
     });
 
+    // Whether the body is signed, from its type: a signed body vouches for the request,
+    // so its identity is not taken from the store's principal resolver, and a key from
+    // a header its signature covers is read as the sender's plain text.
+    let signed = match extracted.last() {
+        Some((_, ty)) => quote_spanned! {ty.span()=>
+            ::idem::__private::signed((&&::idem::__private::Probe::<#ty>::new()).__idem_signed())
+        },
+        None => quote!(false),
+    };
     let key_source = args.key.as_ref().map(|(_, source)| source);
     let (key_param, key) = match (key_source, &last_for_key(&extracted)) {
         (Some(KeySource::Header(name)), _) => (
@@ -266,7 +275,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
                 quote!(__idem_headers),
                 quote!(::idem::__private::Extract<::idem::__private::HeaderMap>),
             )),
-            quote!(::core::option::Option::Some(::idem::__private::key_from_header(&__idem_headers.0, #name))),
+            quote!(::core::option::Option::Some(::idem::__private::key_from_header(&__idem_headers.0, #name, #signed))),
         ),
         (Some(KeySource::Field(path)), Some((arg, ty))) => {
             let members = &path.members;
@@ -316,16 +325,6 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             );
         },
         _ => quote!(),
-    };
-    // A signed body vouches for the request: its identity is not taken from the store's
-    // principal resolver, which reads what the signature does not cover.
-    let signed = match extracted.last() {
-        Some((_, ty)) => quote_spanned! {ty.span()=>
-            let __idem_guard = __idem_guard.signed(::idem::__private::signed(
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
-            ));
-        },
-        None => quote!(),
     };
     // A handler without `Tx` is warned about (a deprecated item's use, the one warning a
     // proc macro can raise on stable), on its name; the handler's own `allow`s, such as
@@ -525,7 +524,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let __idem_principal = #principal;
             let __idem_key = #key;
             #spread
-            #signed
+            let __idem_guard = __idem_guard.signed(#signed);
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields

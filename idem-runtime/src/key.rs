@@ -62,16 +62,24 @@ impl IdempotencyKey {
     /// the same one. Text that already has exactly that hashed form is hashed as well,
     /// so no two texts share a key. Only empty text is refused ([`KeyError::Empty`]).
     pub fn from_text(text: &str) -> Result<Self, KeyError> {
-        if text.is_empty() {
+        Self::from_bytes(text.as_bytes())
+    }
+
+    /// [`Self::from_text`] of bytes that need not be UTF-8 (a header value).
+    fn from_bytes(bytes: &[u8]) -> Result<Self, KeyError> {
+        if bytes.is_empty() {
             return Err(KeyError::Empty);
         }
-        let verbatim = text.len() <= MAX_KEY_LEN
-            && text.bytes().all(|b| (0x21..=0x7e).contains(&b))
-            && !looks_hashed(text);
+        let verbatim = bytes.len() <= MAX_KEY_LEN
+            && bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+            && std::str::from_utf8(bytes).is_ok_and(|text| !looks_hashed(text));
         if verbatim {
-            return Ok(Self(text.into()));
+            // Visible ASCII, so UTF-8; the fallback is never taken.
+            if let Ok(text) = std::str::from_utf8(bytes) {
+                return Ok(Self(text.into()));
+            }
         }
-        let digest = Sha256::digest(text.as_bytes());
+        let digest = Sha256::digest(bytes);
         let hashed = format!("{HASHED_KEY_PREFIX}{}", crate::fingerprint::hex(&digest));
         Ok(Self(hashed.into_boxed_str()))
     }
@@ -103,6 +111,25 @@ impl IdempotencyKey {
             return Err(KeyError::Repeated);
         }
         Self::parse(first.as_bytes()).map(Some)
+    }
+
+    /// Reads the key from a header a webhook's signature covers (`key =
+    /// header("webhook-id")` on a signed body) as plain text, by the rules of
+    /// [`Self::from_text`]: the sender signed the id, so an id the header rules would
+    /// refuse (over 255 bytes, a tab, a byte above 0x7E) is hashed rather than refused,
+    /// which would refuse every redelivery of a correctly signed event.
+    pub(crate) fn from_signed_header(
+        headers: &HeaderMap,
+        name: &str,
+    ) -> Result<Option<Self>, KeyError> {
+        let mut values = headers.get_all(name).iter();
+        let Some(first) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::Repeated);
+        }
+        Self::from_bytes(first.as_bytes()).map(Some)
     }
 
     /// The key as the client meant it.
@@ -445,5 +472,29 @@ mod tests {
                 prop_assert_eq!(parse(&key).unwrap(), key);
             }
         }
+    }
+
+    /// Regression (issue 27, 8): a correctly signed Standard Webhooks delivery whose id
+    /// the header rules refuse (256 bytes, a tab) was answered 400 on every redelivery.
+    #[test]
+    fn a_signed_id_the_header_rules_refuse_is_hashed() {
+        let mut headers = HeaderMap::new();
+        let long = "m".repeat(256);
+        for (id, hashed) in [("msg_1", false), (long.as_str(), true), ("msg\t1", true)] {
+            headers.insert("webhook-id", http::HeaderValue::from_str(id).unwrap());
+            let key = IdempotencyKey::from_signed_header(&headers, "webhook-id")
+                .unwrap()
+                .unwrap();
+            assert_eq!(key.as_str().starts_with(HASHED_KEY_PREFIX), hashed, "{id:?}");
+            assert_eq!(key, IdempotencyKey::from_text(id).unwrap());
+        }
+        headers.insert("webhook-id", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let key = IdempotencyKey::from_signed_header(&headers, "webhook-id");
+        assert!(key.unwrap().unwrap().as_str().starts_with(HASHED_KEY_PREFIX));
+        headers.append("webhook-id", http::HeaderValue::from_static("again"));
+        assert_eq!(
+            IdempotencyKey::from_signed_header(&headers, "webhook-id"),
+            Err(KeyError::Repeated)
+        );
     }
 }

@@ -362,3 +362,29 @@ async fn a_consumer_that_gains_a_spread_keeps_answering_earlier_records() {
     })
     .await;
 }
+
+/// Regression (issue 27, 8): a correctly signed Standard Webhooks delivery with an id of
+/// 256 bytes, or with a tab, was verified and then refused with 400 by the key rules, on
+/// every redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_id_the_key_rules_would_refuse_is_acted_on_once() {
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        tables(&pool).await;
+        let routes = Router::new().route("/payments", post(payment));
+        let s = serve(db, Store::builder(pool.clone()), routes).await;
+        let body = json!({ "amount": 7 }).to_string();
+        let verifier = Verifier::<StandardWebhooks>::new(SECRET).unwrap();
+        for id in ["m".repeat(256), "msg\t1".to_owned()] {
+            for copy in 0..2 {
+                let headers = verifier.sign(&id, now(), body.as_bytes());
+                let headers = headers.iter().map(|(n, v)| (n, v));
+                let answer = s.deliver_to("/payments", &body, headers).await;
+                assert_eq!(answer.status, 200, "{id:?}: {answer:?}");
+                assert_eq!(answer.replayed(), copy == 1, "{id:?}");
+            }
+        }
+        assert_eq!(count(&pool, "effects").await, 2);
+    })
+    .await;
+}

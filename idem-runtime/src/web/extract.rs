@@ -179,8 +179,8 @@ pub fn key_of_digest<V: Serialize + ?Sized>(body: &V) -> KeyRead {
 }
 
 /// The key of `key = header("..")`: that header, in either spelling.
-pub fn key_from_header(headers: &HeaderMap, name: &'static str) -> KeyRead {
-    KeyRead::header(headers, name)
+pub fn key_from_header(headers: &HeaderMap, name: &'static str, signed: bool) -> KeyRead {
+    KeyRead::header(headers, name, signed)
 }
 
 /// Takes the value out of the handler's own `principal = Type` extractor.

@@ -22,11 +22,17 @@ impl KeyRead {
         }
     }
 
-    /// The key of another header (`key = header("..")`), by the same rules.
-    pub(crate) fn header(headers: &HeaderMap, name: &'static str) -> Self {
+    /// The key of another header (`key = header("..")`), by the same rules; of a header
+    /// a signature covers (`signed`), as plain text
+    /// ([`IdempotencyKey::from_signed_header`]).
+    pub(crate) fn header(headers: &HeaderMap, name: &'static str, signed: bool) -> Self {
         Self {
             origin: KeyOrigin::Header(name.into()),
-            read: IdempotencyKey::from_header(headers, name),
+            read: if signed {
+                IdempotencyKey::from_signed_header(headers, name)
+            } else {
+                IdempotencyKey::from_header(headers, name)
+            },
         }
     }
 
