@@ -27,19 +27,22 @@
 //! that has a principal (the store's resolver, `principal = ..`) keeps it: it spreads
 //! already.
 //!
-//! **Records kept before the spread.** Earlier versions kept every key without a
-//! principal under the nobody value. A key kept under a spread value is first looked up
-//! there too ([`Earlier`]), for as long as the scope has live records under the nobody
-//! value: a retry after an upgrade replays the answer stored before it (or is a 422),
-//! never runs again. Once those records have expired, the look-up stops, and a spread
-//! key costs what any key costs (one indexed statement per scope a minute). What the
-//! look-up cannot see is an instance of an earlier version at work during a rolling
-//! upgrade of a portable service (or while adding `spread = ..` to an endpoint): its
-//! attempt in flight holds the nobody value's key, not the spread's, so the primary key
-//! no longer arbitrates between the two; and what it commits is unseen for up to a
-//! minute when the scope had no live records there. Upgrade those endpoints with no
-//! instance of the earlier version still taking their requests. Going back is not
-//! covered: a store outside the portable mode does not look under the hash.
+//! A spread value is request data, never an authenticated principal: a spread key is
+//! stored under a scope of its own ([`crate::identity`]), so it never names a
+//! principal's record.
+//!
+//! **Records kept elsewhere before.** A change of configuration (a spread added or
+//! changed, the mode changed) moves where a key is kept. A claim first looks for the
+//! key's live record in the places other configurations keep it ([`earlier_places`]),
+//! for as long as its scope has live records there ([`Earlier`]): a retry after the
+//! change replays the answer stored before it (or is a 422), never runs again. Once
+//! those records have expired, the look-up stops, and a key costs what any key costs
+//! (one indexed statement per scope and place a minute). What the look-up cannot see is
+//! an instance of the earlier configuration at work during a rolling change: its attempt
+//! in flight holds the key in the old place, so the primary key no longer arbitrates
+//! between the two; and what it commits is unseen for up to a minute when the scope had
+//! no live records there. Roll such changes out with no instance of the earlier
+//! configuration still taking their requests.
 //! [`Tx::derived_key`](crate::Tx::derived_key) derives from `""` for such keys wherever
 //! they are kept, so a downstream call keeps its key across the move.
 

@@ -299,6 +299,11 @@ impl StoreBuilder {
     /// two tenants that pick the same key share one stored response. Multi-tenant
     /// services must configure a resolver (or `principal = ...` on each handler), and
     /// must run authentication before idem sees the request.
+    ///
+    /// An endpoint whose body is signed (`Signed<..>`, a webhook) does not ask the
+    /// resolver: a delivery is named by what its signature covers and by the endpoint's
+    /// own code, never by request data nothing vouches for. A principal is used in its
+    /// canonical spelling (a lowercase UUID, a `bigint` without leading zeros).
     pub fn principal<F>(mut self, resolve: F) -> Self
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -311,7 +316,8 @@ impl StoreBuilder {
     /// handler's `principal = ...` nor the [resolver](StoreBuilder::principal) names a
     /// principal (or names the empty one) is refused with 401 (`missing-principal`)
     /// instead of running with keys global to its scope, so a missing authentication
-    /// layer cannot make one tenant's key replay another's response.
+    /// layer cannot make one tenant's key replay another's response. Signed webhook
+    /// deliveries are still served: their sender has no principal.
     pub fn require_principal(mut self) -> Self {
         self.require_principal = true;
         self
