@@ -315,7 +315,7 @@ async fn take(
                 return Err(ClaimError::InUse);
             }
             table
-                .wait(tx, lock, wait)
+                .wait(tx, lock, wait, &taken.statement_timeout)
                 .await
                 .map_err(|error| match &error {
                     // 55P03: the request in flight did not end within the wait.

@@ -128,7 +128,7 @@ impl Isolation {
 ///
 /// When another request holds the key (`locked` false), a [`WAIT`] may follow, bounded
 /// by the endpoint's conflict wait alone: so the statement timeout (the request's, or
-/// the session's, by its role, say) is lifted for it and kept in `idem.statement_timeout`
+/// the session's, by its role, say) is lifted for it, and returned (`statement_timeout`)
 /// for [`WAIT`] to give back. Were it not, a statement timeout shorter than the wait
 /// would cancel the wait (57014) and turn a duplicate into an error instead of a replay
 /// or a 409. The lock is taken in a materialized CTE, so that it is tried once.
@@ -138,16 +138,15 @@ SELECT extract(epoch FROM now())::float8 AS began,
        CASE WHEN k.status IS NOT NULL AND k.expires_at > now() THEN NULL
             ELSE pg_try_advisory_xact_lock($4) END AS locked,
        k.fingerprint, k.field_hashes, k.status, k.headers, k.body,
-       k.expires_at <= now() AS expired
+       k.expires_at <= now() AS expired,
+       coalesce($5, current_setting('statement_timeout')) AS statement_timeout
   FROM (VALUES (1)) AS one (x)
   LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3
 )
 SELECT took.*,
-       CASE WHEN locked IS FALSE
-            THEN set_config('idem.statement_timeout', coalesce($5, current_setting('statement_timeout')), true)
-                 || set_config('statement_timeout', '0', true)
-            ELSE set_config('statement_timeout', coalesce($5, current_setting('statement_timeout')), true)
-       END AS bounded
+       set_config('statement_timeout',
+                  CASE WHEN locked IS FALSE THEN '0' ELSE took.statement_timeout END,
+                  true) AS bounded
   FROM took";
 
 /// Waits for the key's lock for at most the claim's wait (`concurrency = wait(..)`),
@@ -156,7 +155,8 @@ SELECT took.*,
 /// CTE depends on, and restored in the result, computed after both: the handler never
 /// inherits the wait. 55P03 when the wait expires.
 ///
-/// $1 the lock, $2 the wait.
+/// $1 the lock, $2 the wait, $3 the statement timeout to give back (`statement_timeout`
+/// of [`TAKE`]).
 const WAIT: &str = "\
 WITH wait AS MATERIALIZED (
     SELECT current_setting('lock_timeout') AS saved, set_config('lock_timeout', $2, true) AS waits
@@ -164,7 +164,7 @@ WITH wait AS MATERIALIZED (
     SELECT pg_advisory_xact_lock($1) IS NULL AS held FROM wait WHERE waits IS NOT NULL
 )
 SELECT set_config('lock_timeout', wait.saved, true) AS restored,
-       set_config('statement_timeout', current_setting('idem.statement_timeout'), true) AS bounded
+       set_config('statement_timeout', $3, true) AS bounded
   FROM wait, held";
 
 /// The key's row, written once and complete, in the transaction that holds its lock,
@@ -623,6 +623,8 @@ pub(crate) struct Taken {
     pub(crate) locked: Option<bool>,
     /// The key's committed row, in the statement's snapshot.
     pub(crate) stored: Option<StoredRow>,
+    /// The statement timeout the handler runs under, which [`WAIT`] gives back.
+    pub(crate) statement_timeout: String,
 }
 
 /// A held key, as [`Table::insert`] writes its row.
@@ -812,6 +814,7 @@ impl Table {
             began: row.try_get("began")?,
             locked: row.try_get("locked")?,
             stored,
+            statement_timeout: row.try_get("statement_timeout")?,
         })
     }
 
@@ -821,10 +824,12 @@ impl Table {
         conn: &mut PgConnection,
         lock: i64,
         wait: Duration,
+        statement_timeout: &str,
     ) -> Result<(), sqlx::Error> {
         self.query(&self.wait)
             .bind(lock)
             .bind(lock_timeout(wait))
+            .bind(statement_timeout.to_owned())
             .execute(conn)
             .await
             .map(drop)
