@@ -31,9 +31,9 @@ use std::time::Duration;
 use sqlx::{Postgres, Transaction};
 
 use crate::fingerprint::Fingerprint;
+use crate::identity::KeyInScope;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
 use crate::table::{Found, Inserting, Isolation, Record, StoredRow, Timeouts};
-use crate::identity::KeyInScope;
 use crate::tx::Tx;
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -233,11 +233,8 @@ pub(crate) async fn begin(
 /// there ([`crate::spread::Earlier`]): once they have expired, this costs nothing.
 async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refusal> {
     let settings = &store.inner;
-    let places = crate::spread::earlier_places(
-        &claim.key,
-        settings.dialect,
-        settings.require_principal,
-    );
+    let places =
+        crate::spread::earlier_places(&claim.key, settings.dialect, settings.require_principal);
     for place in places {
         let live = settings
             .earlier

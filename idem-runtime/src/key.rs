@@ -485,12 +485,23 @@ mod tests {
             let key = IdempotencyKey::from_signed_header(&headers, "webhook-id")
                 .unwrap()
                 .unwrap();
-            assert_eq!(key.as_str().starts_with(HASHED_KEY_PREFIX), hashed, "{id:?}");
+            assert_eq!(
+                key.as_str().starts_with(HASHED_KEY_PREFIX),
+                hashed,
+                "{id:?}"
+            );
             assert_eq!(key, IdempotencyKey::from_text(id).unwrap());
         }
-        headers.insert("webhook-id", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        headers.insert(
+            "webhook-id",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
         let key = IdempotencyKey::from_signed_header(&headers, "webhook-id");
-        assert!(key.unwrap().unwrap().as_str().starts_with(HASHED_KEY_PREFIX));
+        assert!(key
+            .unwrap()
+            .unwrap()
+            .as_str()
+            .starts_with(HASHED_KEY_PREFIX));
         headers.append("webhook-id", http::HeaderValue::from_static("again"));
         assert_eq!(
             IdempotencyKey::from_signed_header(&headers, "webhook-id"),

@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use crate::engine::{self, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintError};
+use crate::identity::KeyInScope;
 use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
 use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::{Isolation, Record};
-use crate::identity::KeyInScope;
 use crate::tx::Tx;
 
 /// One piece of work to run once per key; see [`Store::run_once`].

@@ -180,7 +180,13 @@ impl Earlier {
     /// are gone, that shard is no longer needed for its requests. A failed first ask
     /// answers `true` and is asked again next time: looking costs a statement, not
     /// looking could run a request twice.
-    pub(crate) async fn live(&self, table: &Table, pool: &PgPool, scope: &str, place: Place) -> bool {
+    pub(crate) async fn live(
+        &self,
+        table: &Table,
+        pool: &PgPool,
+        scope: &str,
+        place: Place,
+    ) -> bool {
         let id = (scope.to_owned(), place);
         // A stale answer is marked asked at once and kept meanwhile, so that one request
         // asks again, not every request that arrives while it does.
@@ -303,12 +309,19 @@ mod tests {
             assert_eq!(t.canonical(&a).as_ref(), Some(&a), "{a} is a {t:?}");
         }
         assert_eq!(
-            Spread::Key.place(one_node(PrincipalType::Text), "k").1.len(),
+            Spread::Key
+                .place(one_node(PrincipalType::Text), "k")
+                .1
+                .len(),
             17
         );
         // 1 000 keys take 1 000 values: nothing shares one value by construction.
         let values: std::collections::HashSet<String> = (0..1000)
-            .map(|i| Spread::Key.place(one_node(PrincipalType::Text), &format!("evt_{i}")).1)
+            .map(|i| {
+                Spread::Key
+                    .place(one_node(PrincipalType::Text), &format!("evt_{i}"))
+                    .1
+            })
             .collect();
         assert_eq!(values.len(), 1000);
     }
@@ -327,33 +340,45 @@ mod tests {
         );
         let earlier = Earlier::default();
         let long_ago = Instant::now() - EARLIER_RECHECK - Duration::from_secs(1);
-        earlier.lock().insert(("gone".into(), Place::Nobody), (long_ago, false));
-        earlier.lock().insert(("kept".into(), Place::Nobody), (long_ago, true));
+        earlier
+            .lock()
+            .insert(("gone".into(), Place::Nobody), (long_ago, false));
+        earlier
+            .lock()
+            .insert(("kept".into(), Place::Nobody), (long_ago, true));
         assert!(!earlier.live(&table, &pool, "gone", Place::Nobody).await);
         assert!(earlier.live(&table, &pool, "kept", Place::Nobody).await);
         assert!(earlier.live(&table, &pool, "unknown", Place::Nobody).await);
         // A stale answer counts as asked once asked: the next request does not ask again.
         assert!(earlier.lock()[&("gone".to_owned(), Place::Nobody)].0 > long_ago);
         assert!(earlier.lock()[&("kept".to_owned(), Place::Nobody)].0 > long_ago);
-        assert!(!earlier.lock().contains_key(&("unknown".to_owned(), Place::Nobody)));
+        assert!(!earlier
+            .lock()
+            .contains_key(&("unknown".to_owned(), Place::Nobody)));
     }
 
     #[test]
     fn a_tenant_is_used_when_it_fits_the_column_else_the_key_hash() {
         let t = PrincipalType::Text;
         assert_eq!(
-            Spread::Tenant(Some("acct_1".into())).place(one_node(t), "evt_1").1,
+            Spread::Tenant(Some("acct_1".into()))
+                .place(one_node(t), "evt_1")
+                .1,
             "acct_1"
         );
         let hashed = Spread::Key.place(one_node(t), "evt_1").1;
         assert_eq!(Spread::Tenant(None).place(one_node(t), "evt_1").1, hashed);
         assert_eq!(
-            Spread::Tenant(Some(String::new())).place(one_node(t), "evt_1").1,
+            Spread::Tenant(Some(String::new()))
+                .place(one_node(t), "evt_1")
+                .1,
             hashed
         );
         let u = PrincipalType::Uuid;
         assert_eq!(
-            Spread::Tenant(Some("not a uuid".into())).place(one_node(u), "evt_1").1,
+            Spread::Tenant(Some("not a uuid".into()))
+                .place(one_node(u), "evt_1")
+                .1,
             Spread::Key.place(one_node(u), "evt_1").1
         );
         assert_eq!(tenant_of(Some("a")), Spread::Tenant(Some("a".into())));
@@ -411,7 +436,10 @@ mod tests {
         assert_eq!(places(&key(Spread::Key), false), [nobody.clone()]);
         assert_eq!(places(&key(Spread::None), false), [hashed.clone()]);
         let owned = tenant.moved(Place::Principal, "acct_1".into());
-        assert!(places(&owned, false).is_empty(), "anonymous records could be planted");
+        assert!(
+            places(&owned, false).is_empty(),
+            "anonymous records could be planted"
+        );
         assert_eq!(places(&owned, true), [nobody, hashed]);
     }
 }

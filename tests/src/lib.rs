@@ -18,6 +18,7 @@ mod pooler;
 mod spans;
 mod stats;
 mod tools;
+mod trips;
 
 pub use answer::{post, send, Answer};
 pub use app::{example_deliveries, Delivery, TestApp};
@@ -28,3 +29,4 @@ pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{ClosedSpans, SpanFields};
 pub use stats::{percentiles, tally};
 pub use tools::{schemathesis, Signers};
+pub use trips::RoundTrips;

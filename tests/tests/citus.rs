@@ -743,7 +743,7 @@ async fn every_endpoint_of_the_example_commits_on_one_worker() {
     let (shards, nobody): (i64, i64) = sqlx::query_as(
         "SELECT count(DISTINCT get_shard_id_for_distribution_column('idempotency_keys', principal)), \
                 count(*) FILTER (WHERE principal = '') \
-           FROM idempotency_keys WHERE scope = 'unnamed'",
+           FROM idempotency_keys WHERE split_part(scope, chr(31), 1) = 'unnamed'",
     )
     .fetch_one(&s.pool)
     .await

@@ -152,9 +152,11 @@ async fn a_captured_signed_delivery_acts_once_under_any_unsigned_header() {
             let s = serve(db, store, Router::new().route("/payments", post(payment))).await;
             let body = json!({ "amount": 500 }).to_string();
             let id = format!("msg_strict_{strict}");
-            let signed = Verifier::<StandardWebhooks>::new(SECRET)
-                .unwrap()
-                .sign(&id, now(), body.as_bytes());
+            let signed = Verifier::<StandardWebhooks>::new(SECRET).unwrap().sign(
+                &id,
+                now(),
+                body.as_bytes(),
+            );
             let mut answers = Vec::new();
             for account in [None, Some("acct_1"), Some("acct_2"), Some("acct_3")] {
                 let mut headers = signed.clone();
@@ -167,7 +169,11 @@ async fn a_captured_signed_delivery_acts_once_under_any_unsigned_header() {
             for (i, answer) in answers.iter().enumerate() {
                 assert_eq!(answer.status, 200, "strict {strict}, copy {i}: {answer:?}");
                 assert_eq!(answer.replayed(), i > 0, "strict {strict}, copy {i}");
-                assert_eq!(answer.json()["principal"], "", "no principal of the header's");
+                assert_eq!(
+                    answer.json()["principal"],
+                    "",
+                    "no principal of the header's"
+                );
             }
         }
         assert_eq!(count(&pool, "effects").await, 2, "one effect per delivery");
@@ -204,14 +210,19 @@ async fn a_tenant_named_by_a_body_never_shares_an_authenticated_record() {
         let own = post_as(&s, "/events", &body("k1"), Some("acct_1")).await;
         let stranger = post_as(&s, "/events", &body("k1"), None).await;
         assert_eq!(own.status, 200);
-        assert!(!stranger.replayed(), "a stranger read acct_1's stored response");
+        assert!(
+            !stranger.replayed(),
+            "a stranger read acct_1's stored response"
+        );
         // A stranger first, then X.
         let stranger = post_as(&s, "/events", &body("k2"), None).await;
         let own = post_as(&s, "/events", &body("k2"), Some("acct_1")).await;
         assert!(!stranger.replayed());
         assert!(!own.replayed(), "acct_1 was answered a stranger's response");
         // Each is its own request, and each replays its own.
-        assert!(post_as(&s, "/events", &body("k2"), Some("acct_1")).await.replayed());
+        assert!(post_as(&s, "/events", &body("k2"), Some("acct_1"))
+            .await
+            .replayed());
         assert!(post_as(&s, "/events", &body("k2"), None).await.replayed());
         assert_eq!(count(&pool, "effects").await, 4);
     })
@@ -248,18 +259,14 @@ async fn one_principal_spelled_two_ways_is_one_request() {
         let ran = answers.iter().filter(|a| a.status == 200 && !a.replayed());
         assert_eq!(ran.count(), 1, "{answers:?}");
         for answer in &answers {
-            assert!(
-                answer.status == 409 || answer.status == 200,
-                "{answer:?}"
-            );
+            assert!(answer.status == 409 || answer.status == 200, "{answer:?}");
         }
         let again = post_as(&s, "/calls", &body, Some(&upper)).await;
         assert!(again.replayed());
-        let derived: Vec<String> =
-            sqlx::query_scalar("SELECT DISTINCT derived FROM outside_calls")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+        let derived: Vec<String> = sqlx::query_scalar("SELECT DISTINCT derived FROM outside_calls")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
         assert_eq!(derived.len(), 1, "one call, one derived key: {derived:?}");
         assert_eq!(again.json()["derived"], derived[0]);
     })
@@ -332,9 +339,13 @@ async fn a_consumer_that_gains_a_spread_keeps_answering_earlier_records() {
         tables(&pool).await;
         for portable in [false, true] {
             let builder = Store::builder(pool.clone());
-            let store = if portable { builder.portable() } else { builder }
-                .build()
-                .unwrap();
+            let store = if portable {
+                builder.portable()
+            } else {
+                builder
+            }
+            .build()
+            .unwrap();
             store.migrate().await.unwrap();
             let id = format!("msg_{portable}");
             let book = async |tenant: Option<&str>| {

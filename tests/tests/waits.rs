@@ -46,9 +46,13 @@ async fn serve(db: &TestDb, portable: bool) -> TestApp {
         .await
         .unwrap();
     let builder = Store::builder(pool.clone());
-    let store = if portable { builder.portable() } else { builder }
-        .build()
-        .unwrap();
+    let store = if portable {
+        builder.portable()
+    } else {
+        builder
+    }
+    .build()
+    .unwrap();
     store.migrate().await.unwrap();
     let app = Router::new()
         .route("/short", post(short))
@@ -124,9 +128,13 @@ async fn the_handler_runs_with_the_settings_it_had_before_the_claim() {
                 .await
                 .unwrap();
             let builder = Store::builder(pool.clone());
-            let store = if portable { builder.portable() } else { builder }
-                .build()
-                .unwrap();
+            let store = if portable {
+                builder.portable()
+            } else {
+                builder
+            }
+            .build()
+            .unwrap();
             store.migrate().await.unwrap();
             let app = Router::new()
                 .route("/settings", post(settings))

@@ -25,12 +25,12 @@ use serde::Serialize;
 
 use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
+use crate::identity::{KeyInScope, Place};
 use crate::observe::{Observation, Outcome};
 use crate::probe::Fingerprintable;
 use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::Isolation;
-use crate::identity::{KeyInScope, Place};
 use crate::tx::Tx;
 use extract::HoldsStore;
 use policy::KeyRead;

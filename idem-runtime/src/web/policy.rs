@@ -203,13 +203,20 @@ mod tests {
             Some("acct")
         );
         assert_eq!(principal(None, None, false, false).as_deref(), Some(""));
-        assert_eq!(principal(None, None, true, false), None, "strict: no global keys");
+        assert_eq!(
+            principal(None, None, true, false),
+            None,
+            "strict: no global keys"
+        );
         // Regression (issue 19, 7): an empty principal passed strict mode and landed
         // among the global keys.
         let empty = || Some(String::new());
         assert_eq!(principal(empty(), None, true, false), None);
         assert_eq!(principal(None, empty(), true, false), None);
-        assert_eq!(principal(empty(), empty(), false, false).as_deref(), Some(""));
+        assert_eq!(
+            principal(empty(), empty(), false, false).as_deref(),
+            Some("")
+        );
         let acct = || Some("acct_1".to_owned());
         assert_eq!(
             principal(empty(), acct(), true, false),
