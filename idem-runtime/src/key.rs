@@ -103,14 +103,9 @@ impl IdempotencyKey {
         headers: &HeaderMap,
         name: impl http::header::AsHeaderName,
     ) -> Result<Option<Self>, KeyError> {
-        let mut values = headers.get_all(name).iter();
-        let Some(first) = values.next() else {
-            return Ok(None);
-        };
-        if values.next().is_some() {
-            return Err(KeyError::Repeated);
-        }
-        Self::parse(first.as_bytes()).map(Some)
+        only_value(headers, name)?
+            .map(|value| Self::parse(value.as_bytes()))
+            .transpose()
     }
 
     /// Reads the key from a header a webhook's signature covers (`key =
@@ -122,14 +117,9 @@ impl IdempotencyKey {
         headers: &HeaderMap,
         name: &str,
     ) -> Result<Option<Self>, KeyError> {
-        let mut values = headers.get_all(name).iter();
-        let Some(first) = values.next() else {
-            return Ok(None);
-        };
-        if values.next().is_some() {
-            return Err(KeyError::Repeated);
-        }
-        Self::from_bytes(first.as_bytes()).map(Some)
+        only_value(headers, name)?
+            .map(|value| Self::from_bytes(value.as_bytes()))
+            .transpose()
     }
 
     /// The key as the client meant it.
@@ -150,6 +140,20 @@ impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The value of header `name`: `None` when it is absent, an error when it is given more
+/// than once (two keys for one request would make its identity ambiguous).
+fn only_value(
+    headers: &HeaderMap,
+    name: impl http::header::AsHeaderName,
+) -> Result<Option<&http::HeaderValue>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    Ok(first)
 }
 
 /// Whether `text` has the form [`IdempotencyKey::from_text`] gives hashed keys.

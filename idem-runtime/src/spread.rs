@@ -433,8 +433,14 @@ mod tests {
         let nobody = (Place::Nobody, String::new());
         let tenant = key(Spread::Tenant(Some("acct_1".into())));
         assert_eq!(places(&tenant, false), [nobody.clone(), hashed.clone()]);
-        assert_eq!(places(&key(Spread::Key), false), [nobody.clone()]);
-        assert_eq!(places(&key(Spread::None), false), [hashed.clone()]);
+        assert_eq!(
+            places(&key(Spread::Key), false),
+            std::slice::from_ref(&nobody)
+        );
+        assert_eq!(
+            places(&key(Spread::None), false),
+            std::slice::from_ref(&hashed)
+        );
         let owned = tenant.moved(Place::Principal, "acct_1".into());
         assert!(
             places(&owned, false).is_empty(),

@@ -1292,6 +1292,34 @@ fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {
 mod tests {
     use super::*;
 
+    /// Regression (issue 27, 4): every spelling PostgreSQL casts to one value is one
+    /// principal to idem, which hashes the text.
+    #[test]
+    fn a_principal_has_one_spelling() {
+        let lower = "3f2504e0-4f89-41d3-9a0c-0305e82c3301";
+        for spelling in [
+            lower,
+            "3F2504E0-4F89-41D3-9A0C-0305E82C3301",
+            "{3f2504e0-4f89-41d3-9a0c-0305e82c3301}",
+            "3F2504E04F8941D39A0C0305E82C3301",
+        ] {
+            assert_eq!(
+                PrincipalType::Uuid.canonical(spelling).as_deref(),
+                Some(lower)
+            );
+        }
+        for spelling in ["7", "007", "+7"] {
+            assert_eq!(
+                PrincipalType::Bigint.canonical(spelling).as_deref(),
+                Some("7")
+            );
+        }
+        assert_eq!(
+            PrincipalType::Text.canonical("Acct_1").as_deref(),
+            Some("Acct_1")
+        );
+    }
+
     #[test]
     fn principal_types_accept_what_postgres_casts() {
         let uuid = "6f1c8a52-3b7e-4a59-9a1d-2f0c5e9b7d41";
@@ -1311,13 +1339,13 @@ mod tests {
             "6f1c8a52-3b7e4a59-9a1d-2f0c5e9b7d41",
             "{6f1c8a523b7e4a599a1d2f0c5e9b7d41",
         ] {
-            assert!(!PrincipalType::Uuid.canonical(bad).is_some(), "{bad}");
+            assert!(PrincipalType::Uuid.canonical(bad).is_none(), "{bad}");
         }
         for ok in ["1", "42", "-7", "9223372036854775807"] {
             assert!(PrincipalType::Bigint.canonical(ok).is_some(), "{ok}");
         }
         for bad in ["", "4.2", "acct_1", "9223372036854775808", "0x10"] {
-            assert!(!PrincipalType::Bigint.canonical(bad).is_some(), "{bad}");
+            assert!(PrincipalType::Bigint.canonical(bad).is_none(), "{bad}");
         }
         assert!(PrincipalType::Text.canonical("anything at all").is_some());
     }
@@ -1328,11 +1356,11 @@ mod tests {
     fn no_principal_can_equal_the_value_of_none() {
         let nil = "00000000-0000-0000-0000-000000000000";
         for none in [nil, &nil.replace('-', ""), &format!("{{{nil}}}")] {
-            assert!(!PrincipalType::Uuid.canonical(none).is_some(), "{none}");
+            assert!(PrincipalType::Uuid.canonical(none).is_none(), "{none}");
         }
         assert_eq!(PrincipalType::Uuid.bound(""), nil);
         for none in ["0", "-0", "+0", "000"] {
-            assert!(!PrincipalType::Bigint.canonical(none).is_some(), "{none}");
+            assert!(PrincipalType::Bigint.canonical(none).is_none(), "{none}");
         }
         assert_eq!(PrincipalType::Bigint.bound(""), "0");
     }

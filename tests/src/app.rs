@@ -132,3 +132,17 @@ impl Drop for TestApp {
         self.server.abort();
     }
 }
+
+/// A store on `pool`, in the portable mode or the default one, its table migrated.
+pub async fn migrated_store(pool: PgPool, portable: bool) -> idem::Store {
+    let builder = idem::Store::builder(pool);
+    let store = if portable {
+        builder.portable()
+    } else {
+        builder
+    }
+    .build()
+    .expect("store");
+    store.migrate().await.expect("migrate");
+    store
+}

@@ -21,7 +21,7 @@ mod tools;
 mod trips;
 
 pub use answer::{post, send, Answer};
-pub use app::{example_deliveries, Delivery, TestApp};
+pub use app::{example_deliveries, migrated_store, Delivery, TestApp};
 pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, TestDb};

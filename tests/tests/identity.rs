@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use futures::future::join_all;
 use idem::webhook::{Signed, StandardWebhooks, Verifier};
 use idem::{idempotent, PrincipalType, Store, StoreBuilder, Tx};
-use idem_tests::{count, send, with_test_db, Answer, TestApp, TestDb};
+use idem_tests::{count, migrated_store, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -338,15 +338,7 @@ async fn a_consumer_that_gains_a_spread_keeps_answering_earlier_records() {
         let pool = db.pool(2).await;
         tables(&pool).await;
         for portable in [false, true] {
-            let builder = Store::builder(pool.clone());
-            let store = if portable {
-                builder.portable()
-            } else {
-                builder
-            }
-            .build()
-            .unwrap();
-            store.migrate().await.unwrap();
+            let store = migrated_store(pool.clone(), portable).await;
             let id = format!("msg_{portable}");
             let book = async |tenant: Option<&str>| {
                 let mut once = store.run_once("ledger", &id).payload(&5);
