@@ -2,8 +2,9 @@
 //! PostgreSQL database per test, an app served over real HTTP on a loopback port,
 //! requests read whole, latency percentiles, the fields of idem's request spans, a
 //! PgBouncer in transaction mode in front of a test database, a throwaway Citus cluster,
-//! the outbox's brokers (and a NATS server of a test's own), and the outside tools the
-//! tests check against (the webhook providers' signing libraries, schemathesis).
+//! the outbox's brokers (and a NATS server of a test's own), the outside tools the
+//! tests check against (the webhook providers' signing libraries, schemathesis), and the
+//! pairwise cover the combination suite runs (`tests/tests/combinations.rs`).
 //!
 //! The server is found through `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
@@ -14,6 +15,7 @@ mod brokers;
 mod citus;
 mod database;
 pub mod ledger;
+pub mod pairwise;
 mod pooler;
 mod spans;
 mod stats;
