@@ -24,3 +24,13 @@ pub async fn ended_by_idem(_: &crate::Tx<'_>) -> Result<(), sqlx::Error> {
 
 /// For the crate's own benchmarks: the fingerprint, measured alone.
 pub use crate::fingerprint::Fingerprint;
+
+/// For the fuzz target `literal`: `text` and `bytes` written as the literals of
+/// `SELECT $1, $2` ([`crate::literal`]).
+pub fn literals(text: &str, bytes: &[u8]) -> String {
+    use crate::literal::{render, Literal};
+    render(
+        "SELECT $1, $2",
+        &[Literal::Text(text), Literal::Bytes(bytes)],
+    )
+}

@@ -23,17 +23,22 @@
 //!    earlier version under the nobody value, has two ([`crate::spread`]).
 //! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
 //!    sees the record the winner committed.
-//! 7. **Cancellation-safe.** The transaction is sqlx's `Transaction`, rolled back when
+//! 7. **Cancellation-safe.** The transaction is an [`OpenTransaction`], rolled back when
 //!    dropped.
+//!
+//! Round trips: in the default mode (and behind a pooler) the claim rides `BEGIN` and
+//! the key's row rides `COMMIT` ([`crate::transaction`]), so a fresh request costs idem
+//! no round trip beyond the two its transaction needs anyway, and a replay or a 409 one
+//! (the `ROLLBACK` that follows is sent after the answer). `tests/tests/round_trips.rs`
+//! counts them.
 
 use std::time::Duration;
-
-use sqlx::{Postgres, Transaction};
 
 use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
-use crate::table::{Found, Inserting, Isolation, Record, StoredRow, Timeouts};
+use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Taken, Timeouts};
+use crate::transaction::OpenTransaction;
 use crate::tx::Tx;
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -149,7 +154,7 @@ enum ClaimError {
 /// nothing). Dropping it rolls everything back.
 pub(crate) struct Attempt {
     store: Store,
-    tx: Transaction<'static, Postgres>,
+    tx: OpenTransaction,
     claim: Option<Claim>,
     /// The default mode's hold on the claimed key; `None` in portable mode, where the
     /// claim inserted the key's row.
@@ -194,20 +199,19 @@ pub(crate) async fn begin(
     if store.inner.table.portable() {
         return begin_portable(store, claim, isolation).await;
     }
+    let Some(request) = &claim else {
+        return Ok(Begun::Run(Attempt {
+            store: store.clone(),
+            tx: open(store, isolation).await?,
+            claim: None,
+            held: None,
+            isolation,
+        }));
+    };
     let mut snapshots = 0;
     loop {
-        let mut tx = open(store, isolation).await?;
-        let Some(request) = &claim else {
-            return Ok(Begun::Run(Attempt {
-                store: store.clone(),
-                tx,
-                claim: None,
-                held: None,
-                isolation,
-            }));
-        };
-        match take(store, &mut tx, request, isolation).await {
-            Ok(Took::Held(held)) => {
+        match take(store, request, isolation).await {
+            Ok((tx, Took::Held(held))) => {
                 return Ok(Begun::Run(Attempt {
                     store: store.clone(),
                     tx,
@@ -216,9 +220,9 @@ pub(crate) async fn begin(
                     isolation,
                 }))
             }
-            // Nothing was written, and no lock taken: dropping the transaction frees the
-            // connection.
-            Ok(Took::Stored(row)) => return replay(row, &request.fingerprint),
+            // Nothing was written, and no lock taken: the transaction's ROLLBACK goes out
+            // after the answer.
+            Ok((_, Took::Stored(row))) => return replay(row, &request.fingerprint),
             Err(ClaimError::InUse) => return Err(Refusal::InUse),
             // The request it waited for has ended; a new snapshot sees its record.
             Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
@@ -256,16 +260,30 @@ async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refu
 
 /// A transaction of the store's pool at `isolation`, waited for no longer than the
 /// store's acquire timeout.
-async fn open(
+async fn open(store: &Store, isolation: Isolation) -> Result<OpenTransaction, Refusal> {
+    open_with(store, isolation.begin().to_owned(), Duration::ZERO)
+        .await
+        .map(|(tx, _)| tx)
+        .map_err(Refusal::from_database)
+}
+
+/// A transaction of the store's pool, begun by `sql` (BEGIN and what rides it), and the
+/// rows `sql` returned. Waiting for a connection and for the message's answer is bounded
+/// by the store's acquire timeout, as sqlx's own BEGIN was, plus `wait`, how long a claim
+/// riding BEGIN may wait for another request (its `lock_timeout`).
+async fn open_with(
     store: &Store,
-    isolation: Isolation,
-) -> Result<Transaction<'static, Postgres>, Refusal> {
+    sql: String,
+    wait: Duration,
+) -> Result<(OpenTransaction, Vec<sqlx::postgres::PgRow>), sqlx::Error> {
     let settings = &store.inner;
-    let begin = settings.pool.begin_with(isolation.begin());
-    match tokio::time::timeout(settings.acquire_timeout, begin).await {
-        Ok(Ok(tx)) => Ok(tx),
-        Ok(Err(e)) => Err(Refusal::from_database(e)),
-        Err(_elapsed) => Err(Refusal::Unavailable(sqlx::Error::PoolTimedOut)),
+    let begin = async {
+        let conn = settings.pool.acquire().await?;
+        OpenTransaction::begin(conn, sql).await
+    };
+    match tokio::time::timeout(settings.acquire_timeout + wait, begin).await {
+        Ok(begun) => begun,
+        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
     }
 }
 
@@ -292,19 +310,23 @@ struct Held {
 /// read again.
 async fn take(
     store: &Store,
-    tx: &mut Transaction<'static, Postgres>,
     claim: &Claim,
     isolation: Isolation,
-) -> Result<Took, ClaimError> {
+) -> Result<(OpenTransaction, Took), ClaimError> {
     let settings = &store.inner;
     let table = &settings.table;
     let lock = table.lock_id(&claim.key);
     let statement_timeout = claim.statement_timeout.or(settings.statement_timeout);
-    let taken = table
-        .take(tx, &claim.key, lock, statement_timeout)
+    let sql = table.begin_taking(isolation.begin(), &claim.key, lock, statement_timeout);
+    // The claim tries the key's lock; it does not wait for it.
+    let (mut tx, rows) = open_with(store, sql, Duration::ZERO)
         .await
         .map_err(ClaimError::Database)?;
-    let taken = match taken.locked {
+    let row = rows.first().ok_or_else(|| {
+        ClaimError::Database(sqlx::Error::Protocol("the claim returned no row".into()))
+    })?;
+    let taken = table::taken(row).map_err(ClaimError::Database)?;
+    let taken: Taken = match taken.locked {
         Some(false) => {
             let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
             // The shortest wait is no wait: the lock was just tried.
@@ -312,7 +334,7 @@ async fn take(
                 return Err(ClaimError::InUse);
             }
             table
-                .wait(tx, lock, wait, &taken.statement_timeout)
+                .wait(&mut tx, lock, wait, &taken.statement_timeout)
                 .await
                 .map_err(|error| match &error {
                     // 55P03: the request in flight did not end within the wait.
@@ -328,18 +350,21 @@ async fn take(
             }
             // A new statement sees what it committed (invariant 4).
             table
-                .take(tx, &claim.key, lock, statement_timeout)
+                .take(&mut tx, &claim.key, lock, statement_timeout)
                 .await
                 .map_err(ClaimError::Database)?
         }
         _ => taken,
     };
     match (taken.locked, taken.stored) {
-        (None, Some(row)) => Ok(Took::Stored(row)),
-        (Some(true), stored) => Ok(Took::Held(Held {
-            began: taken.began,
-            over: stored.is_some(),
-        })),
+        (None, Some(row)) => Ok((tx, Took::Stored(row))),
+        (Some(true), stored) => Ok((
+            tx,
+            Took::Held(Held {
+                began: taken.began,
+                over: stored.is_some(),
+            }),
+        )),
         // Another request took the lock between the wait and the read: it is in flight.
         _ => Err(ClaimError::InUse),
     }
@@ -367,18 +392,17 @@ async fn begin_portable(
     let mut checked_expiry = false;
     loop {
         round += 1;
-        let mut tx = open(store, isolation).await?;
         let Some(request) = &claim else {
             return Ok(Begun::Run(Attempt {
                 store: store.clone(),
-                tx,
+                tx: open(store, isolation).await?,
                 claim: None,
                 held: None,
                 isolation,
             }));
         };
-        match claim_row(store, &mut tx, request, wait).await {
-            Ok(Found::Claimed) => {
+        match claim_row(store, request, isolation, wait).await {
+            Ok((tx, Found::Claimed)) => {
                 return Ok(Begun::Run(Attempt {
                     store: store.clone(),
                     tx,
@@ -387,10 +411,9 @@ async fn begin_portable(
                     isolation,
                 }))
             }
-            // Nothing was written; dropping the transaction frees the connection.
-            Ok(Found::Stored(row)) => return replay(row, &request.fingerprint),
+            // Nothing was written; the transaction's ROLLBACK goes out after the answer.
+            Ok((_, Found::Stored(row))) => return replay(row, &request.fingerprint),
             Err(ClaimError::InUse) => {
-                drop(tx);
                 // The row is locked, but what is committed is an expired row: a sweeper
                 // is deleting it, or a request is taking the expired key over. A sweep
                 // must never answer 409, so this claim waits up to EXPIRY_WAIT, longer
@@ -423,13 +446,15 @@ async fn begin_portable(
     }
 }
 
-/// Portable mode: claims the key in `tx`: the fresh claim, or the row that holds the key.
+/// Portable mode: opens the transaction, its waits riding `BEGIN`
+/// ([`Table::begin_waiting`](crate::table::Table::begin_waiting)), and claims the key in
+/// it: the fresh claim, or the row that holds the key.
 async fn claim_row(
     store: &Store,
-    tx: &mut Transaction<'static, Postgres>,
     claim: &Claim,
+    isolation: Isolation,
     wait: Duration,
-) -> Result<Found, ClaimError> {
+) -> Result<(OpenTransaction, Found), ClaimError> {
     let table = &store.inner.table;
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
@@ -454,21 +479,28 @@ async fn claim_row(
         wait,
         statement: claim.statement_timeout.or(store.inner.statement_timeout),
     };
-    // The waits by `SET LOCAL`, for the whole claim.
-    let saved = table.set_waits(tx, timeouts).await.map_err(classify)?;
+    // BEGIN and the waits by `SET LOCAL` for the whole claim: one message.
+    let sql = crate::table::Table::begin_waiting(isolation.begin(), timeouts);
+    let (mut tx, rows) = open_with(store, sql, wait).await.map_err(classify)?;
+    let settings = rows.first().ok_or_else(|| {
+        ClaimError::Database(sqlx::Error::Protocol(
+            "the claim's settings were not read".into(),
+        ))
+    })?;
+    let saved = crate::table::Table::saved(settings, timeouts).map_err(classify)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     let claimed = 'rounds: {
         for _ in 0..4 {
             let found = match table
-                .claim(tx, key, fingerprint, timeouts)
+                .claim(&mut tx, key, fingerprint, timeouts)
                 .await
                 .map_err(classify)?
             {
                 Some(found) => found,
                 // The conflicting row committed after the claim's snapshot began (the claim
                 // waited for it): a new statement sees it.
-                None => match table.read(tx, key).await.map_err(classify)? {
+                None => match table.read(&mut tx, key).await.map_err(classify)? {
                     Some(found) => found,
                     None => continue,
                 },
@@ -476,10 +508,10 @@ async fn claim_row(
             match found {
                 Found::Stored(row) if row.expired || row.status.is_none() => {}
                 Found::Claimed => break 'rounds true,
-                found => return Ok(found),
+                found => return Ok((tx, found)),
             }
             if table
-                .reclaim(tx, key, fingerprint, timeouts)
+                .reclaim(&mut tx, key, fingerprint, timeouts)
                 .await
                 .map_err(classify)?
             {
@@ -490,8 +522,11 @@ async fn claim_row(
     };
     if claimed {
         // The handler does not inherit the claim's wait.
-        table.restore_wait(tx, &saved).await.map_err(classify)?;
-        return Ok(Found::Claimed);
+        table
+            .restore_wait(&mut tx, &saved)
+            .await
+            .map_err(classify)?;
+        return Ok((tx, Found::Claimed));
     }
     Err(ClaimError::InUse)
 }
@@ -530,112 +565,118 @@ impl Attempt {
     pub(crate) async fn commit(self, record: &Record) -> Result<Committed, CommitError> {
         let Self {
             store,
-            mut tx,
+            tx,
             claim,
             held,
             isolation,
         } = self;
-        if let Some(claim) = claim {
-            let table = &store.inner.table;
-            let written = match held {
-                Some(held) => {
-                    let row = Inserting {
-                        key: &claim.key,
-                        fingerprint: &claim.fingerprint,
-                        ttl: claim.ttl,
-                        began: held.began,
-                        over: held.over,
-                    };
-                    match table.insert(&mut tx, &row, record).await {
-                        Ok(true) => Written::Stored,
-                        // Nothing written: the handler ended the transaction itself, or
-                        // (over an expired row) another attempt's record is there.
-                        Ok(false) => match table.same_transaction(&mut tx, held.began).await {
-                            Ok(true) => Written::Lost,
-                            Ok(false) => Written::Escaped,
-                            Err(e) => Written::Failed(e),
-                        },
-                        Err(e) if table.is_key_conflict(&e) => Written::Lost,
-                        Err(e) => Written::Failed(e),
+        let Some(claim) = claim else {
+            return tx
+                .commit()
+                .await
+                .map_err(CommitError::from_database)
+                .map(|()| Committed::Stored);
+        };
+        let table = &store.inner.table;
+        let written = match held {
+            // The key's row rides COMMIT: committed when the message succeeds. If its
+            // answer is lost, the caller cannot tell whether COMMIT happened: it answers
+            // "unavailable", and the retry either replays the record or runs afresh.
+            Some(held) => {
+                let row = Inserting {
+                    key: &claim.key,
+                    fingerprint: &claim.fingerprint,
+                    ttl: claim.ttl,
+                    began: held.began,
+                    over: held.over,
+                };
+                match tx.finish(table.inserting_commit(&row, record)).await {
+                    Ok(()) => return Ok(Committed::Stored),
+                    Err(sqlx::Error::Database(e))
+                        if e.code().as_deref() == Some("22P02")
+                            && e.message().contains(table::LOST) =>
+                    {
+                        Written::Lost
                     }
-                }
-                None => match table.store(&mut tx, &claim.key, claim.ttl, record).await {
-                    Ok(true) => Written::Stored,
-                    Ok(false) => Written::Escaped,
+                    Err(sqlx::Error::Database(e))
+                        if e.code().as_deref() == Some("22P02")
+                            && e.message().contains(table::ESCAPED) =>
+                    {
+                        Written::Escaped
+                    }
+                    Err(e) if table.is_key_conflict(&e) => Written::Lost,
                     Err(e) => Written::Failed(e),
-                },
-            };
-            match written {
-                Written::Stored => {}
-                Written::Escaped => {
-                    escaped(&store, tx, &claim.key).await;
-                    return Err(CommitError::Escaped);
                 }
-                // Another attempt with this key committed first (invariant 3): one that
-                // the lock did not keep out, such as an instance of an earlier version
-                // during a rolling upgrade, or a duplicate that committed between the
-                // claim's read and its lock. Nothing of this attempt commits; the key's
-                // answer is the winner's.
-                Written::Lost => {
-                    drop(tx);
-                    let retake = Retake {
-                        store,
-                        claim,
-                        isolation,
-                    };
-                    return match retake.winner().await {
-                        Ok(record) => Ok(Committed::Superseded(record)),
-                        Err(refusal) => Err(CommitError::Refused(refusal)),
-                    };
-                }
-                // 25P02: a statement of the work failed, and it answered all the same.
-                Written::Failed(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some("25P02") =>
-                {
-                    drop(tx);
-                    return Err(CommitError::Aborted(Some(Retake {
-                        store,
-                        claim,
-                        isolation,
-                    })));
-                }
-                Written::Failed(e) => return Err(CommitError::from_database(e)),
             }
+            // Portable mode: the response rides COMMIT, into the row the claim inserted.
+            None => match tx
+                .finish(table.storing_commit(&claim.key, claim.ttl, record))
+                .await
+            {
+                Ok(()) => return Ok(Committed::Stored),
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("22P02")
+                        && e.message().contains(table::ESCAPED) =>
+                {
+                    Written::Escaped
+                }
+                Err(e) => Written::Failed(e),
+            },
+        };
+        match written {
+            Written::Escaped => {
+                escaped(&store, &claim.key).await;
+                Err(CommitError::Escaped)
+            }
+            // Another attempt with this key committed first (invariant 3): one that the
+            // lock did not keep out, such as an instance of an earlier version during a
+            // rolling upgrade, or a duplicate that committed between the claim's read and
+            // its lock. Nothing of this attempt commits; the key's answer is the winner's.
+            Written::Lost => {
+                let retake = Retake {
+                    store,
+                    claim,
+                    isolation,
+                };
+                match retake.winner().await {
+                    Ok(record) => Ok(Committed::Superseded(record)),
+                    Err(refusal) => Err(CommitError::Refused(refusal)),
+                }
+            }
+            // 25P02: a statement of the work failed, and it answered all the same.
+            Written::Failed(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                Err(CommitError::Aborted(Some(Retake {
+                    store,
+                    claim,
+                    isolation,
+                })))
+            }
+            Written::Failed(e) => Err(CommitError::from_database(e)),
         }
-        // If COMMIT's answer is lost, the caller cannot tell whether it happened; it
-        // answers "unavailable", and the retry either replays the committed record or
-        // runs afresh.
-        tx.commit().await.map_err(CommitError::from_database)?;
-        Ok(Committed::Stored)
     }
 
     /// Commits what the work wrote, storing nothing: only for an attempt without a key.
     ///
-    /// With `claims_success` (the answer is a 2xx or 3xx), one statement first asks
-    /// whether a statement of the work failed: PostgreSQL answers the COMMIT of such a
-    /// transaction with a silent ROLLBACK, and the success would claim writes that never
-    /// happened ([`CommitError::Aborted`], as for a keyed attempt). Any other answer
+    /// With `claims_success` (the answer is a 2xx or 3xx), one statement before COMMIT,
+    /// in the same message, asks whether a statement of the work failed: PostgreSQL
+    /// answers the COMMIT of such a transaction with a silent ROLLBACK, and the success
+    /// would claim writes that never happened ([`CommitError::Aborted`], as for a keyed
+    /// attempt); the failed question makes PostgreSQL skip the COMMIT. Any other answer
     /// commits at once: a rejection after a failed statement is true either way.
-    pub(crate) async fn commit_unrecorded(
-        mut self,
-        claims_success: bool,
-    ) -> Result<(), CommitError> {
+    pub(crate) async fn commit_unrecorded(self, claims_success: bool) -> Result<(), CommitError> {
         debug_assert!(self.claim.is_none(), "a claimed key must commit its record");
-        if claims_success {
-            let persistent = self.store.inner.table.persistent();
-            let asked = sqlx::query("SELECT 1")
-                .persistent(persistent)
-                .execute(&mut *self.tx)
-                .await;
-            match asked {
-                Ok(_) => {}
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
-                    return Err(CommitError::Aborted(None));
-                }
-                Err(e) => return Err(CommitError::from_database(e)),
+        let sql = if claims_success {
+            "SELECT 1;\nCOMMIT"
+        } else {
+            "COMMIT"
+        };
+        match self.tx.finish(sql.to_owned()).await {
+            Ok(()) => Ok(()),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                Err(CommitError::Aborted(None))
             }
+            Err(e) => Err(CommitError::from_database(e)),
         }
-        self.tx.commit().await.map_err(CommitError::from_database)
     }
 
     /// Rolls back everything the work wrote, and the claim with it.
@@ -697,9 +738,8 @@ impl Retake {
     }
 }
 
-/// How the key's record was written at commit.
+/// Why the key's record was not committed.
 enum Written {
-    Stored,
     /// The work ended the transaction itself (invariant 6).
     Escaped,
     /// Another attempt's record holds the key (invariant 3).
@@ -712,13 +752,12 @@ enum Written {
 /// committed with them, and is removed so the key is not stuck (the claim path would
 /// take such a row over anyway); in the default mode the key's row is only ever written
 /// with its record, so nothing of idem's committed.
-async fn escaped(store: &Store, tx: Transaction<'static, Postgres>, key: &KeyInScope) {
+async fn escaped(store: &Store, key: &KeyInScope) {
     tracing::error!(
         scope = &*key.scope,
         "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
          its writes escaped the idempotency guarantee; nothing was stored"
     );
-    drop(tx);
     if !store.inner.table.portable() {
         return;
     }
@@ -1180,7 +1219,7 @@ mod tests {
 
     /// Holds the lock of `key` in a transaction of its own, as an attempt of another key
     /// whose lock collides with it would (a 64-bit hash collision, forced).
-    async fn collide(db: &Db, key: &str) -> Transaction<'static, Postgres> {
+    async fn collide(db: &Db, key: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
         let claim = db.claim(key, "a").unwrap();
         let lock = db.store.inner.table.lock_id(&claim.key);
         let mut holder = db.pool.begin().await.unwrap();

@@ -174,6 +174,7 @@ mod header_hash;
 mod identity;
 mod inspect;
 mod key;
+mod literal;
 mod migrate;
 mod observe;
 mod once;
@@ -185,6 +186,7 @@ mod probe;
 mod spread;
 mod store;
 mod table;
+mod transaction;
 mod tx;
 mod web;
 #[cfg(feature = "webhook")]

@@ -45,6 +45,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlSt
 
 use crate::fingerprint::Fingerprint;
 use crate::identity::{stored_scope, KeyInScope, Place};
+use crate::literal::{self, Literal};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -204,10 +205,11 @@ ON CONFLICT (scope, principal, key) DO UPDATE
        created_at = excluded.created_at, expires_at = excluded.expires_at
  WHERE k.expires_at <= now() OR k.status IS NULL";
 
-/// Whether this statement runs in the transaction that began at $1 (`began` from
-/// [`TAKE`]): tells an escaped handler from a lost race when [`OVERWRITE`] wrote
-/// nothing.
-const SAME_TRANSACTION: &str = "SELECT extract(epoch FROM now())::float8 = $1";
+/// What [`Table::inserting_commit`] raises when another attempt's record holds the key,
+/// and when the handler ended the transaction itself: text that no integer reads, cast to
+/// one (22P02), so that the message names it.
+pub(crate) const LOST: &str = "idem: lost to another attempt";
+pub(crate) const ESCAPED: &str = "idem: the handler ended its transaction";
 
 /// Portable mode: the response, stored in the row the claim inserted. `created_at =
 /// now()` holds only inside the transaction that claimed the row (`now()` is the
@@ -582,7 +584,6 @@ pub(crate) struct Table {
     wait: SqlStr,
     insert: SqlStr,
     overwrite: SqlStr,
-    same_transaction: SqlStr,
     claim: SqlStr,
     read: SqlStr,
     reclaim: SqlStr,
@@ -711,7 +712,6 @@ impl Table {
             wait: render(WAIT),
             insert: render(INSERT),
             overwrite: render(OVERWRITE),
-            same_transaction: render(SAME_TRANSACTION),
             claim: render(CLAIM_PORTABLE),
             read: render(READ_PORTABLE),
             reclaim: render(RECLAIM_PORTABLE),
@@ -799,23 +799,31 @@ impl Table {
             .bind(statement_timeout.map(lock_timeout))
             .fetch_one(conn)
             .await?;
-        let stored = match row.try_get::<Option<Vec<u8>>, _>("fingerprint")? {
-            Some(fingerprint) => Some(StoredRow {
-                fingerprint,
-                field_hashes: row.try_get("field_hashes")?,
-                status: row.try_get("status")?,
-                headers: row.try_get("headers")?,
-                body: row.try_get("body")?,
-                expired: row.try_get("expired")?,
-            }),
-            None => None,
-        };
-        Ok(Taken {
-            began: row.try_get("began")?,
-            locked: row.try_get("locked")?,
-            stored,
-            statement_timeout: row.try_get("statement_timeout")?,
-        })
+        taken(&row)
+    }
+
+    /// `begin` and [`TAKE`] in one message ([`crate::literal`]): the transaction and the
+    /// claim in one round trip ([`crate::transaction`]).
+    pub(crate) fn begin_taking(
+        &self,
+        begin: &str,
+        key: &KeyInScope,
+        lock: i64,
+        statement_timeout: Option<Duration>,
+    ) -> String {
+        let scope = key.stored_scope();
+        let timeout = statement_timeout.map(lock_timeout);
+        let take = literal::render(
+            self.take.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+                Literal::Text(key.key.as_str()),
+                Literal::Int(lock),
+                timeout.as_deref().map_or(Literal::Null, Literal::Text),
+            ],
+        );
+        format!("{begin};\n{take}")
     }
 
     /// [`WAIT`]: holds the key's lock once it is free, waiting at most `wait` (55P03).
@@ -835,45 +843,45 @@ impl Table {
             .map(drop)
     }
 
-    /// [`INSERT`], or [`OVERWRITE`] over the row the claim saw: `false` when nothing was
-    /// written, because the handler ended the transaction itself or (over a row) another
-    /// attempt won.
-    pub(crate) async fn insert(
-        &self,
-        conn: &mut PgConnection,
-        claim: &Inserting<'_>,
-        record: &Record,
-    ) -> Result<bool, sqlx::Error> {
+    /// [`INSERT`] (or [`OVERWRITE`] over the row the claim saw) and `COMMIT`, in one
+    /// message ([`crate::literal`]): the key's row rides the round trip COMMIT needs
+    /// anyway. When nothing was written, a statement between the two fails, so that
+    /// PostgreSQL skips the COMMIT: with [`LOST`] in its message when this transaction
+    /// is still the one that claimed (another attempt's record holds the key, invariant
+    /// 3), with [`ESCAPED`] when the handler ended it itself (invariant 6).
+    pub(crate) fn inserting_commit(&self, claim: &Inserting<'_>, record: &Record) -> String {
         let sql = if claim.over {
             &self.overwrite
         } else {
             &self.insert
         };
-        let done = self
-            .keyed(sql, claim.key)
-            .bind(claim.fingerprint.combined().as_slice())
-            .bind(claim.fingerprint.parts())
-            .bind(i16::try_from(record.status).unwrap_or(i16::MAX))
-            .bind(&record.headers)
-            .bind(record.body.as_ref())
-            .bind(claim.ttl.as_secs_f64())
-            .bind(claim.began)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// [`SAME_TRANSACTION`].
-    pub(crate) async fn same_transaction(
-        &self,
-        conn: &mut PgConnection,
-        began: f64,
-    ) -> Result<bool, sqlx::Error> {
-        self.query(&self.same_transaction)
-            .bind(began)
-            .fetch_one(conn)
-            .await?
-            .try_get(0)
+        let scope = claim.key.stored_scope();
+        let parts = claim.fingerprint.parts();
+        let insert = literal::render(
+            sql.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&claim.key.principal)),
+                Literal::Text(claim.key.key.as_str()),
+                Literal::Bytes(claim.fingerprint.combined().as_slice()),
+                Literal::Bytes(&parts),
+                Literal::Int(i64::from(record.status)),
+                Literal::Bytes(&record.headers),
+                Literal::Bytes(&record.body),
+                Literal::Float(claim.ttl.as_secs_f64()),
+                Literal::Float(claim.began),
+            ],
+        );
+        let mut began = String::new();
+        Literal::Float(claim.began).write(&mut began);
+        // The text is cast, not the CASE's branches: PostgreSQL folds a cast of a
+        // constant when it plans the statement, whatever branch it stands in.
+        format!(
+            "WITH written AS ({insert}\n RETURNING 1)\n\
+             SELECT CAST(CASE WHEN count(*) = 0 THEN \
+             CASE WHEN extract(epoch FROM now())::float8 = {began} THEN '{LOST}' ELSE '{ESCAPED}' END \
+             END AS integer) FROM written;\nCOMMIT"
+        )
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -904,39 +912,32 @@ impl Table {
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))
     }
 
-    /// Portable mode: sets the claim's waits with `SET LOCAL`, which a distributed
-    /// engine forwards to the nodes that run the claim (Citus, told so by
-    /// `citus.propagate_set_commands = 'local'` in the same batch), and returns the
-    /// settings they replace, for [`Self::restore_wait`]. One round trip. (The default
-    /// mode's claim waits only in [`WAIT`], which sets and restores the wait itself.)
+    /// Portable mode: `begin` and the claim's waits by `SET LOCAL`, in one message; its
+    /// one row is the settings the waits replace (read it with [`Self::saved`]). A
+    /// distributed engine forwards `SET LOCAL` to the nodes that run the claim (Citus,
+    /// told so by `citus.propagate_set_commands = 'local'` first, so that no database or
+    /// role setting is needed; elsewhere an unused placeholder setting, gone at COMMIT).
+    /// The claim itself follows as a statement of its own, with bound parameters: Citus
+    /// refuses [`CLAIM_PORTABLE`] with its values written in ("cannot execute a
+    /// distributed query from a query on a shard"), and routes it by a bound one.
     ///
     /// The claim is bounded by its wait alone: the statement timeout (the request's, or
     /// the session's, by its role, say) is lifted until the claim ends. Were it not, a
     /// statement timeout shorter than the wait would cancel the claim (57014) and turn a
     /// duplicate into an error instead of a replay or a 409.
-    pub(crate) async fn set_waits(
-        &self,
-        conn: &mut PgConnection,
-        timeouts: Timeouts,
-    ) -> Result<Saved, sqlx::Error> {
-        // On Citus, the claim's INSERT waits on the worker that holds the key's shard, and
-        // a `SET LOCAL` reaches the workers only when `citus.propagate_set_commands` says
-        // so: set first, in the same round trip, so that no database or role setting is
-        // needed. Elsewhere it is an unused placeholder setting, gone at COMMIT.
+    pub(crate) fn begin_waiting(begin: &str, timeouts: Timeouts) -> String {
         // The wait is whole milliseconds written by `lock_timeout`: digits and "ms".
-        let sql = format!(
-            "SET LOCAL citus.propagate_set_commands = 'local'; \
-             SELECT current_setting('lock_timeout'), current_setting('statement_timeout'); \
-             SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = 0",
+        format!(
+            "{begin};\nSET LOCAL citus.propagate_set_commands = 'local';\n\
+             SELECT current_setting('lock_timeout'), current_setting('statement_timeout');\n\
+             SET LOCAL lock_timeout = '{}';\nSET LOCAL statement_timeout = 0",
             lock_timeout(timeouts.wait)
-        );
-        // A query without arguments goes by the simple protocol: unnamed, and several
-        // statements at once, as `raw_sql` sends them. Asserted safe: the value is
-        // digits and "ms" (above), nothing from a client.
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| sqlx::Error::Protocol("the claim's settings were not read".into()))?;
+        )
+    }
+
+    /// The settings [`Self::begin_waiting`] replaced, from its row, for
+    /// [`Self::restore_wait`]: the request's statement timeout wins over the one before.
+    pub(crate) fn saved(row: &PgRow, timeouts: Timeouts) -> Result<Saved, sqlx::Error> {
         Ok(Saved {
             lock_timeout: row.try_get(0)?,
             statement_timeout: match timeouts.statement {
@@ -1026,24 +1027,34 @@ impl Table {
         Ok(query.fetch_optional(conn).await?.is_some())
     }
 
-    /// [`STORE`] (portable mode): `false` when the claimed row is not this transaction's
-    /// any more.
-    pub(crate) async fn store(
+    /// [`STORE`] and `COMMIT` in one message ([`crate::literal`]): the response rides
+    /// the round trip COMMIT needs anyway. When nothing was stored (the handler ended
+    /// the transaction itself, invariant 6), a statement between the two fails with
+    /// [`ESCAPED`] in its message, so that PostgreSQL skips the COMMIT.
+    pub(crate) fn storing_commit(
         &self,
-        conn: &mut PgConnection,
         key: &KeyInScope,
         ttl: Duration,
         record: &Record,
-    ) -> Result<bool, sqlx::Error> {
-        let done = self
-            .keyed(&self.store, key)
-            .bind(i16::try_from(record.status).unwrap_or(i16::MAX))
-            .bind(&record.headers)
-            .bind(record.body.as_ref())
-            .bind(ttl.as_secs_f64())
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+    ) -> String {
+        let scope = key.stored_scope();
+        let store = literal::render(
+            self.store.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+                Literal::Text(key.key.as_str()),
+                Literal::Int(i64::from(record.status)),
+                Literal::Bytes(&record.headers),
+                Literal::Bytes(&record.body),
+                Literal::Float(ttl.as_secs_f64()),
+            ],
+        );
+        // As in `inserting_commit`: the CASE is cast, so that it is not folded.
+        format!(
+            "WITH stored AS ({store}\n RETURNING 1)\n\
+             SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\nCOMMIT"
+        )
     }
 
     /// [`EXPIRED`]: `None` when no committed row exists.
@@ -1273,6 +1284,27 @@ impl std::ops::DerefMut for Single {
     }
 }
 
+/// A row of [`TAKE`].
+pub(crate) fn taken(row: &PgRow) -> Result<Taken, sqlx::Error> {
+    let stored = match row.try_get::<Option<Vec<u8>>, _>("fingerprint")? {
+        Some(fingerprint) => Some(StoredRow {
+            fingerprint,
+            field_hashes: row.try_get("field_hashes")?,
+            status: row.try_get("status")?,
+            headers: row.try_get("headers")?,
+            body: row.try_get("body")?,
+            expired: row.try_get("expired")?,
+        }),
+        None => None,
+    };
+    Ok(Taken {
+        began: row.try_get("began")?,
+        locked: row.try_get("locked")?,
+        stored,
+        statement_timeout: row.try_get("statement_timeout")?,
+    })
+}
+
 fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {
     let Some(row) = row else { return Ok(None) };
     if row.try_get::<bool, _>("fresh")? {
@@ -1383,13 +1415,7 @@ mod tests {
             Isolation::default().begin(),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
         );
-        let request_path = [
-            &table.take,
-            &table.wait,
-            &table.insert,
-            &table.overwrite,
-            &table.same_transaction,
-        ];
+        let request_path = [&table.take, &table.wait, &table.insert, &table.overwrite];
         for statement in request_path {
             let statement = statement.as_str();
             let first = statement.split_whitespace().next().unwrap_or_default();
