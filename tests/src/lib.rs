@@ -1,9 +1,10 @@
 //! Support shared by idem's behaviour tests and its load benchmark (`bench/`): a fresh
 //! PostgreSQL database per test, an app served over real HTTP on a loopback port,
 //! requests read whole, latency percentiles, the fields of idem's request spans, a
-//! PgBouncer in transaction mode in front of a test database, a throwaway Citus cluster,
-//! the outbox's brokers (and a NATS server of a test's own), and the outside tools the
-//! tests check against (the webhook providers' signing libraries, schemathesis).
+//! PgBouncer in transaction mode in front of a test database, a gate that cuts a test's
+//! database away for an outage, a throwaway Citus cluster, the outbox's brokers (and a
+//! NATS server of a test's own), and the outside tools the tests check against (the
+//! webhook providers' signing libraries, schemathesis).
 //!
 //! The server is found through `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`).
@@ -13,6 +14,7 @@ mod app;
 mod brokers;
 mod citus;
 mod database;
+mod gate;
 pub mod ledger;
 mod pooler;
 mod spans;
@@ -24,6 +26,7 @@ pub use app::{example_deliveries, Delivery, TestApp};
 pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, TestDb};
+pub use gate::{outage, Gate};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use spans::{ClosedSpans, SpanFields};
 pub use stats::{percentiles, tally};
