@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use charges::events::ChargeEvent;
 use charges::Config;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
@@ -158,6 +159,9 @@ async fn storm_through_the_outbox(app: &TestApp, store: &Store, direct: &PgPool,
     relay.stopped().await;
     ledger.abort();
     js.delete_stream(prefix).await.ok();
+    js.delete_stream(charges::events::dead_letters(prefix).0)
+        .await
+        .ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -264,6 +268,7 @@ async fn the_example_binary_books_its_events_through_jetstream() {
         pool.close().await;
         let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
         js.delete_stream(&prefix).await.ok();
+        js.delete_stream(charges::events::dead_letters(&prefix).0).await.ok();
 
         let refused = std::process::Command::new(env!("CARGO_BIN_EXE_charges-server"))
             .env("BIND_ADDR", "127.0.0.1:0")
@@ -275,6 +280,98 @@ async fn the_example_binary_books_its_events_through_jetstream() {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert_eq!(refused.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains("NATS_SUBJECT_PREFIX must be"), "{stderr}");
+    })
+    .await;
+}
+
+/// Issue 27, finding 6: the example's dead letters go where its ledger consumer does not
+/// read them. An event with an id the ledger booked before with another payload, and one
+/// whose body does not decode, are dead-lettered once each; the ledger books only the
+/// good events, under their own ids. Before, the dead-letter subject
+/// (`<prefix>.dead.ledger`) was in the example's own stream (`<prefix>.>`): a dead letter
+/// came back to the ledger as an event of its own and was booked under `dead-<id>`, and
+/// the undecodable one looped for ever (`dead-dead-<id>` ...).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_examples_dead_letters_are_not_read_by_its_ledger() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        charges::migrate(&pool).await.expect("migrate");
+        let store = Store::new(pool.clone());
+        let prefix = unique("charges");
+        let (relay, ledger) = charges::events::start(&store, &nats_url(), &prefix)
+            .await
+            .expect("start the events");
+        let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        let created = |charge: &str, amount| ChargeEvent {
+            kind: "charge.created".into(),
+            charge_id: charge.into(),
+            refund_id: None,
+            account: "acct_dead".into(),
+            amount,
+        };
+        // Booked before with another payload.
+        store
+            .run_once("ledger_events", "evt-seen")
+            .payload(&created("ch_seen", 1))
+            .run(async |_tx| Ok::<_, sqlx::Error>(()))
+            .await
+            .unwrap();
+        let subject = format!("{prefix}.charge.created");
+        let publish = async |id: &str, body: Vec<u8>| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(MSG_ID, id);
+            js.publish_with_headers(subject.clone(), headers, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        };
+        let json = |event: ChargeEvent| serde_json::to_vec(&event).unwrap();
+        publish("evt-seen", json(created("ch_seen", 999))).await;
+        publish("evt-bad", b"{not json".to_vec()).await;
+        publish("evt-good-1", json(created("ch_1", 10))).await;
+        // The ids the ledger booked for the account, once it booked `id`.
+        let booked_with = async |id: &str| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let ids: Vec<String> = sqlx::query_scalar(
+                    "SELECT message_id FROM ledger_entries WHERE account = 'acct_dead' ORDER BY message_id",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                if ids.iter().any(|booked| booked == id) {
+                    return ids;
+                }
+                assert!(Instant::now() < deadline, "{id} never booked: {ids:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        booked_with("evt-good-1").await;
+        // Published after any dead letter of the three above: once it is booked, the
+        // ledger has read whatever came before it in its stream.
+        publish("evt-good-2", json(created("ch_2", 20))).await;
+        let ids = booked_with("evt-good-2").await;
+        assert_eq!(ids, ["evt-good-1", "evt-good-2"], "booked only the good events");
+        let mut events = js.get_stream(&prefix).await.unwrap();
+        assert_eq!(
+            events.info().await.unwrap().state.messages,
+            4,
+            "the events' stream holds the four events and no dead letter"
+        );
+        let (dead_stream, _) = charges::events::dead_letters(&prefix);
+        let mut dead = js.get_stream(&dead_stream).await.expect("the dead letters' stream");
+        let state = dead.info().await.unwrap().state.clone();
+        let mut dead_ids = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            let m = dead.get_raw_message(seq).await.unwrap();
+            dead_ids.push(m.headers.get("Idem-Event-Id").unwrap().as_str().to_owned());
+        }
+        assert_eq!(dead_ids, ["evt-seen", "evt-bad"]);
+        relay.stopped().await;
+        ledger.abort();
+        js.delete_stream(&prefix).await.ok();
+        js.delete_stream(&dead_stream).await.ok();
     })
     .await;
 }

@@ -417,6 +417,52 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
     .await;
 }
 
+/// Issue 27, finding 6: a dead-letter subject whose dead letters would come back as
+/// events (captured by the stream the consumer reads, as the example's was) or be refused
+/// (no stream captures it) stops the consumer at start, saying why, before it consumes
+/// anything. Before, it ran, and its dead letters were read again as new events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_subject_that_would_come_back_is_refused_at_start() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 1).await;
+        store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let refusal = async |dead_letters: String| {
+            let consumer = broker.consumer("ledger", Duration::from_secs(5), 3).await;
+            let run = JetStreamConsumer::new(broker.js.clone(), consumer)
+                .dead_letter_subject(dead_letters)
+                .run(async |credit: Received<Credit>| book(&store, &credit).await);
+            tokio::time::timeout(Duration::from_secs(10), run)
+                .await
+                .expect("refused at once")
+                .expect_err("refused")
+                .to_string()
+        };
+        // In the consumed stream, even outside this consumer's filter: every other
+        // consumer of the stream would read them.
+        let captured = refusal(format!("{}.dead", broker.stream)).await;
+        assert!(
+            captured.contains(&format!(
+                "captured by the stream {:?}, the one this consumer reads",
+                broker.stream
+            )),
+            "{captured}"
+        );
+        let nowhere = refusal(format!("{}_nowhere.dead", broker.stream)).await;
+        assert!(nowhere.contains("no stream captures"), "{nowhere}");
+        let wildcard = refusal(format!("{}_dead.>", broker.stream)).await;
+        assert!(wildcard.contains("one subject"), "{wildcard}");
+        assert_eq!(count(&pool, "credits").await, 0, "nothing consumed");
+        broker.delete().await;
+    })
+    .await;
+}
+
 /// `outbox-worker` (a relay or a consumer in a process of its own) on `db` and `nats`.
 fn worker(mode: &str, db: &TestDb, nats: &str, env: &[(&str, String)]) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-worker"));

@@ -34,13 +34,19 @@
 //! would wait through the first one's outage, its ack wait would run out, and each
 //! redelivery would count. Run several consumers on one durable consumer for parallel
 //! work.
+//!
+//! The dead-letter subject must be captured by a stream (JetStream refuses a publish no
+//! stream takes) other than the consumed one: in the consumed stream, every consumer of it
+//! would read the dead letters as new events (the example's own ledger consumer did, and
+//! booked them under `dead-<id>`). [`JetStreamConsumer::run`] checks both before it
+//! consumes anything.
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::{Context, Message};
 use async_nats::HeaderMap;
@@ -133,7 +139,9 @@ impl JetStreamConsumer {
 
     /// Where messages that can never succeed go, with the headers `Idem-Event-Id` (the
     /// event's id), `Idem-Dead-Reason` and `Idem-Dead-Subject`, and `dead-<id>` as their
-    /// `Nats-Msg-Id` (default: none; they are logged and terminated).
+    /// `Nats-Msg-Id` (default: none; they are logged and terminated). It must be captured
+    /// by a stream of its own, not by the stream consumed: [`run`](Self::run) refuses it
+    /// otherwise.
     pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
         self.dead_letter_subject = Some(subject.into());
         self
@@ -150,6 +158,10 @@ impl JetStreamConsumer {
     /// its result decides the acknowledgement. A broker that cannot be reached is waited
     /// for.
     ///
+    /// Refuses to start (before it consumes anything) when the dead-letter subject is not
+    /// one subject, no stream captures it, or the consumed stream does (or copies it in
+    /// from its stream): see the [module's docs](self).
+    ///
     /// ```no_run
     /// # async fn f(store: idem::Store, js: async_nats::jetstream::Context, consumer: async_nats::jetstream::consumer::PullConsumer) -> Result<(), Box<dyn std::error::Error>> {
     /// use idem::outbox::nats::JetStreamConsumer;
@@ -157,8 +169,15 @@ impl JetStreamConsumer {
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Charge { id: i64, amount: i64 }
     ///
+    /// // The dead letters' stream: its own subjects, outside the events' stream.
+    /// js.get_or_create_stream(async_nats::jetstream::stream::Config {
+    ///     name: "charges_dead".into(),
+    ///     subjects: vec!["charges_dead.>".into()],
+    ///     ..Default::default()
+    /// })
+    /// .await?;
     /// JetStreamConsumer::new(js, consumer)
-    ///     .dead_letter_subject("dead.ledger")
+    ///     .dead_letter_subject("charges_dead.ledger")
     ///     .run(|charge: idem::outbox::Received<Charge>| {
     ///         let store = store.clone();
     ///         async move {
@@ -183,6 +202,9 @@ impl JetStreamConsumer {
         Fut: Future<Output = Result<R, OnceError<E>>>,
         E: fmt::Display + 'static,
     {
+        if let Some(subject) = &self.dead_letter_subject {
+            self.check_dead_letter_subject(subject).await?;
+        }
         let config = &self.consumer.cached_info().config;
         let limits = Limits {
             max_deliver: u32::try_from(config.max_deliver).ok().filter(|&m| m > 0),
@@ -363,6 +385,72 @@ impl JetStreamConsumer {
             .map_err(|e| e.to_string())?;
         ack.await.map(drop).map_err(|e| e.to_string())
     }
+
+    /// Refuses a dead-letter subject whose dead letters would be lost or read as events
+    /// (see the [module's docs](self)); waits for a broker that does not answer.
+    async fn check_dead_letter_subject(&self, subject: &str) -> Result<(), ConsumeError> {
+        if subject.is_empty() || subject.contains(['*', '>', ' ', '\t']) {
+            return Err(ConsumeError(format!(
+                "the dead-letter subject must be one subject, without wildcards or spaces, not {subject:?}"
+            )));
+        }
+        let mut tries = 0;
+        loop {
+            match self.dead_letter_check(subject).await {
+                Ok(()) => return Ok(()),
+                Err(Check::Refused(why)) => return Err(ConsumeError(why)),
+                Err(Check::Unanswered(error)) => {
+                    tries += 1;
+                    let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
+                    tracing::warn!(%error, ?pause, "idem: JetStream consumer: cannot check the dead-letter subject; asking again after a pause");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    async fn dead_letter_check(&self, subject: &str) -> Result<(), Check> {
+        let consumed = &self.consumer.cached_info().stream_name;
+        let stream = match self.jetstream.stream_by_subject(subject).await {
+            Ok(stream) => stream,
+            Err(error) if error.kind() == GetStreamByNameErrorKind::NotFound => {
+                return Err(Check::Refused(format!(
+                    "no stream captures the dead-letter subject {subject:?}: JetStream would refuse \
+                     every dead letter. Create a stream for the dead letters (not {consumed:?}, \
+                     the stream this consumer reads)"
+                )))
+            }
+            Err(error) => return Err(Check::Unanswered(error.to_string())),
+        };
+        if stream == *consumed {
+            return Err(Check::Refused(format!(
+                "the dead-letter subject {subject:?} is captured by the stream {consumed:?}, the \
+                 one this consumer reads: its consumers would read the dead letters as new events. \
+                 Give the dead letters a stream of their own, outside {consumed:?}'s subjects"
+            )));
+        }
+        let config = self
+            .jetstream
+            .get_stream(consumed)
+            .await
+            .map_err(|e| Check::Unanswered(e.to_string()))?
+            .cached_info()
+            .config
+            .clone();
+        let copies = config
+            .mirror
+            .iter()
+            .chain(config.sources.iter().flatten())
+            .any(|source| source.name == stream);
+        if copies {
+            return Err(Check::Refused(format!(
+                "the dead-letter subject {subject:?} is captured by the stream {stream:?}, which \
+                 the stream this consumer reads ({consumed:?}) copies in: its consumers would \
+                 read the dead letters as new events"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What a message's settling needs of the consumer's settings on the server.
@@ -370,6 +458,14 @@ struct Limits {
     max_deliver: Option<u32>,
     /// How often a held message is reported in progress: a third of the ack wait.
     keep_alive: Duration,
+}
+
+/// Why a dead-letter subject was not accepted.
+enum Check {
+    /// For good, with the reason.
+    Refused(String),
+    /// JetStream did not answer; ask again.
+    Unanswered(String),
 }
 
 /// Runs `work` while telling JetStream every `every` that `message` is still being worked
