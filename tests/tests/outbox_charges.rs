@@ -15,7 +15,7 @@ use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use idem::outbox::nats::MSG_ID;
 use idem::{Pooler, Store};
-use idem_tests::{nats_url, unique, with_test_db, Pgbouncer, TestApp};
+use idem_tests::{nats_url, outage, unique, with_test_db, Gate, Pgbouncer, TestApp};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -369,6 +369,91 @@ async fn the_examples_dead_letters_are_not_read_by_its_ledger() {
         }
         assert_eq!(dead_ids, ["evt-seen", "evt-bad"]);
         relay.stopped().await;
+        ledger.abort();
+        js.delete_stream(&prefix).await.ok();
+        js.delete_stream(&dead_stream).await.ok();
+    })
+    .await;
+}
+
+/// Issue 27, finding 6: the example's database refusing connections
+/// (`OUTBOX_OUTAGE_SECS`, 15 s by default; RELIABILITY.md has a 90 s run) while its
+/// ledger consumer has events in JetStream. Every delivery meanwhile fails because the
+/// database is away: after the outage each event is booked once, under its own id, the
+/// server delivered each once, and nothing is dead-lettered. Before, each failed delivery
+/// counted toward the ledger's `max_deliver` (10), and the events went to the dead-letter
+/// subject, from where the ledger booked them again as `dead-<id>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_example_books_each_event_once_through_a_database_outage() {
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        charges::migrate(&pool).await.expect("migrate");
+        let mut gate = Gate::start(&db.options).await;
+        let prefix = unique("charges");
+        let (relay, ledger) = charges::events::start(&gate.store(db), &nats_url(), &prefix)
+            .await
+            .expect("start the events");
+        let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        gate.shut().await;
+        // Written before the outage, published meanwhile: in JetStream, in the ledger's
+        // way, while PostgreSQL refuses it.
+        let ids: Vec<String> = (0..20).map(|i| format!("evt-{i:02}")).collect();
+        for (i, id) in (0_i64..).zip(&ids) {
+            let event = ChargeEvent {
+                kind: "charge.created".into(),
+                charge_id: format!("ch_{i}"),
+                refund_id: None,
+                account: "acct_outage".into(),
+                amount: 100 + i,
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(MSG_ID, id.as_str());
+            js.publish_with_headers(
+                format!("{prefix}.charge.created"),
+                headers,
+                serde_json::to_vec(&event).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+        tokio::time::sleep(outage()).await;
+        gate.open().await;
+        let opened = Instant::now();
+        let booked = loop {
+            let booked: Vec<String> = sqlx::query_scalar(
+                "SELECT message_id FROM ledger_entries WHERE account = 'acct_outage' ORDER BY message_id",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            if booked.len() >= ids.len() || opened.elapsed() > Duration::from_secs(60) {
+                break booked;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let recovered_in = opened.elapsed();
+        assert_eq!(booked, ids, "each event once, under its own id");
+        let (dead_stream, _) = charges::events::dead_letters(&prefix);
+        let dead = js.get_stream(&dead_stream).await.unwrap().info().await.unwrap().state.messages;
+        assert_eq!(dead, 0, "dead letters");
+        let mut consumer: jetstream::consumer::PullConsumer = js
+            .get_stream(&prefix)
+            .await
+            .unwrap()
+            .get_consumer("ledger")
+            .await
+            .unwrap();
+        let delivered = consumer.info().await.unwrap().delivered.consumer_sequence;
+        assert_eq!(delivered, 20, "deliveries");
+        println!(
+            "the example, a {} s outage with 20 events in JetStream: all booked {:.1} s after \
+             it, each once under its own id; {delivered} deliveries, no dead letter",
+            outage().as_secs(),
+            recovered_in.as_secs_f64()
+        );
+        relay.stop();
         ledger.abort();
         js.delete_stream(&prefix).await.ok();
         js.delete_stream(&dead_stream).await.ok();
