@@ -241,7 +241,9 @@ impl AmqpConsumer {
                 .headers()
                 .as_ref()
                 .and_then(|h| h.inner().get("x-delivery-count").and_then(count));
-            let delivered = counted.map_or(failures.get(event_id) + 1, |n| n.saturating_add(1));
+            let delivered = counted
+                .unwrap_or_else(|| failures.get(event_id))
+                .saturating_add(1);
             let verdict = match judge(
                 id.as_deref(),
                 || "no message_id".into(),

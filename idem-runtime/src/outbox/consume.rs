@@ -22,6 +22,7 @@
 //!   same id with another payload, a result that cannot be stored), or its work failed up
 //!   to the limit. It goes to the dead-letter path with a log line saying why; nothing is
 //!   retried.
+
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
@@ -167,7 +168,7 @@ pub(crate) fn backoff((first, max): (Duration, Duration), attempts: u32) -> Dura
 
 /// Decodes one delivery's body, or says why it is dead: it carries no id (`missing` says
 /// what is missing), or its body does not decode as `T`.
-pub(crate) fn decode<T: DeserializeOwned>(
+fn decode<T: DeserializeOwned>(
     id: Option<&str>,
     missing: impl FnOnce() -> String,
     topic: &str,
