@@ -1,7 +1,8 @@
-//! The ledger the outbox tests consume into: a `credits` table, and a consumer's work
-//! that books each credit once through `run_once`.
+//! The ledger the outbox tests consume into: a `credits` table, a consumer's work that
+//! books each credit once through `run_once`, and a database outage while it books.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::outbox::Received;
@@ -9,7 +10,7 @@ use idem::{OnceError, Pooler, Store};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use crate::TestDb;
+use crate::{outage, Gate, TestDb};
 
 /// A credit the ledger consumer books.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -65,5 +66,60 @@ pub async fn credits(pool: &PgPool, n: usize, within: Duration) -> HashMap<i64, 
             return rows.into_iter().collect();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The ids [`book`] booked (the keys of its scope), sorted.
+pub async fn booked(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT key FROM idempotency_keys WHERE scope = 'ledger' ORDER BY key")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// What [`through_an_outage`] saw.
+#[derive(Debug)]
+pub struct Outage {
+    /// Charges credited when the gate shut.
+    pub credited_at_cut: usize,
+    /// The work's attempts while it was shut.
+    pub attempts: u64,
+    /// From the gate's opening to the last credit.
+    pub recovered_in: Duration,
+}
+
+/// Shuts `gate` once `first` charges are credited, keeps it shut for [`outage`], opens
+/// it, and waits for charges `0..n` to be credited, each once (checked); `attempts`
+/// counts the work's attempts.
+pub async fn through_an_outage(
+    pool: &PgPool,
+    gate: &mut Gate,
+    attempts: &AtomicU64,
+    first: usize,
+    n: i64,
+) -> Outage {
+    let before = credits(pool, first, Duration::from_secs(20)).await;
+    assert!(
+        before.len() >= first,
+        "credited before the outage: {before:?}"
+    );
+    gate.shut().await;
+    let credited_at_cut = credits(pool, 0, Duration::ZERO).await.len();
+    let tried = attempts.load(Ordering::SeqCst);
+    tokio::time::sleep(outage()).await;
+    let attempts = attempts.load(Ordering::SeqCst) - tried;
+    gate.open().await;
+    let opened = Instant::now();
+    let after = credits(pool, n as usize, Duration::from_secs(60)).await;
+    let recovered_in = opened.elapsed();
+    assert_eq!(
+        after,
+        (0..n).map(|c| (c, 1)).collect::<HashMap<_, _>>(),
+        "each charge credited once after the outage"
+    );
+    Outage {
+        credited_at_cut,
+        attempts,
+        recovered_in,
     }
 }

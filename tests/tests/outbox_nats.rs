@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
@@ -17,8 +17,8 @@ use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
 use idem::{Pooler, Store};
-use idem_tests::ledger::{book, credits, ledger, Credit};
-use idem_tests::{count, nats_url, unique, with_test_db, Pgbouncer, PrivateNats, TestDb};
+use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
+use idem_tests::{count, nats_url, unique, with_test_db, Gate, Pgbouncer, PrivateNats, TestDb};
 use sqlx::PgPool;
 
 struct Broker {
@@ -64,27 +64,34 @@ impl Broker {
             .expect("create the consumer")
     }
 
-    /// Every message in the stream, in order: (Nats-Msg-Id, subject, payload).
-    async fn messages(&self) -> Vec<(String, String, Vec<u8>)> {
-        let mut stream = self.js.get_stream(&self.stream).await.unwrap();
-        let state = stream.info().await.unwrap().state.clone();
-        let mut out = Vec::new();
-        for seq in state.first_sequence..=state.last_sequence {
-            if state.messages == 0 {
-                break;
-            }
-            if let Ok(m) = stream.get_raw_message(seq).await {
-                let id = m
-                    .headers
-                    .get(MSG_ID)
-                    .map(|v| v.as_str().to_owned())
-                    .unwrap_or_default();
-                out.push((id, m.subject.to_string(), m.payload.to_vec()));
-            }
-        }
-        out
+    /// A stream of its own for dead letters, `<stream>_dead` capturing `<stream>_dead.>`,
+    /// outside the events' stream; the dead-letter subject in it.
+    async fn dead_letter_subject(&self) -> String {
+        let name = self.dead_stream();
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                ..Default::default()
+            })
+            .await
+            .expect("create the dead letters' stream");
+        format!("{name}.ledger")
     }
 
+    fn dead_stream(&self) -> String {
+        format!("{}_dead", self.stream)
+    }
+
+    /// Every message in the stream, in order: (Nats-Msg-Id, subject, payload).
+    async fn messages(&self) -> Vec<(String, String, Vec<u8>)> {
+        messages_of(&self.js, &self.stream).await
+    }
+
+    /// Every message in the dead letters' stream, in order.
+    async fn dead_letters(&self) -> Vec<(String, String, Vec<u8>)> {
+        messages_of(&self.js, &self.dead_stream()).await
+    }
     async fn wait_for(&self, n: usize, within: Duration) -> Vec<(String, String, Vec<u8>)> {
         let deadline = Instant::now() + within;
         loop {
@@ -98,7 +105,32 @@ impl Broker {
 
     async fn delete(self) {
         self.js.delete_stream(&self.stream).await.ok();
+        self.js.delete_stream(self.dead_stream()).await.ok();
     }
+}
+
+/// Every message in `stream` (none if there is no such stream), in order:
+/// (Nats-Msg-Id, subject, payload).
+async fn messages_of(js: &Context, stream: &str) -> Vec<(String, String, Vec<u8>)> {
+    let Ok(mut stream) = js.get_stream(stream).await else {
+        return Vec::new();
+    };
+    let state = stream.info().await.unwrap().state.clone();
+    let mut out = Vec::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            let id = m
+                .headers
+                .get(MSG_ID)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            out.push((id, m.subject.to_string(), m.payload.to_vec()));
+        }
+    }
+    out
 }
 
 /// Writes `n` credits to the outbox through `run_once` (charge i, amount 100 + i).
@@ -277,7 +309,7 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
     with_test_db(async |db| {
         let (pool, store) = ledger(db).await;
         let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
-        let dead_subject = format!("{}.dead", broker.stream);
+        let dead_subject = broker.dead_letter_subject().await;
         let send = async |id: &str, body: Vec<u8>| {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(MSG_ID, id);
@@ -342,22 +374,19 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
         );
         let deadline = Instant::now() + Duration::from_secs(10);
         let dead = loop {
-            let dead: Vec<_> = broker
-                .messages()
-                .await
-                .into_iter()
-                .filter(|(_, subject, _)| *subject == dead_subject)
-                .collect();
+            let dead = broker.dead_letters().await;
             if dead.len() >= 3 || Instant::now() > deadline {
                 break dead;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        // A dead letter's own Nats-Msg-Id is not the event's (the stream would drop it as
-        // a duplicate of the original); `Idem-Event-Id` carries the event's.
+        // A dead letter's own Nats-Msg-Id is not the event's (a stream of dead letters
+        // from several consumers would drop it as a duplicate); `Idem-Event-Id` carries
+        // the event's.
         let ids: Vec<&str> = dead.iter().map(|(id, _, _)| id.as_str()).collect();
         assert_eq!(ids, ["dead-undecodable", "dead-mismatch", "dead-failing"]);
-        let stream = broker.js.get_stream(&broker.stream).await.unwrap();
+        assert!(dead.iter().all(|(_, subject, _)| *subject == dead_subject));
+        let stream = broker.js.get_stream(broker.dead_stream()).await.unwrap();
         let reason = |seq| {
             let stream = stream.clone();
             async move {
@@ -377,9 +406,58 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
         ];
         assert!(reasons[0].contains("does not decode"), "{reasons:?}");
         assert!(reasons[1].contains("another payload"), "{reasons:?}");
-        assert!(reasons[2].contains("delivered 3 times"), "{reasons:?}");
+        assert!(
+            reasons[2].contains("the work failed 3 times"),
+            "{reasons:?}"
+        );
         assert_eq!(count(&pool, "credits WHERE amount < 0").await, 0);
         task.abort();
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// Issue 27, finding 6: a dead-letter subject whose dead letters would come back as
+/// events (captured by the stream the consumer reads, as the example's was) or be refused
+/// (no stream captures it) stops the consumer at start, saying why, before it consumes
+/// anything. Before, it ran, and its dead letters were read again as new events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_subject_that_would_come_back_is_refused_at_start() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 1).await;
+        store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let refusal = async |dead_letters: String| {
+            let consumer = broker.consumer("ledger", Duration::from_secs(5), 3).await;
+            let run = JetStreamConsumer::new(broker.js.clone(), consumer)
+                .dead_letter_subject(dead_letters)
+                .run(async |credit: Received<Credit>| book(&store, &credit).await);
+            tokio::time::timeout(Duration::from_secs(10), run)
+                .await
+                .expect("refused at once")
+                .expect_err("refused")
+                .to_string()
+        };
+        // In the consumed stream, even outside this consumer's filter: every other
+        // consumer of the stream would read them.
+        let captured = refusal(format!("{}.dead", broker.stream)).await;
+        assert!(
+            captured.contains(&format!(
+                "captured by the stream {:?}, the one this consumer reads",
+                broker.stream
+            )),
+            "{captured}"
+        );
+        let nowhere = refusal(format!("{}_nowhere.dead", broker.stream)).await;
+        assert!(nowhere.contains("no stream captures"), "{nowhere}");
+        let wildcard = refusal(format!("{}_dead.>", broker.stream)).await;
+        assert!(wildcard.contains("one subject"), "{wildcard}");
+        assert_eq!(count(&pool, "credits").await, 0, "nothing consumed");
         broker.delete().await;
     })
     .await;
@@ -652,6 +730,79 @@ async fn two_relays_and_two_consumers_in_portable_mode() {
         let (pool, _) = ledger(db).await;
         let store = Store::builder(pool.clone()).portable().build().unwrap();
         two_relays_and_two_consumers(&store, &pool).await;
+    })
+    .await;
+}
+
+/// Issue 27, finding 6: PostgreSQL refusing connections while the consumer has events in
+/// JetStream (`OUTBOX_OUTAGE_SECS`, 15 s by default; RELIABILITY.md has a 90 s run), with
+/// `max_deliver` 3 and an ack wait of 2 s. Every delivery that fails meanwhile fails
+/// because the database is away, which can pass: after the outage each event is credited
+/// once, under its own id, and none is dead-lettered. Before, each failed delivery
+/// counted toward `max_deliver`, and the events in flight went to the dead-letter subject
+/// within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_outage_dead_letters_nothing() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        let dead_letters = broker.dead_letter_subject().await;
+        emit_credits(&store, &broker.subject, 0, 20).await;
+        store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let mut ids: Vec<String> = broker.messages().await.into_iter().map(|m| m.0).collect();
+        ids.sort();
+        let mut gate = Gate::start(&db.options).await;
+        let consumer = broker.consumer("ledger", Duration::from_secs(2), 3).await;
+        let attempts = Arc::new(AtomicU64::new(0));
+        // Two on one durable consumer: while one holds a message through the outage, the
+        // other would be sent it again once its ack wait ran out.
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let store = gate.store(db);
+                let tried = Arc::clone(&attempts);
+                tokio::spawn(
+                    JetStreamConsumer::new(broker.js.clone(), consumer.clone())
+                        .dead_letter_subject(dead_letters.clone())
+                        .run(move |credit: Received<Credit>| {
+                            let store = store.clone();
+                            let tried = Arc::clone(&tried);
+                            async move {
+                                tried.fetch_add(1, Ordering::SeqCst);
+                                // Slow enough that the outage starts with events in flight.
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                book(&store, &credit).await
+                            }
+                        }),
+                )
+            })
+            .collect();
+        let outage = through_an_outage(&pool, &mut gate, &attempts, 3, 20).await;
+        assert!(outage.attempts > 0, "nothing was tried during the outage");
+        assert_eq!(booked(&pool).await, ids, "each event under its own id");
+        let dead = broker.dead_letters().await;
+        assert!(dead.is_empty(), "dead-lettered: {dead:?}");
+        // The messages held through the outage were never sent again: the server
+        // counted one delivery per event.
+        let mut consumer = consumer;
+        let delivered = consumer.info().await.unwrap().delivered.consumer_sequence;
+        assert_eq!(delivered, 20, "deliveries");
+        println!(
+            "JetStream, a {} s outage: {} of 20 credited at the cut, {} attempts during it, \
+             the rest credited {:.1} s after it; 20 credits, {delivered} deliveries, none \
+             dead-lettered",
+            idem_tests::outage().as_secs(),
+            outage.credited_at_cut,
+            outage.attempts,
+            outage.recovered_in.as_secs_f64()
+        );
+        for task in tasks {
+            task.abort();
+        }
+        broker.delete().await;
     })
     .await;
 }

@@ -1,6 +1,6 @@
 //! The round-trip gate (issue 28): what each of idem's paths costs in client round trips
 //! to the database, in each mode, counted by a proxy in front of it
-//! (`idem_tests::RoundTrips`), against the table below, which SCALING.md carries. A
+//! (`idem_tests::Gate`), against the table below, which SCALING.md carries. A
 //! change that adds a round trip to a path fails here, on any machine, however busy:
 //! round trips are what a request costs on a real network, and timings on a shared
 //! two-core machine are noise. A change that removes one fails too, so that the table
@@ -21,7 +21,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem::outbox::Event;
 use idem::{idempotent, Pooler, Store, Tx};
-use idem_tests::{send, with_test_db, Answer, Pgbouncer, RoundTrips, TestApp, TestDb};
+use idem_tests::{send, with_test_db, Answer, Gate, Pgbouncer, TestApp, TestDb};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -105,7 +105,7 @@ const EXPECTED: [(Path, [u64; 3]); 8] = [
 struct Bench {
     app: TestApp,
     store: Store,
-    trips: RoundTrips,
+    gate: Gate,
     _pooler: Option<Pgbouncer>,
 }
 
@@ -117,8 +117,8 @@ impl Bench {
             Some(bouncer) => bouncer.options(),
             None => db.options.clone(),
         };
-        let trips = RoundTrips::start(&upstream).await;
-        let options: PgConnectOptions = trips.options(upstream);
+        let gate = Gate::start(&upstream).await;
+        let options: PgConnectOptions = gate.options(upstream);
         // One connection: every statement of a request on it, none opened mid-count.
         let pool = PgPoolOptions::new()
             .max_connections(2)
@@ -150,7 +150,7 @@ impl Bench {
         Self {
             app,
             store,
-            trips,
+            gate,
             _pooler: pooler,
         }
     }
@@ -166,10 +166,10 @@ impl Bench {
     /// The round trips `work` makes, until its connections are back in the pool.
     async fn count<T>(&self, work: impl std::future::Future<Output = T>) -> (u64, T) {
         settle().await;
-        let before = self.trips.count();
+        let before = self.gate.round_trips();
         let out = work.await;
         settle().await;
-        (self.trips.count() - before, out)
+        (self.gate.round_trips() - before, out)
     }
 
     async fn once(&self, id: &str) -> i64 {

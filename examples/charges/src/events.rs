@@ -5,7 +5,10 @@
 //!
 //! Enabled by `NATS_URL`; without it the service emits nothing and runs as before.
 //! Subjects are `<prefix>.charge.created` and `<prefix>.charge.refunded`, captured by the
-//! stream `<prefix>` (`NATS_SUBJECT_PREFIX`, default `charges`).
+//! stream `<prefix>` (`NATS_SUBJECT_PREFIX`, default `charges`). The ledger's dead
+//! letters go to `<prefix>_dead.ledger`, in a stream of their own, `<prefix>_dead`:
+//! outside `<prefix>.>`, so that no consumer of the events (the ledger included) reads
+//! them as events, and kept until someone looks at them.
 
 use std::time::Duration;
 
@@ -42,8 +45,8 @@ impl ChargeEvent {
     }
 }
 
-/// The stream of `prefix`'s events, created if missing; the ledger's durable consumer on
-/// it.
+/// The stream of `prefix`'s events and the stream of the ledger's dead letters, created
+/// if missing; the ledger's durable consumer on the first.
 pub async fn stream(js: &Context, prefix: &str) -> Result<PullConsumer, async_nats::Error> {
     let stream = js
         .get_or_create_stream(stream::Config {
@@ -52,6 +55,13 @@ pub async fn stream(js: &Context, prefix: &str) -> Result<PullConsumer, async_na
             ..Default::default()
         })
         .await?;
+    let (dead_stream, _) = dead_letters(prefix);
+    js.get_or_create_stream(stream::Config {
+        name: dead_stream.clone(),
+        subjects: vec![format!("{dead_stream}.>")],
+        ..Default::default()
+    })
+    .await?;
     let consumer = stream
         .get_or_create_consumer(
             "ledger",
@@ -59,12 +69,22 @@ pub async fn stream(js: &Context, prefix: &str) -> Result<PullConsumer, async_na
                 durable_name: Some("ledger".into()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
+                // Counts the failures of the booking itself: a database outage holds
+                // the event, however long, and counts nothing (idem's consumer).
                 max_deliver: 10,
                 ..Default::default()
             },
         )
         .await?;
     Ok(consumer)
+}
+
+/// The stream of the ledger's dead letters (`<prefix>_dead`) and their subject in it
+/// (`<prefix>_dead.ledger`): outside the events' stream, which captures `<prefix>.>`.
+pub fn dead_letters(prefix: &str) -> (String, String) {
+    let stream = format!("{prefix}_dead");
+    let subject = format!("{stream}.ledger");
+    (stream, subject)
 }
 
 /// Starts the relay of the outbox to JetStream and the ledger consumer.
@@ -78,10 +98,10 @@ pub async fn start(
     let consumer = stream(&js, prefix).await?;
     let relay = store.relay(JetStreamPublisher::new(js.clone())).spawn()?;
     let store = store.clone();
-    let dead_letters = format!("{prefix}.dead.ledger");
+    let (_, dead_subject) = dead_letters(prefix);
     let ledger = tokio::spawn(async move {
         let result = JetStreamConsumer::new(js, consumer)
-            .dead_letter_subject(dead_letters)
+            .dead_letter_subject(dead_subject)
             .run(async |event: Received<ChargeEvent>| book(&store, &event).await)
             .await;
         if let Err(error) = result {

@@ -13,7 +13,8 @@
 //! `SWEEP_BATCH` (default 1000: rows per delete batch, 1 to 100 000),
 //! `NATS_URL` (unset by default: no events; set, `charge.created` and `charge.refunded`
 //! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
-//! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects),
+//! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects; the ledger's
+//! dead letters go to the stream `<prefix>_dead`),
 //! `RUST_LOG` (default `info`, with PostgreSQL's notices such as "relation already exists,
 //! skipping" from `warn` only).
 

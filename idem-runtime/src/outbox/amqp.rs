@@ -10,14 +10,30 @@
 //! consumer's [`Store::run_once`](crate::Store::run_once) keyed by the id keeps the
 //! effect single.
 //!
-//! The consumer acknowledges only after the work committed; a failure that can pass is
-//! requeued after a delay (AMQP has no delayed negative acknowledgement, so the consumer
-//! holds the message for the delay, then requeues it); what can never succeed, or has
-//! been delivered the most times allowed, is rejected without requeue, which sends it to
-//! the queue's dead-letter exchange (`x-dead-letter-exchange`) if it has one, with a log
-//! line saying why.
+//! The consumer acknowledges only after the work committed. AMQP has no delayed negative
+//! acknowledgement, so a delivery that failed is held for a pause, then requeued:
+//!
+//! - a failure that can pass (the database unreachable, a key in use ...) is requeued
+//!   after a backoff that grows while such failures follow each other (`retry_delay`
+//!   doubling up to `max_retry_delay`, back to `retry_delay` once a delivery gets
+//!   through), for as long as they last, and never counts toward `max_deliver`;
+//! - a failure of the work itself is requeued after `retry_delay`, and counts: at
+//!   `max_deliver` the message is dead;
+//! - what can never succeed, or is dead, is rejected without requeue, which sends it to
+//!   the queue's dead-letter exchange (`x-dead-letter-exchange`) with a log line saying
+//!   why. A queue without one drops it (the log line is what is left): give the queue a
+//!   dead-letter exchange.
+//!
+//! The consumer counts the work's failures itself, by message id: a quorum queue's
+//! `x-delivery-count` counts every requeue, those after a transient failure too. It
+//! keeps the counts of the last 10 000 ids that failed and were not settled since,
+//! forgetting the oldest first: a forgotten id starts from zero again (more tries, never
+//! fewer), and so does every id when the consumer restarts. A quorum queue's own
+//! `x-delivery-limit` (RabbitMQ 4 sets 20 by default) also counts the requeues after
+//! transient failures, and drops or dead-letters the message at it: leave it unset, or
+//! `-1` on RabbitMQ 4.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -32,7 +48,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
-use super::consume::{judge, log_dead, Verdict};
+use super::consume::{backoff, judge, log_dead, Verdict};
 use super::{OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
 
@@ -128,16 +144,20 @@ impl Publisher for AmqpPublisher {
 
 /// Consumes events from an AMQP queue, runs each one's work once, and acknowledges after
 /// the commit. See the [module's docs](self). One consumer handles one delivery at a
-/// time (and holds a failed one for its retry delay): run several, on channels of their
-/// own, for parallel work.
+/// time (and holds a failed one for its pause): run several, on channels of their own,
+/// for parallel work.
 #[must_use = "a consumer does nothing until `.run(..)` is awaited"]
 pub struct AmqpConsumer {
     channel: Channel,
     queue: String,
     retry_delay: Duration,
+    max_retry_delay: Duration,
     max_deliver: Option<u32>,
     prefetch: u16,
 }
+
+/// How many message ids with failed work an [`AmqpConsumer`] keeps counts for.
+const FAILURES_KEPT: usize = 10_000;
 
 impl AmqpConsumer {
     /// Consumes `queue` on `channel`.
@@ -146,20 +166,30 @@ impl AmqpConsumer {
             channel,
             queue: queue.into(),
             retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(10),
             max_deliver: Some(10),
             prefetch: 32,
         }
     }
 
-    /// How long a failed delivery waits before it is requeued (default 1 s).
+    /// How long a failed delivery is held before it is requeued (default 1 s); after
+    /// failures that can pass, one after the other, it doubles up to
+    /// [`max_retry_delay`](Self::max_retry_delay).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// After how many deliveries a message that keeps failing goes to the dead-letter
-    /// path (default 10; `None`: never). Counted by the queue (`x-delivery-count`, quorum
-    /// queues) or else by this consumer.
+    /// The longest pause before a requeue (default 10 s): after an outage, deliveries are
+    /// tried again at most this long after the database is back.
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.max_retry_delay = delay;
+        self
+    }
+
+    /// After how many failures of its work a message goes to the dead-letter path
+    /// (default 10; `None`: never). Failures that can pass do not count. Counted by this
+    /// consumer (see the [module's docs](self)).
     pub fn max_deliver(mut self, max: Option<u32>) -> Self {
         self.max_deliver = max;
         self
@@ -180,7 +210,7 @@ impl AmqpConsumer {
         T: DeserializeOwned,
         F: FnMut(Received<T>) -> Fut,
         Fut: Future<Output = Result<R, OnceError<E>>>,
-        E: fmt::Display,
+        E: fmt::Display + 'static,
     {
         self.channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
@@ -194,8 +224,9 @@ impl AmqpConsumer {
                 FieldTable::default(),
             )
             .await?;
-        // Deliveries of ids this consumer saw fail, for queues that do not count them.
-        let mut seen: HashMap<String, u32> = HashMap::new();
+        let mut failures = Failures::new(FAILURES_KEPT);
+        // Transient failures in a row: how long the outage has lasted.
+        let mut transient = 0;
         while let Some(delivery) = deliveries.next().await {
             let delivery = delivery?;
             let topic = delivery.routing_key.to_string();
@@ -204,55 +235,129 @@ impl AmqpConsumer {
                 .message_id()
                 .as_ref()
                 .map(|id| id.to_string());
+            let event_id = id.as_deref().unwrap_or_default();
             let counted = delivery
                 .properties
                 .headers()
                 .as_ref()
                 .and_then(|h| h.inner().get("x-delivery-count").and_then(count));
-            let delivered = match (&id, counted) {
-                (_, Some(n)) => n + 1,
-                (Some(id), None) => seen.get(id).copied().unwrap_or(0) + 1,
-                (None, None) => 1,
-            };
-            let verdict = judge(
-                id.clone(),
+            let delivered = counted
+                .unwrap_or_else(|| failures.get(event_id))
+                .saturating_add(1);
+            let verdict = match judge(
+                id.as_deref(),
                 || "no message_id".into(),
                 &topic,
                 &delivery.data,
                 delivered,
-                self.max_deliver,
                 &mut handle,
             )
-            .await;
-            let id = id.unwrap_or_default();
+            .await
+            {
+                Verdict::Failed(reason) => {
+                    Verdict::Failed(reason).limited(failures.add(event_id), self.max_deliver)
+                }
+                verdict => verdict,
+            };
             let done = match verdict {
                 Verdict::Ack => {
-                    seen.remove(&id);
+                    transient = 0;
+                    failures.forget(event_id);
                     delivery.ack(BasicAckOptions::default()).await
                 }
-                Verdict::Retry(reason) => {
-                    seen.insert(id.clone(), delivered);
-                    tracing::warn!(event_id = %id, topic, delivered, %reason, "idem: AMQP consumer: redelivering later");
+                Verdict::Transient(reason) => {
+                    transient += 1;
+                    let pause = backoff((self.retry_delay, self.max_retry_delay), transient);
+                    tracing::warn!(event_id, topic, ?pause, %reason, "idem: AMQP consumer: a failure that can pass; requeued after a pause (not counted)");
+                    tokio::time::sleep(pause).await;
+                    delivery.nack(REQUEUE).await
+                }
+                Verdict::Failed(reason) => {
+                    transient = 0;
+                    tracing::warn!(event_id, topic, failures = failures.get(event_id), %reason, "idem: AMQP consumer: the work failed; requeued after a pause");
                     tokio::time::sleep(self.retry_delay).await;
-                    delivery
-                        .nack(BasicNackOptions {
-                            multiple: false,
-                            requeue: true,
-                        })
-                        .await
+                    delivery.nack(REQUEUE).await
                 }
                 Verdict::Dead(reason) => {
-                    seen.remove(&id);
-                    log_dead(&id, &topic, &reason);
+                    failures.forget(event_id);
+                    log_dead(event_id, &topic, &reason);
                     delivery.reject(BasicRejectOptions { requeue: false }).await
                 }
             };
             if let Err(error) = done {
                 // Redelivered when the channel closes; the work replays then.
-                tracing::warn!(%error, event_id = %id, "idem: AMQP consumer: acknowledgement failed");
+                tracing::warn!(%error, event_id, "idem: AMQP consumer: acknowledgement failed");
             }
         }
         Ok(())
+    }
+}
+
+/// A negative acknowledgement that puts the message back in its queue.
+const REQUEUE: BasicNackOptions = BasicNackOptions {
+    multiple: false,
+    requeue: true,
+};
+
+/// The failures of the work of each message id that failed and was not settled since,
+/// for at most `kept` ids: past that, the id whose last failure is the oldest is
+/// forgotten (it starts from zero again: more tries, never fewer).
+#[derive(Debug)]
+struct Failures {
+    /// Failures and the age of the last one, by id.
+    counts: HashMap<String, (u32, u64)>,
+    /// Ids by the age of their last failure.
+    ages: BTreeMap<u64, String>,
+    next_age: u64,
+    kept: usize,
+}
+
+impl Failures {
+    fn new(kept: usize) -> Self {
+        Self {
+            counts: HashMap::new(),
+            ages: BTreeMap::new(),
+            next_age: 0,
+            kept,
+        }
+    }
+
+    /// The failures counted for `id`.
+    fn get(&self, id: &str) -> u32 {
+        self.counts.get(id).map_or(0, |&(failures, _)| failures)
+    }
+
+    /// Counts one more failure of `id`'s work; how many now.
+    fn add(&mut self, id: &str) -> u32 {
+        let age = self.next_age;
+        self.next_age += 1;
+        let failures = match self.counts.get_mut(id) {
+            Some((failures, last)) => {
+                self.ages.remove(last);
+                *last = age;
+                *failures = failures.saturating_add(1);
+                *failures
+            }
+            None => {
+                self.counts.insert(id.to_owned(), (1, age));
+                1
+            }
+        };
+        self.ages.insert(age, id.to_owned());
+        while self.counts.len() > self.kept {
+            let Some((_, oldest)) = self.ages.pop_first() else {
+                break;
+            };
+            self.counts.remove(&oldest);
+        }
+        failures
+    }
+
+    /// `id` is settled: acknowledged or dead.
+    fn forget(&mut self, id: &str) {
+        if let Some((_, last)) = self.counts.remove(id) {
+            self.ages.remove(&last);
+        }
     }
 }
 
@@ -265,5 +370,48 @@ fn count(value: &AMQPValue) -> Option<u32> {
         AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
         AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_counted_per_id_and_forgotten_when_settled() {
+        let mut failures = Failures::new(10);
+        assert_eq!(
+            (failures.add("a"), failures.add("a"), failures.add("b")),
+            (1, 2, 1)
+        );
+        assert_eq!(
+            (failures.get("a"), failures.get("b"), failures.get("c")),
+            (2, 1, 0)
+        );
+        failures.forget("a");
+        assert_eq!(failures.get("a"), 0);
+        assert_eq!(failures.add("a"), 1);
+        failures.forget("never seen");
+        assert_eq!((failures.counts.len(), failures.ages.len()), (2, 2));
+    }
+
+    #[test]
+    fn failures_keep_at_most_their_bound_forgetting_the_oldest() {
+        let mut failures = Failures::new(3);
+        for id in ["a", "b", "c"] {
+            failures.add(id);
+        }
+        // "a" failed again: "b" is now the oldest.
+        failures.add("a");
+        failures.add("d");
+        assert_eq!(
+            ["a", "b", "c", "d"].map(|id| failures.get(id)),
+            [2, 0, 1, 1]
+        );
+        for n in 0..10_000 {
+            failures.add(&format!("id-{n}"));
+        }
+        assert_eq!((failures.counts.len(), failures.ages.len()), (3, 3));
+        assert_eq!(failures.get("id-9999"), 1);
     }
 }

@@ -7,24 +7,53 @@
 //! republish is a second message; the consumer's [`Store::run_once`](crate::Store::run_once) keyed by the same
 //! id is what keeps the effect single then.
 //!
-//! The consumer acknowledges only after the work committed, answers a failure that can
-//! pass with a NAK *with a delay* (a bare NAK redelivers at once and burns through
-//! `max_deliver` in milliseconds), and sends what can never succeed, or what reached
-//! `max_deliver`, to a dead-letter subject (JetStream itself only publishes an advisory
-//! at `max_deliver` and keeps the message), then terminates it.
+//! The consumer acknowledges only after the work committed. What it does with a delivery
+//! that did not succeed follows from how JetStream counts: the server counts every
+//! delivery of a message, a redelivery after a NAK included, and once a message was
+//! delivered `max_deliver` times it stops delivering it and tells nobody but an advisory
+//! subject. So a failure that can pass must not cause a redelivery, or an outage of the
+//! database would burn through `max_deliver` and strand every event in flight:
+//!
+//! - a failure that can pass (the database unreachable, a key in use ...) keeps the
+//!   message: the consumer tries the work again after a backoff (`retry_delay` doubling
+//!   up to `max_retry_delay`) for as long as it fails so, and meanwhile tells JetStream
+//!   it is still working on it (`+WPI`, every third of the consumer's ack wait), which
+//!   resets the ack wait without a redelivery. The count does not move;
+//! - a failure of the work itself is NAKed with that backoff as its delay (a bare NAK
+//!   redelivers at once and burns through `max_deliver` in milliseconds), and counts;
+//! - what can never succeed, or a work failure on the last delivery `max_deliver`
+//!   allows, goes to the dead-letter subject (if any), then is terminated.
+//!
+//! So the server's count is the deliveries whose work failed, plus redeliveries that no
+//! consumer asked for: after a consumer died, or an ack or `+WPI` was lost with the
+//! broker. A consumer cannot tell those from another consumer's work failure; they err
+//! towards fewer tries of the work, never towards a dead letter for a transient failure.
+//!
+//! To keep a message without a redelivery, the consumer must hold no other: it pulls one
+//! message at a time, and pulls the next once the first is settled. A prefetched message
+//! would wait through the first one's outage, its ack wait would run out, and each
+//! redelivery would count. Run several consumers on one durable consumer for parallel
+//! work.
+//!
+//! The dead-letter subject must be captured by a stream (JetStream refuses a publish no
+//! stream takes) other than the consumed one: in the consumed stream, every consumer of it
+//! would read the dead letters as new events (the example's own ledger consumer did, and
+//! booked them under `dead-<id>`). [`JetStreamConsumer::run`] checks both before it
+//! consumes anything.
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::message::AckKind;
-use async_nats::jetstream::Context;
+use async_nats::jetstream::{Context, Message};
 use async_nats::HeaderMap;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::consume::{judge, log_dead, Verdict};
+use super::consume::{backoff, judge, log_dead, Verdict};
 use super::{OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
 
@@ -72,9 +101,13 @@ pub struct JetStreamConsumer {
     jetstream: Context,
     consumer: PullConsumer,
     retry_delay: Duration,
+    max_retry_delay: Duration,
     dead_letter_subject: Option<String>,
     id_header: String,
 }
+
+/// How long one pull waits on the server for a message before it is sent again.
+const PULL_WAIT: Duration = Duration::from_secs(5);
 
 impl JetStreamConsumer {
     /// Consumes from `consumer` (made with `AckPolicy::Explicit`); `jetstream` publishes
@@ -84,20 +117,31 @@ impl JetStreamConsumer {
             jetstream,
             consumer,
             retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(10),
             dead_letter_subject: None,
             id_header: MSG_ID.to_owned(),
         }
     }
 
-    /// How long a failed delivery waits before JetStream redelivers it (default 1 s).
+    /// The pause after the first failure of a delivery (default 1 s); it doubles at each
+    /// failure that follows, up to [`max_retry_delay`](Self::max_retry_delay).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
+    /// The longest pause between two tries (default 10 s): after an outage, the work is
+    /// tried again at most this long after the database is back.
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.max_retry_delay = delay;
+        self
+    }
+
     /// Where messages that can never succeed go, with the headers `Idem-Event-Id` (the
     /// event's id), `Idem-Dead-Reason` and `Idem-Dead-Subject`, and `dead-<id>` as their
-    /// `Nats-Msg-Id` (default: none; they are logged and terminated).
+    /// `Nats-Msg-Id` (default: none; they are logged and terminated). It must be captured
+    /// by a stream of its own, not by the stream consumed: [`run`](Self::run) refuses it
+    /// otherwise.
     pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
         self.dead_letter_subject = Some(subject.into());
         self
@@ -109,9 +153,14 @@ impl JetStreamConsumer {
         self
     }
 
-    /// Runs `handle` for each message, decoded as `T`, until the consumer is deleted or
-    /// the connection closes for good. `handle` runs the work, usually
-    /// `received.once(&store, scope).run(..)`; its result decides the acknowledgement.
+    /// Runs `handle` for each message, decoded as `T`, until the consumer (or its stream)
+    /// is deleted. `handle` runs the work, usually `received.once(&store, scope).run(..)`;
+    /// its result decides the acknowledgement. A broker that cannot be reached is waited
+    /// for.
+    ///
+    /// Refuses to start (before it consumes anything) when the dead-letter subject is not
+    /// one subject, no stream captures it, or the consumed stream does (or copies it in
+    /// from its stream): see the [module's docs](self).
     ///
     /// ```no_run
     /// # async fn f(store: idem::Store, js: async_nats::jetstream::Context, consumer: async_nats::jetstream::consumer::PullConsumer) -> Result<(), Box<dyn std::error::Error>> {
@@ -120,8 +169,15 @@ impl JetStreamConsumer {
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Charge { id: i64, amount: i64 }
     ///
+    /// // The dead letters' stream: its own subjects, outside the events' stream.
+    /// js.get_or_create_stream(async_nats::jetstream::stream::Config {
+    ///     name: "charges_dead".into(),
+    ///     subjects: vec!["charges_dead.>".into()],
+    ///     ..Default::default()
+    /// })
+    /// .await?;
     /// JetStreamConsumer::new(js, consumer)
-    ///     .dead_letter_subject("dead.ledger")
+    ///     .dead_letter_subject("charges_dead.ledger")
     ///     .run(|charge: idem::outbox::Received<Charge>| {
     ///         let store = store.clone();
     ///         async move {
@@ -144,79 +200,162 @@ impl JetStreamConsumer {
         T: DeserializeOwned,
         F: FnMut(Received<T>) -> Fut,
         Fut: Future<Output = Result<R, OnceError<E>>>,
-        E: fmt::Display,
+        E: fmt::Display + 'static,
     {
-        let max_deliver = u32::try_from(self.consumer.cached_info().config.max_deliver)
-            .ok()
-            .filter(|&m| m > 0);
-        let mut messages = self
-            .consumer
-            .messages()
-            .await
-            .map_err(|e| ConsumeError(e.to_string()))?;
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(error) => {
-                    // The client reconnects by itself; the stream goes on after it. A
-                    // pause, so that an error that repeats does not spin.
-                    tracing::warn!(%error, "idem: JetStream consumer: receiving failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(subject) = &self.dead_letter_subject {
+            self.check_dead_letter_subject(subject).await?;
+        }
+        let config = &self.consumer.cached_info().config;
+        let limits = Limits {
+            max_deliver: u32::try_from(config.max_deliver).ok().filter(|&m| m > 0),
+            // The server's default ack wait is 30 s.
+            keep_alive: if config.ack_wait.is_zero() {
+                Duration::from_secs(10)
+            } else {
+                (config.ack_wait / 3).max(Duration::from_millis(10))
+            },
+        };
+        // Pulls in a row that failed: the broker away.
+        let mut failed_pulls = 0;
+        loop {
+            let started = tokio::time::Instant::now();
+            let error = match self.pull().await {
+                Ok(Some(message)) => {
+                    failed_pulls = 0;
+                    self.settle(message, &mut handle, &limits).await;
                     continue;
                 }
+                // The pull's wait ran out with nothing to consume.
+                Ok(None) if started.elapsed() >= PULL_WAIT / 2 => continue,
+                Ok(None) => "the pull ended at once".to_owned(),
+                Err(error) => error.to_string(),
             };
-            let delivered = message
-                .info()
-                .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
-                .unwrap_or(1);
-            let topic = message.subject.to_string();
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(self.id_header.as_str()))
-                .map(|v| v.as_str().to_owned());
-            let verdict = judge(
-                id.clone(),
+            if self.deleted().await {
+                return Ok(());
+            }
+            failed_pulls += 1;
+            let pause = backoff((self.retry_delay, self.max_retry_delay), failed_pulls);
+            tracing::warn!(%error, ?pause, "idem: JetStream consumer: pulling failed; pulling again after a pause");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The next message, pulled alone (see the [module's docs](self)); `None` when the
+    /// pull's wait ran out first.
+    async fn pull(&self) -> Result<Option<Message>, async_nats::Error> {
+        let mut batch = self
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(PULL_WAIT)
+            .messages()
+            .await?;
+        batch.next().await.transpose()
+    }
+
+    /// Whether the consumer or its stream is gone: the end of [`run`](Self::run).
+    async fn deleted(&self) -> bool {
+        match self.consumer.get_info().await {
+            Err(error) => matches!(
+                error.kind(),
+                ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
+            ),
+            Ok(_) => false,
+        }
+    }
+
+    /// Runs one message's work until its verdict is final, and acknowledges, NAKs or
+    /// dead-letters it (see the [module's docs](self)).
+    async fn settle<T, F, Fut, R, E>(&self, message: Message, handle: &mut F, limits: &Limits)
+    where
+        T: DeserializeOwned,
+        F: FnMut(Received<T>) -> Fut,
+        Fut: Future<Output = Result<R, OnceError<E>>>,
+        E: fmt::Display + 'static,
+    {
+        let delivered = message
+            .info()
+            .map(|info| u32::try_from(info.delivered).unwrap_or(u32::MAX))
+            .unwrap_or(1);
+        let topic = message.subject.to_string();
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(self.id_header.as_str()))
+            .map(|v| v.as_str().to_owned());
+        let event_id = id.as_deref().unwrap_or_default();
+        let mut tries = 0;
+        loop {
+            let work = judge(
+                id.as_deref(),
                 || format!("no {} header", self.id_header),
                 &topic,
                 &message.payload,
                 delivered,
-                max_deliver,
-                &mut handle,
-            )
-            .await;
-            let id = id.unwrap_or_default();
+                handle,
+            );
+            // Every delivery whose work failed counts (see the module's docs).
+            let verdict = working(&message, limits.keep_alive, work)
+                .await
+                .limited(delivered, limits.max_deliver);
             let acked = match verdict {
                 Verdict::Ack => message.double_ack().await,
-                Verdict::Retry(reason) => {
-                    tracing::warn!(event_id = %id, topic, delivered, %reason, "idem: JetStream consumer: redelivering later");
-                    message.ack_with(AckKind::Nak(Some(self.retry_delay))).await
+                Verdict::Transient(reason) => {
+                    tries += 1;
+                    let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
+                    tracing::warn!(event_id, topic, tries, ?pause, %reason, "idem: JetStream consumer: a failure that can pass; trying again after a pause, holding the message (not counted as a delivery)");
+                    working(&message, limits.keep_alive, tokio::time::sleep(pause)).await;
+                    continue;
+                }
+                Verdict::Failed(reason) => {
+                    let pause = backoff((self.retry_delay, self.max_retry_delay), delivered);
+                    tracing::warn!(event_id, topic, delivered, ?pause, %reason, "idem: JetStream consumer: the work failed; redelivering after a pause");
+                    message.ack_with(AckKind::Nak(Some(pause))).await
                 }
                 Verdict::Dead(reason) => {
-                    log_dead(&id, &topic, &reason);
+                    log_dead(event_id, &topic, &reason);
                     if let Some(subject) = &self.dead_letter_subject {
-                        if let Err(error) = self
-                            .dead_letter(subject, &id, &topic, &reason, &message.payload)
-                            .await
-                        {
-                            // Not terminated: redelivered, and sent again next time.
-                            tracing::error!(%error, "idem: JetStream consumer: the dead-letter subject refused the message");
-                            message
-                                .ack_with(AckKind::Nak(Some(self.retry_delay)))
-                                .await
-                                .ok();
-                            continue;
-                        }
+                        self.bury(&message, subject, event_id, &topic, &reason, limits)
+                            .await;
                     }
                     message.double_ack_with(AckKind::Term).await
                 }
             };
             if let Err(error) = acked {
-                // Redelivered after the ack wait; the work replays then.
-                tracing::warn!(%error, event_id = %id, "idem: JetStream consumer: acknowledgement failed");
+                // Redelivered after the ack wait; the work replays then, or fails again.
+                tracing::warn!(%error, event_id, "idem: JetStream consumer: acknowledgement failed");
             }
+            return;
         }
-        Ok(())
+    }
+
+    /// Publishes a dead letter, trying again after a pause while the broker refuses it
+    /// (a transient failure: the message is held meanwhile, not redelivered).
+    async fn bury(
+        &self,
+        message: &Message,
+        subject: &str,
+        id: &str,
+        topic: &str,
+        reason: &str,
+        limits: &Limits,
+    ) {
+        let mut tries = 0;
+        loop {
+            let published = working(
+                message,
+                limits.keep_alive,
+                self.dead_letter(subject, id, topic, reason, &message.payload),
+            )
+            .await;
+            let Err(error) = published else {
+                return;
+            };
+            tries += 1;
+            let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
+            tracing::error!(%error, event_id = id, ?pause, "idem: JetStream consumer: the dead-letter subject refused the message; trying again after a pause");
+            working(message, limits.keep_alive, tokio::time::sleep(pause)).await;
+        }
     }
 
     async fn dead_letter(
@@ -228,8 +367,9 @@ impl JetStreamConsumer {
         payload: &[u8],
     ) -> Result<(), String> {
         let mut headers = HeaderMap::new();
-        // Not the event's own id: a dead letter in the same stream would be dropped as a
-        // duplicate of the original inside the duplicate window.
+        // Not the event's own id, so that a dead letter never passes for its event (a
+        // stream holding both would drop one as the other's duplicate); the same dead
+        // letter sent twice (its termination lost) is still dropped as a duplicate.
         headers.insert(MSG_ID, format!("dead-{id}").as_str());
         headers.insert("Idem-Event-Id", id);
         headers.insert("Idem-Dead-Subject", topic);
@@ -244,6 +384,108 @@ impl JetStreamConsumer {
             .await
             .map_err(|e| e.to_string())?;
         ack.await.map(drop).map_err(|e| e.to_string())
+    }
+
+    /// Refuses a dead-letter subject whose dead letters would be lost or read as events
+    /// (see the [module's docs](self)); waits for a broker that does not answer.
+    async fn check_dead_letter_subject(&self, subject: &str) -> Result<(), ConsumeError> {
+        if subject.is_empty() || subject.contains(['*', '>', ' ', '\t']) {
+            return Err(ConsumeError(format!(
+                "the dead-letter subject must be one subject, without wildcards or spaces, not {subject:?}"
+            )));
+        }
+        let mut tries = 0;
+        loop {
+            match self.dead_letter_check(subject).await {
+                Ok(()) => return Ok(()),
+                Err(Check::Refused(why)) => return Err(ConsumeError(why)),
+                Err(Check::Unanswered(error)) => {
+                    tries += 1;
+                    let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
+                    tracing::warn!(%error, ?pause, "idem: JetStream consumer: cannot check the dead-letter subject; asking again after a pause");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    async fn dead_letter_check(&self, subject: &str) -> Result<(), Check> {
+        let consumed = &self.consumer.cached_info().stream_name;
+        let stream = match self.jetstream.stream_by_subject(subject).await {
+            Ok(stream) => stream,
+            Err(error) if error.kind() == GetStreamByNameErrorKind::NotFound => {
+                return Err(Check::Refused(format!(
+                    "no stream captures the dead-letter subject {subject:?}: JetStream would refuse \
+                     every dead letter. Create a stream for the dead letters (not {consumed:?}, \
+                     the stream this consumer reads)"
+                )))
+            }
+            Err(error) => return Err(Check::Unanswered(error.to_string())),
+        };
+        if stream == *consumed {
+            return Err(Check::Refused(format!(
+                "the dead-letter subject {subject:?} is captured by the stream {consumed:?}, the \
+                 one this consumer reads: its consumers would read the dead letters as new events. \
+                 Give the dead letters a stream of their own, outside {consumed:?}'s subjects"
+            )));
+        }
+        let config = self
+            .jetstream
+            .get_stream(consumed)
+            .await
+            .map_err(|e| Check::Unanswered(e.to_string()))?
+            .cached_info()
+            .config
+            .clone();
+        let copies = config
+            .mirror
+            .iter()
+            .chain(config.sources.iter().flatten())
+            .any(|source| source.name == stream);
+        if copies {
+            return Err(Check::Refused(format!(
+                "the dead-letter subject {subject:?} is captured by the stream {stream:?}, which \
+                 the stream this consumer reads ({consumed:?}) copies in: its consumers would \
+                 read the dead letters as new events"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a message's settling needs of the consumer's settings on the server.
+struct Limits {
+    max_deliver: Option<u32>,
+    /// How often a held message is reported in progress: a third of the ack wait.
+    keep_alive: Duration,
+}
+
+/// Why a dead-letter subject was not accepted.
+enum Check {
+    /// For good, with the reason.
+    Refused(String),
+    /// JetStream did not answer; ask again.
+    Unanswered(String),
+}
+
+/// Runs `work` while telling JetStream every `every` that `message` is still being worked
+/// on (`+WPI`), which resets its ack wait: the message is not redelivered meanwhile, so
+/// the server does not count a delivery.
+async fn working<O>(message: &Message, every: Duration, work: impl Future<Output = O>) -> O {
+    let mut work = std::pin::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                if let Err(error) = message.ack_with(AckKind::Progress).await {
+                    // The broker away: the next tick tries again. Past the ack wait the
+                    // message is redelivered, and the work replays or fails again then.
+                    tracing::debug!(%error, "idem: JetStream consumer: cannot report progress");
+                }
+            }
+        }
     }
 }
 
