@@ -378,6 +378,43 @@ async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
     .await;
 }
 
+/// Regression (issue 27, 7): an outbox table name the builder takes (66 characters, each
+/// part under 48) was the NOTIFY channel, which PostgreSQL limits to 63 bytes: every
+/// emit failed. A listening relay is woken on the short channel and publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_outbox_table_name_emits_and_wakes_its_relay() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let name = format!("{}.{}", "s".repeat(33), "t".repeat(32));
+        let store = Store::builder(pool.clone())
+            .outbox_table(name.clone())
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .listen(true)
+            .poll_interval(std::time::Duration::from_secs(30))
+            .spawn()
+            .unwrap();
+        emit_many(&store, "long", 3, |_| None).await;
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while recorder.events().len() < 3 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            woken.is_ok(),
+            "the relay was not woken: {:?}",
+            recorder.events().len()
+        );
+        relay.stopped().await;
+    })
+    .await;
+}
+
 /// Regression (Watermill's SQL forwarder, issue 311): a relay that cursors on `id >
 /// last_seen` skips a row whose transaction commits after rows written later. The relay
 /// keeps no cursor: the late row is published at the next round.

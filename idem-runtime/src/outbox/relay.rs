@@ -412,7 +412,7 @@ impl<P: Publisher> Running<P> {
 
     async fn listener(&self) -> Option<PgListener> {
         let store = &self.builder.store;
-        let channel = store.inner.outbox.name().to_string();
+        let channel = store.inner.outbox.channel().to_owned();
         let connect = async {
             let mut listener = PgListener::connect_with(&store.inner.pool).await?;
             listener.listen(&channel).await?;

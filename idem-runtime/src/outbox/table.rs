@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, PgPool, Postgres, Row, SqlStr};
@@ -156,6 +157,8 @@ pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
     name: TableName,
+    /// The channel its writes notify ([`channel`]).
+    channel: String,
     ddl: SqlStr,
     write: SqlStr,
     claim: SqlStr,
@@ -197,13 +200,30 @@ pub struct DeadEvent {
     pub dead_for: Duration,
 }
 
+/// The longest channel name PostgreSQL takes (`NAMEDATALEN - 1`); `pg_notify` refuses a
+/// longer one, which would fail every write.
+const MAX_CHANNEL: usize = 63;
+
+/// The NOTIFY channel of table `name`: its name (`schema.table`) when that fits
+/// [`MAX_CHANNEL`], else `idem_outbox_` and 16 hex digits of a hash of it, the same in every
+/// instance (the builder takes a schema and a table of up to 47 characters each).
+fn channel(name: &TableName) -> String {
+    let full = name.to_string();
+    if full.len() <= MAX_CHANNEL {
+        return full;
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("idem_outbox_{hex}")
+}
+
 impl OutboxTable {
     /// The table `name` in `dialect`; its writes NOTIFY the relays when `notify` (never in
     /// portable mode).
     pub(crate) fn new(name: TableName, dialect: Dialect, notify: bool) -> Self {
         let notify = notify && !dialect.portable;
         let table = name.qualified();
-        let channel = name.to_string();
+        let channel = channel(&name);
         let render = |sql: &str| {
             statement(
                 sql.replace("{table}", &table)
@@ -231,12 +251,18 @@ impl OutboxTable {
             dead: render(DEAD),
             redrive: render(REDRIVE),
             name,
+            channel,
         }
     }
 
-    /// The table's name, which is also the channel its writes notify.
+    /// The table's name.
     pub(crate) fn name(&self) -> &TableName {
         &self.name
+    }
+
+    /// The channel its writes notify ([`channel`]).
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// The DDL.
@@ -466,5 +492,26 @@ mod tests {
             .ddl()
             .as_str()
             .contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
+    }
+
+    /// Regression (issue 27, 7): a table name the builder takes (66 characters) was used
+    /// as the channel, which PostgreSQL limits to 63 bytes: every emit failed.
+    #[test]
+    fn a_long_name_notifies_a_short_stable_channel() {
+        let long = TableName::parse(&format!("{}.{}", "s".repeat(33), "t".repeat(32))).unwrap();
+        let table = OutboxTable::new(long.clone(), Dialect::default(), true);
+        assert!(long.to_string().len() > MAX_CHANNEL);
+        assert!(table.channel().len() <= MAX_CHANNEL);
+        assert_eq!(
+            table.channel(),
+            channel(&long),
+            "the same in every instance"
+        );
+        assert!(table
+            .write
+            .as_str()
+            .contains(&format!("pg_notify('{}', '')", table.channel())));
+        let short = TableName::parse("ops.events").unwrap();
+        assert_eq!(channel(&short), "ops.events");
     }
 }
