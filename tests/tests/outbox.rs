@@ -460,6 +460,54 @@ async fn a_row_committed_late_is_never_lost() {
     .await;
 }
 
+/// A publisher that panics on one event.
+#[derive(Clone, Default)]
+struct Panicking(Recorder);
+
+impl Publisher for Panicking {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        assert_ne!(event.payload, b"1", "a publisher's bug");
+        self.0.publish(event).await
+    }
+}
+
+/// Regression (issue 27, 12): a publisher that panicked left its event leased, and its
+/// ordering key held, round after round, never parked. It is a failure of that event
+/// now: retried, parked at the limit, and the key's later events flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_publisher_fails_its_event_and_the_key_flows() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "p", 3, |_| Some("k".to_owned())).await;
+        let publisher = Panicking::default();
+        let relay = store
+            .relay(publisher.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(40))
+            .max_attempts(2)
+            .spawn()
+            .unwrap();
+        let events = publisher.0.wait_for(2, Duration::from_secs(10)).await;
+        let payloads: Vec<&[u8]> = events.iter().map(|e| e.payload.as_slice()).collect();
+        assert_eq!(
+            payloads,
+            [b"0".as_slice(), b"2".as_slice()],
+            "the key flows past it"
+        );
+        drained_but(&pool, 1).await;
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert!(
+            dead[0].last_error.contains("panicked"),
+            "{}",
+            dead[0].last_error
+        );
+        assert_eq!(relay.stats().dead, 1);
+        relay.stopped().await;
+    })
+    .await;
+}
+
 /// Regression (MassTransit PR 6216): one event that can never be sent looped at full
 /// CPU and blocked the others. It is retried with backoff, parked after `max_attempts`,
 /// the rest flow, and a re-drive publishes it once the destination takes it.

@@ -458,11 +458,22 @@ impl<P: Publisher> Running<P> {
             let timeout = builder.publish_timeout;
             publishing.spawn(async move {
                 let event = to_event(&row);
-                let result = match tokio::time::timeout(timeout, publisher.publish(&event)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(PublishError::retry(format!(
-                        "no acknowledgement within {timeout:?}"
+                // The publisher runs in a task of its own, so that a panic in it fails this
+                // event like any error (retried, parked at the limit) instead of leaving it
+                // leased, with its ordering key held, until the lease runs out, round
+                // after round.
+                let mut publish = tokio::spawn(async move { publisher.publish(&event).await });
+                let result = match tokio::time::timeout(timeout, &mut publish).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(failed)) => Err(PublishError::retry(format!(
+                        "the publisher panicked: {failed}"
                     ))),
+                    Err(_) => {
+                        publish.abort();
+                        Err(PublishError::retry(format!(
+                            "no acknowledgement within {timeout:?}"
+                        )))
+                    }
                 };
                 (row, result)
             });
@@ -476,8 +487,9 @@ impl<P: Publisher> Running<P> {
                     published.push(row.seq);
                 }
                 Ok((row, Err(error))) => failed.push((row, error)),
-                // A publisher that panicked: its event stays leased and is taken again.
-                Err(error) => tracing::error!(%error, "idem: an outbox publisher panicked"),
+                // Only the relay's own code runs here, and it does not panic; were it to,
+                // the event stays leased and is taken again when the lease runs out.
+                Err(error) => tracing::error!(%error, "idem: an outbox relay task failed"),
             }
         }
         if !published.is_empty() {
