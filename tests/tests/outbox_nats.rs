@@ -806,3 +806,39 @@ async fn a_database_outage_dead_letters_nothing() {
     })
     .await;
 }
+
+/// Regression (issue 27, 11): nothing checked the relay's lease and backoff against the
+/// stream's duplicate window. A publisher that names its stream has the relay refuse a
+/// drain when a copy could follow an event after the window, and run when it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_checks_its_lease_and_backoff_against_the_streams_window() {
+    with_test_db(async |db| {
+        let (_pool, store) = ledger(db).await;
+        let short = Broker::new(&nats_url(), Duration::from_secs(10)).await;
+        let refused = store
+            .relay(JetStreamPublisher::new(short.js.clone()).stream(short.stream.clone()))
+            .run_until_idle()
+            .await;
+        match refused {
+            Err(idem::outbox::RelayError::BeyondDuplicateWindow {
+                window,
+                copies_within,
+            }) => {
+                assert_eq!(window, Duration::from_secs(10));
+                assert_eq!(
+                    copies_within,
+                    Duration::from_secs(90),
+                    "lease 30 s, backoff up to 60 s"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let default = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        store
+            .relay(JetStreamPublisher::new(default.js.clone()).stream(default.stream.clone()))
+            .run_until_idle()
+            .await
+            .expect("the defaults fit JetStream's default window");
+    })
+    .await;
+}

@@ -96,7 +96,10 @@ pub async fn start(
     let client = async_nats::connect(nats_url).await?;
     let js = jetstream::new(client);
     let consumer = stream(&js, prefix).await?;
-    let relay = store.relay(JetStreamPublisher::new(js.clone())).spawn()?;
+    // Named, the stream's duplicate window is checked against the relay's lease and
+    // backoff when the relay starts.
+    let publisher = JetStreamPublisher::new(js.clone()).stream(prefix);
+    let relay = store.relay(publisher).spawn()?;
     let store = store.clone();
     let (_, dead_subject) = dead_letters(prefix);
     let ledger = tokio::spawn(async move {

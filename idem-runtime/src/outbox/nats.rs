@@ -65,12 +65,23 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 #[derive(Debug, Clone)]
 pub struct JetStreamPublisher {
     jetstream: Context,
+    stream: Option<String>,
 }
 
 impl JetStreamPublisher {
     /// A publisher on `jetstream` (`async_nats::jetstream::new(client)`).
     pub fn new(jetstream: Context) -> Self {
-        Self { jetstream }
+        Self {
+            jetstream,
+            stream: None,
+        }
+    }
+
+    /// The stream the events land in: a relay then checks its lease and backoff against
+    /// the stream's `duplicate_window` when it starts ([`Publisher::duplicate_window`]).
+    pub fn stream(mut self, stream: impl Into<String>) -> Self {
+        self.stream = Some(stream.into());
+        self
     }
 }
 
@@ -91,6 +102,23 @@ impl Publisher for JetStreamPublisher {
         ack.await
             .map(drop)
             .map_err(|e| PublishError::retry(format!("JetStream acknowledgement: {e}")))
+    }
+
+    async fn duplicate_window(&self) -> Option<std::time::Duration> {
+        let name = self.stream.as_deref()?;
+        match self.jetstream.get_stream(name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => Some(info.config.duplicate_window),
+                Err(error) => {
+                    tracing::warn!(%error, stream = name, "idem: could not read the stream's duplicate window");
+                    None
+                }
+            },
+            Err(error) => {
+                tracing::warn!(%error, stream = name, "idem: could not read the stream's duplicate window");
+                None
+            }
+        }
     }
 }
 

@@ -56,6 +56,14 @@ pub trait Publisher: Send + Sync + 'static {
     /// Publishes one event and waits for the destination's acknowledgement.
     fn publish(&self, event: &OutboxEvent)
         -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// How long the destination drops a copy of an event it has (JetStream's
+    /// `duplicate_window`), when it deduplicates and the publisher can tell; `None`
+    /// otherwise (the default). A relay checks its lease and its longest backoff against
+    /// it when it starts ([`RelayBuilder::spawn`], [`RelayBuilder::run_until_idle`]).
+    fn duplicate_window(&self) -> impl Future<Output = Option<Duration>> + Send {
+        async { None }
+    }
 }
 
 /// Why a publish failed.
@@ -138,7 +146,7 @@ impl Store {
             lease: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(10),
             max_attempts: 10,
-            backoff: (Duration::from_millis(500), Duration::from_secs(300)),
+            backoff: (Duration::from_millis(500), Duration::from_secs(60)),
             listen: None,
         }
     }
@@ -198,14 +206,38 @@ impl<P: Publisher> RelayBuilder<P> {
         self
     }
 
+    /// A round publishes (at most the publish timeout) and then marks what it published
+    /// (retried for at most half the lease): both must end inside the lease, or another
+    /// relay takes the events again while this one still works on them.
     fn check(&self) -> Result<(), RelayError> {
         if self.poll_interval.is_zero() {
             return Err(RelayError::ZeroPollInterval);
         }
-        if self.publish_timeout >= self.lease {
+        if self.publish_timeout + self.lease / 2 >= self.lease {
             return Err(RelayError::LeaseTooShort);
         }
         Ok(())
+    }
+
+    /// How long a copy of an event can take to follow it: a relay that dies after the
+    /// broker's acknowledgement publishes it again after the lease, and a failed event
+    /// is tried again after at most the longest backoff. A destination that drops
+    /// copies must keep doing so that long (README, "Broker settings").
+    fn copies_within(&self) -> Duration {
+        self.lease + self.backoff.1
+    }
+
+    /// Checks [`Self::copies_within`] against the publisher's duplicate window.
+    async fn check_window(&self) -> Result<(), RelayError> {
+        match self.publisher.duplicate_window().await {
+            Some(window) if window < self.copies_within() => {
+                Err(RelayError::BeyondDuplicateWindow {
+                    window,
+                    copies_within: self.copies_within(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
@@ -235,6 +267,7 @@ impl<P: Publisher> RelayBuilder<P> {
     /// their backoff are left for later.
     pub async fn run_until_idle(self) -> Result<RelayStats, RelayError> {
         self.check()?;
+        self.check_window().await?;
         let running = Running {
             counters: Arc::new(Counters::default()),
             stopping: Arc::new(Stopping::default()),
@@ -252,9 +285,21 @@ impl<P: Publisher> RelayBuilder<P> {
 pub enum RelayError {
     /// The poll interval is zero: the relay would poll in a busy loop.
     ZeroPollInterval,
-    /// The publish timeout is not shorter than the lease: a slow publish could outlive
-    /// the lease, and another relay would publish the same event at the same time.
+    /// The publish timeout and the marking that follows it (retried for half the lease)
+    /// do not fit in the lease: a slow round could outlive the lease, and another relay
+    /// would publish the same events at the same time.
     LeaseTooShort,
+    /// The destination drops copies of an event for less time than a copy can take to
+    /// follow it (the lease plus the longest backoff): such a copy would be delivered
+    /// twice. Raise the stream's `duplicate_window`, or lower the lease or the backoff.
+    /// `run_until_idle` refuses to run; a spawned relay logs it as an error once and
+    /// runs (a consumer through `run_once` still acts once).
+    BeyondDuplicateWindow {
+        /// The destination's duplicate window.
+        window: Duration,
+        /// The lease plus the longest backoff.
+        copies_within: Duration,
+    },
     /// The outbox could not be read or written.
     Database(sqlx::Error),
 }
@@ -263,9 +308,16 @@ impl std::fmt::Display for RelayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::ZeroPollInterval => f.write_str("the relay's poll interval is zero"),
-            Self::LeaseTooShort => {
-                f.write_str("the relay's publish timeout must be shorter than its lease")
-            }
+            Self::LeaseTooShort => f.write_str(
+                "the relay's publish timeout must be shorter than half its lease (a round publishes, then marks for up to half the lease)",
+            ),
+            Self::BeyondDuplicateWindow {
+                window,
+                copies_within,
+            } => write!(
+                f,
+                "the destination drops copies for {window:?}, but a copy can follow an event {copies_within:?} later (the relay's lease plus its longest backoff): raise its duplicate window, or lower the lease or the backoff"
+            ),
             Self::Database(e) => write!(f, "the outbox could not be read or written: {e}"),
         }
     }
@@ -359,6 +411,9 @@ struct Running<P> {
 
 impl<P: Publisher> Running<P> {
     async fn run(self) {
+        if let Err(error) = self.builder.check_window().await {
+            tracing::error!(%error, "idem: the outbox relay's copies can outlive the destination's duplicate window");
+        }
         let store = &self.builder.store;
         let outbox = &store.inner.outbox;
         let mut listener = None;
@@ -634,6 +689,41 @@ mod metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 27, 11): the defaults (lease 30 s, backoff up to 5 min)
+    /// outlived JetStream's default duplicate window (2 min), against the README's own
+    /// rule, and a round (a publish, then marking for half the lease) could outlive its
+    /// lease.
+    #[tokio::test]
+    async fn the_defaults_fit_a_default_duplicate_window_and_a_round_fits_its_lease() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://127.0.0.1:1/none")
+            .unwrap();
+        let store = Store::new(pool);
+        struct Window(Duration);
+        impl Publisher for Window {
+            async fn publish(&self, _: &OutboxEvent) -> Result<(), PublishError> {
+                Ok(())
+            }
+            async fn duplicate_window(&self) -> Option<Duration> {
+                Some(self.0)
+            }
+        }
+        let jetstream_default = Duration::from_secs(120);
+        let relay = store.relay(Window(jetstream_default));
+        assert!(relay.check().is_ok());
+        assert!(relay.copies_within() <= jetstream_default);
+        assert!(relay.check_window().await.is_ok());
+        let short = store.relay(Window(Duration::from_secs(10)));
+        assert!(matches!(
+            short.check_window().await,
+            Err(RelayError::BeyondDuplicateWindow { .. })
+        ));
+        let slow = store
+            .relay(Window(jetstream_default))
+            .publish_timeout(Duration::from_secs(16));
+        assert!(matches!(slow.check(), Err(RelayError::LeaseTooShort)));
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {

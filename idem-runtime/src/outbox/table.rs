@@ -156,7 +156,6 @@ UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now()
 pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
-    name: TableName,
     /// The channel its writes notify ([`channel`]).
     channel: String,
     ddl: SqlStr,
@@ -250,14 +249,8 @@ impl OutboxTable {
             lag: render(LAG),
             dead: render(DEAD),
             redrive: render(REDRIVE),
-            name,
             channel,
         }
-    }
-
-    /// The table's name.
-    pub(crate) fn name(&self) -> &TableName {
-        &self.name
     }
 
     /// The channel its writes notify ([`channel`]).

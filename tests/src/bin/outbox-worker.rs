@@ -76,7 +76,8 @@ async fn main() {
             let _relay = store
                 .relay(publisher)
                 .lease(Duration::from_secs(2))
-                .publish_timeout(Duration::from_secs(1))
+                // A round (a publish, then marking for up to half the lease) fits in it.
+                .publish_timeout(Duration::from_millis(900))
                 .poll_interval(Duration::from_millis(50))
                 .spawn()
                 .expect("start the relay");
