@@ -329,15 +329,20 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
                 set_once(&mut statement_timeout, k, timeout, errors);
             }
             Arg::Spread(k, value) => set_once(&mut spread, k, parse_spread(&value, errors), errors),
-            Arg::Unknown(name) => errors.at(
-                name.span(),
-                match nearest(&name.to_string()) {
-                    Some(option) => format!(
-                        "unknown option `{name}` (did you mean `{option}`?); valid options are {OPTIONS}"
-                    ),
-                    None => format!("unknown option `{name}`; valid options are {OPTIONS}"),
-                },
-            ),
+            Arg::Unknown(name) => {
+                let near = nearest(&name.to_string());
+                // `scpoe = ".."` is the scope, misspelt: one error, not also "missing".
+                scope_given |= near == Some("scope");
+                errors.at(
+                    name.span(),
+                    match near {
+                        Some(option) => format!(
+                            "unknown option `{name}` (did you mean `{option}`?); valid options are {OPTIONS}"
+                        ),
+                        None => format!("unknown option `{name}`; valid options are {OPTIONS}"),
+                    },
+                );
+            }
         }
     }
     if let (Some((keyword, _)), Some(_)) = (&spread, &principal) {
@@ -583,6 +588,26 @@ fn parse_scope(value: &Expr, errors: &Errors) -> Option<LitStr> {
 const TTL_FORMS: &str = "`ttl` must look like \"90s\", \"30m\", \"24h\" or \"7d\": a positive whole number and one unit of s, m, h or d";
 
 fn parse_ttl(value: &Expr, errors: &Errors) -> Option<DurationLit> {
+    if let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Int(number),
+        ..
+    }) = value
+    {
+        // A number of seconds, as other libraries take it: say how to write it here.
+        let hint = number
+            .base10_parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .map_or_else(
+                || "such as `ttl = \"24h\"`".to_owned(),
+                |secs| format!("`ttl = \"{}\"` if {number} is in seconds", in_unit(secs)),
+            );
+        errors.at(
+            number.span(),
+            format!("`ttl` takes a string with its unit: {hint}; a whole number and one unit of s, m, h or d"),
+        );
+        return None;
+    }
     let lit = string_literal(value, "ttl = \"...\"", errors)?;
     let Some(millis) = duration(&lit.value(), false) else {
         errors.at(lit.span(), TTL_FORMS);
@@ -604,6 +629,17 @@ fn parse_ttl(value: &Expr, errors: &Errors) -> Option<DurationLit> {
         lit: lit.clone(),
         millis,
     })
+}
+
+/// `secs` in the largest unit that writes it whole: 86400 is `1d`, 5400 `90m`.
+fn in_unit(secs: u64) -> String {
+    [(86_400, 'd'), (3_600, 'h'), (60, 'm')]
+        .into_iter()
+        .find(|(unit, _)| secs.is_multiple_of(*unit))
+        .map_or_else(
+            || format!("{secs}s"),
+            |(unit, name)| format!("{}{name}", secs / unit),
+        )
 }
 
 fn parse_fields(value: &Expr, errors: &Errors) -> Option<Vec<FieldPath>> {
@@ -746,6 +782,30 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_ttl_in_seconds_is_answered_with_its_string() {
+        assert_eq!(
+            messages(quote!(scope = "s", ttl = 86400)),
+            [
+                "`ttl` takes a string with its unit: `ttl = \"1d\"` if 86400 is in seconds; \
+              a whole number and one unit of s, m, h or d"
+            ]
+        );
+        assert_eq!(in_unit(5_400), "90m");
+        assert_eq!(in_unit(7_200), "2h");
+        assert_eq!(in_unit(90), "90s");
+        assert_eq!(messages(quote!(scope = "s", ttl = 0)).len(), 1);
+    }
+
+    #[test]
+    fn a_misspelt_scope_is_one_error() {
+        let all = messages(quote!(scpoe = "charges"));
+        assert_eq!(all.len(), 1, "{all:#?}");
+        assert!(all[0].contains("did you mean `scope`?"), "{all:#?}");
+        // An unrelated unknown option leaves the scope missing: two mistakes.
+        assert_eq!(messages(quote!(retries = 3)).len(), 2);
     }
 
     #[test]

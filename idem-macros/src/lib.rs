@@ -1,5 +1,5 @@
-//! The `#[idempotent]` attribute of idem. Depend on `idem-runtime`, which re-exports it:
-//! `use idem::idempotent;`.
+//! The `#[idempotent]` attribute of idem. Depend on the package `idem-axum` (its library
+//! is `idem`), which re-exports it: `use idem::idempotent;`.
 
 mod attr;
 mod errors;

@@ -98,6 +98,23 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
             }
         }
     }
+    // A body extractor before others is found by the type system too
+    // (`__private::before_the_body`), but the wrapper axum cannot route then adds its
+    // own errors; a well-known one is reported here, alone.
+    let extracted: Vec<&PatType> = handler.extracted().map(|(_, p)| p).collect();
+    if let Some((_, before_last)) = extracted.split_last() {
+        for param in before_last {
+            if let Some(body) = known_body(&param.ty) {
+                errors.at(
+                    param.ty.span(),
+                    format!(
+                        "the request body must be the handler's last parameter: axum reads the body once, \
+                         after every other extractor; move this `{body}` parameter to the end"
+                    ),
+                );
+            }
+        }
+    }
     if let Some(tx) = handler.tx.map(|i| handler.params[i]) {
         if let Pat::Ident(binding) = &*tx.pat {
             let mut check = TxMisuse {
@@ -109,6 +126,44 @@ pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
         }
     }
     handler
+}
+
+/// The name of a well-known extractor that reads the request body (axum's, and idem's
+/// `Signed`), also inside `Option` or `Result`.
+fn known_body(ty: &Type) -> Option<&Ident> {
+    const BODIES: [&str; 9] = [
+        "Json",
+        "Form",
+        "RawForm",
+        "Bytes",
+        "String",
+        "Body",
+        "Request",
+        "Multipart",
+        "Signed",
+    ];
+    match ty {
+        Type::Path(p) if p.qself.is_none() => {
+            let last = p.path.segments.last()?;
+            if BODIES.iter().any(|body| last.ident == body) {
+                return Some(&last.ident);
+            }
+            let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            match args.args.first()? {
+                syn::GenericArgument::Type(inner)
+                    if last.ident == "Option" || last.ident == "Result" =>
+                {
+                    known_body(inner)
+                }
+                _ => None,
+            }
+        }
+        Type::Group(g) => known_body(&g.elem),
+        Type::Paren(p) => known_body(&p.elem),
+        _ => None,
+    }
 }
 
 /// Checks the options against the handler: those that read the body need a parameter

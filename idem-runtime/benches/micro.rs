@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the work idem does per request before touching the database:
-//! `cargo bench -p idem-runtime --bench micro`.
+//! `cargo bench -p idem-axum --bench micro`.
 
 // `criterion_group!` and `criterion_main!` generate undocumented functions.
 #![allow(missing_docs)]

@@ -7,6 +7,10 @@
 //! still running gets 409; a key reused with a different payload gets 422; a handler
 //! that fails rolls everything back, so the client may simply retry.
 //!
+//! On crates.io the package is `idem-axum` (`idem` there is another crate), and its
+//! library is `idem`: `cargo add idem-axum`, then `use idem::..`. Keep that name (no
+//! rename): the attribute's generated code calls `::idem::`.
+//!
 //! ```no_run
 //! use axum::extract::FromRef;
 //! use axum::http::StatusCode;

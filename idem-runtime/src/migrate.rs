@@ -8,7 +8,7 @@
 //!   [`MIGRATIONS`]: the idempotency table, then the outbox table) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
-//!   `#[sqlx::test(migrations = "migrations")]` all create the table with your own tables.
+//!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
 //! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
 //!
 //! sqlx records every migrator's versions in one table, `_sqlx_migrations`, and a migrator

@@ -1,8 +1,9 @@
 //! The README's compatibility promise, held: a throwaway crate made of exactly the
-//! README's `Cargo.toml` and `src/main.rs` (read from README.md by their markers, so
-//! they cannot drift), with idem by path and no lockfile, so cargo resolves the newest
-//! releases the stated ranges allow. It must build, serve, and replay a retry. The day a
-//! new axum, sqlx or tokio release breaks the promise, this test says so.
+//! README's `Cargo.toml`, `src/main.rs` and `src/bin/events.rs` (read from README.md by
+//! their markers, so they cannot drift), with idem from this checkout and no lockfile, so
+//! cargo resolves the newest releases the stated ranges allow. It must build, and the
+//! service of `main.rs` serve and replay a retry. The day a new axum, sqlx, tokio or
+//! async-nats release breaks the promise, this test says so.
 //!
 //! Needs crates.io (the newest releases are the point). Its build directory is kept in
 //! `target/compatibility`, so a later run only rebuilds what a new release changed.
@@ -16,8 +17,12 @@ use idem_tests::with_test_db;
 
 const README: &str = include_str!("../../README.md");
 
-/// The path the README's `Cargo.toml` gives for idem, replaced by this checkout's.
-const README_IDEM_PATH: &str = "../idem/idem-runtime";
+/// The README's dependency on idem, as published: the package `idem-axum` under the
+/// name `idem`. Its version requirement gets this checkout's path beside it.
+const README_IDEM: &str = r#"idem = { package = "idem-axum", version = "0.1""#;
+
+/// The README's files of the new service, by their markers.
+const FILES: [&str; 3] = ["Cargo.toml", "src/main.rs", "src/bin/events.rs"];
 
 /// The fenced block right after the line `<!-- compatibility: {name} -->`.
 fn block(name: &str) -> &'static str {
@@ -54,14 +59,17 @@ fn workspace() -> PathBuf {
 
 #[test]
 fn the_first_example_is_part_of_the_program_the_suite_builds() {
-    let main = block("main.rs");
+    let main = block("src/main.rs");
     let first = first_rust_example();
     assert!(
         main.contains(first),
         "the README's first example is not in its `main.rs`, so it is not compiled:\n{first}"
     );
     let manifest = block("Cargo.toml");
-    assert!(manifest.contains(&format!("idem = {{ path = \"{README_IDEM_PATH}\" }}")));
+    assert!(
+        manifest.contains(README_IDEM),
+        "the README's Cargo.toml does not depend on idem as {README_IDEM}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,14 +79,24 @@ async fn a_new_service_from_the_readme_builds_with_the_newest_releases_and_serve
         .map_or(0, |d| d.subsec_nanos());
     let dir =
         std::env::temp_dir().join(format!("idem-compatibility-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(dir.join("src")).unwrap();
     let idem = workspace().join("idem-runtime");
-    let manifest = block("Cargo.toml").replace(
-        README_IDEM_PATH,
-        idem.to_str().expect("a UTF-8 checkout path"),
-    );
-    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
-    std::fs::write(dir.join("src/main.rs"), block("main.rs")).unwrap();
+    let idem = idem.to_str().expect("a UTF-8 checkout path");
+    for file in FILES {
+        let text = block(file);
+        let text = if file == "Cargo.toml" {
+            // `path` beside `version`: cargo also checks that the checkout's version
+            // meets the README's requirement.
+            text.replace(
+                README_IDEM,
+                &README_IDEM.replace("version", &format!("path = {idem:?}, version")),
+            )
+        } else {
+            text.to_owned()
+        };
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().expect("a directory")).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
 
     let target = workspace().join("target/compatibility");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -169,7 +187,7 @@ fn resolved(lockfile: &str) -> String {
         if let Some(n) = line.strip_prefix("name = ") {
             name = n.trim_matches('"');
         } else if let Some(version) = line.strip_prefix("version = ") {
-            if ["axum", "sqlx", "tokio", "serde", "utoipa"].contains(&name) {
+            if ["axum", "sqlx", "tokio", "serde", "utoipa", "async-nats"].contains(&name) {
                 found.push(format!("{name} {}", version.trim_matches('"')));
             }
         }
