@@ -322,10 +322,18 @@ async fn take(
     let (mut tx, rows) = open_with(store, sql, Duration::ZERO)
         .await
         .map_err(ClaimError::Database)?;
-    let row = rows.first().ok_or_else(|| {
-        ClaimError::Database(sqlx::Error::Protocol("the claim returned no row".into()))
-    })?;
-    let taken = table::taken(row).map_err(ClaimError::Database)?;
+    let [first, row] = &rows[..] else {
+        return Err(ClaimError::Database(sqlx::Error::Protocol(
+            "the claim returned no row".into(),
+        )));
+    };
+    let first_lock = crate::table::Table::first_lock(first).map_err(ClaimError::Database)?;
+    let mut taken = table::taken(row).map_err(ClaimError::Database)?;
+    // Only a lock held before the read counts (Table::begin_taking); one that the read's
+    // statement took itself may have been let go of after its snapshot.
+    if !first_lock && taken.locked.is_some() {
+        taken.locked = Some(false);
+    }
     let taken: Taken = match taken.locked {
         Some(false) => {
             let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);

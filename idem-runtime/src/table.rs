@@ -802,8 +802,16 @@ impl Table {
         taken(&row)
     }
 
-    /// `begin` and [`TAKE`] in one message ([`crate::literal`]): the transaction and the
-    /// claim in one round trip ([`crate::transaction`]).
+    /// `begin`, the key's lock tried, and [`TAKE`], in one message ([`crate::literal`]):
+    /// the transaction and the claim in one round trip ([`crate::transaction`]). Its
+    /// rows: whether the lock was taken ([`Self::first_lock`]), then the claim's.
+    ///
+    /// The lock is tried by a statement of its own, before the read: a statement reads
+    /// in a snapshot taken when it starts, and one that read the row first and then took
+    /// the lock would miss a duplicate that committed (and let go of the lock) in
+    /// between, and run the work again beside its record. Holding the lock first, the
+    /// read's new snapshot (READ COMMITTED, invariant 4) sees what any earlier holder
+    /// committed. [`TAKE`]'s own try then holds the lock again, or is not counted.
     pub(crate) fn begin_taking(
         &self,
         begin: &str,
@@ -823,7 +831,13 @@ impl Table {
                 timeout.as_deref().map_or(Literal::Null, Literal::Text),
             ],
         );
-        format!("{begin};\n{take}")
+        format!("{begin};\nSELECT pg_try_advisory_xact_lock({lock}) AS locked;\n{take}")
+    }
+
+    /// Whether the key's lock was taken by the message of [`Self::begin_taking`], from
+    /// its first row.
+    pub(crate) fn first_lock(row: &PgRow) -> Result<bool, sqlx::Error> {
+        row.try_get("locked")
     }
 
     /// [`WAIT`]: holds the key's lock once it is free, waiting at most `wait` (55P03).
