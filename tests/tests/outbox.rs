@@ -711,3 +711,45 @@ async fn without_notify_the_relay_polls() {
     })
     .await;
 }
+
+/// Regression (issue 27, finding 7): a name the builder accepts (66 characters, each part
+/// under 48) was the NOTIFY channel, which PostgreSQL limits to 63 bytes, and every
+/// `Tx::emit` failed. The channel is derived from the name: writes succeed, and a commit
+/// still wakes the relay at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_outbox_table_name_emits_and_wakes_the_relay() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let name = format!("{}.{}", "s".repeat(17), "o".repeat(48));
+        assert_eq!(name.len(), 66);
+        let store = Store::builder(pool.clone())
+            .outbox_table(&name)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_secs(60))
+            .spawn()
+            .unwrap();
+        // Let it run its first round and start listening.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        emit_many(&store, "long", 1, |_| None).await;
+        assert_eq!(recorder.wait_for(1, Duration::from_secs(5)).await.len(), 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "woken by the commit, not the 60 s poll: {:?}",
+            started.elapsed()
+        );
+        // Deleted from the long-named table (just after the publisher returned).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count(&pool, &name).await > 0 {
+            assert!(Instant::now() < deadline, "the outbox never emptied");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        relay.stopped().await;
+    })
+    .await;
+}

@@ -412,10 +412,10 @@ impl<P: Publisher> Running<P> {
 
     async fn listener(&self) -> Option<PgListener> {
         let store = &self.builder.store;
-        let channel = store.inner.outbox.name().to_string();
+        let channel = store.inner.outbox.channel();
         let connect = async {
             let mut listener = PgListener::connect_with(&store.inner.pool).await?;
-            listener.listen(&channel).await?;
+            listener.listen(channel).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         match connect.await {

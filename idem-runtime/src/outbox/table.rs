@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, PgPool, Postgres, Row, SqlStr};
@@ -155,7 +156,7 @@ UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now()
 pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
-    name: TableName,
+    channel: String,
     ddl: SqlStr,
     write: SqlStr,
     claim: SqlStr,
@@ -203,7 +204,7 @@ impl OutboxTable {
     pub(crate) fn new(name: TableName, dialect: Dialect, notify: bool) -> Self {
         let notify = notify && !dialect.portable;
         let table = name.qualified();
-        let channel = name.to_string();
+        let channel = channel(&name);
         let render = |sql: &str| {
             statement(
                 sql.replace("{table}", &table)
@@ -230,13 +231,13 @@ impl OutboxTable {
             lag: render(LAG),
             dead: render(DEAD),
             redrive: render(REDRIVE),
-            name,
+            channel,
         }
     }
 
-    /// The table's name, which is also the channel its writes notify.
-    pub(crate) fn name(&self) -> &TableName {
-        &self.name
+    /// The channel its writes notify and relays listen on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// The DDL.
@@ -408,6 +409,21 @@ fn decode_claimed(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
     })
 }
 
+/// The NOTIFY channel of the outbox `name`: the name as written (`schema.name`) when it
+/// fits a PostgreSQL identifier (63 bytes; `pg_notify` refuses a longer channel, and
+/// every write with it), else `idem_outbox_` and 32 hex digits of the name's SHA-256.
+/// Derived from the name alone, so every instance of a service writes and listens on the
+/// same one.
+fn channel(name: &TableName) -> String {
+    let written = name.to_string();
+    if written.len() <= 63 {
+        return written;
+    }
+    let digest = Sha256::digest(written.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("idem_outbox_{hex}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,5 +482,29 @@ mod tests {
             .ddl()
             .as_str()
             .contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
+    }
+
+    /// Regression (issue 27, finding 7): a name the builder accepts (48 + 1 + 48
+    /// characters) was the NOTIFY channel, which PostgreSQL limits to 63 bytes, and every
+    /// write failed. A name that fits is its own channel (as before); a longer one gets a
+    /// channel derived from it, the same for every instance.
+    #[test]
+    fn every_channel_fits_an_identifier() {
+        let short = TableName::parse("ops.events").unwrap();
+        assert_eq!(channel(&short), "ops.events");
+        let long_text = format!("{}.{}", "s".repeat(48), "t".repeat(48));
+        let long = TableName::parse(&long_text).unwrap();
+        let derived = channel(&long);
+        assert!(derived.len() <= 63, "{derived}");
+        assert!(derived.starts_with("idem_outbox_"), "{derived}");
+        assert_eq!(derived, channel(&TableName::parse(&long_text).unwrap()));
+        let other = TableName::parse(&format!("{}.{}", "s".repeat(48), "u".repeat(48))).unwrap();
+        assert_ne!(channel(&other), derived);
+        let table = OutboxTable::new(long, Dialect::default(), true);
+        assert!(table
+            .write
+            .as_str()
+            .contains(&format!("pg_notify('{derived}', '')")));
+        assert_eq!(table.channel(), derived);
     }
 }
