@@ -753,3 +753,45 @@ async fn a_long_outbox_table_name_emits_and_wakes_the_relay() {
     })
     .await;
 }
+
+/// Regression (issue 27, finding 12): a publisher that panicked left its event leased:
+/// taken again at every lease, panicking again, never parked, and the later events of its
+/// ordering key held back for ever. A panic is a failure of its event: retried after a
+/// backoff, parked at the limit, and the relay and the other events go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_publisher_fails_its_event_and_the_relay_goes_on() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "p", 6, |i| Some(format!("k{}", i % 2))).await;
+        let recorder = Recorder::failing(|e| {
+            if e.payload == b"2" {
+                panic!("a bug in the publisher");
+            }
+            None
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(40))
+            .max_attempts(3)
+            .spawn()
+            .unwrap();
+        let events = recorder.wait_for(5, Duration::from_secs(10)).await;
+        let mut payloads: Vec<&[u8]> = events.iter().map(|e| &*e.payload).collect();
+        payloads.sort();
+        assert_eq!(payloads, [&b"0"[..], b"1", b"3", b"4", b"5"]);
+        drained_but(&pool, 1).await;
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1, "parked after its attempts");
+        assert_eq!(dead[0].attempts, 3);
+        assert!(
+            dead[0].last_error.contains("panicked") && dead[0].last_error.contains("a bug"),
+            "{}",
+            dead[0].last_error
+        );
+        let stats = relay.stats();
+        assert_eq!((stats.published, stats.retried, stats.dead), (5, 2, 1));
+        relay.stopped().await;
+    })
+    .await;
+}

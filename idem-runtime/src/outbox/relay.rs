@@ -4,14 +4,15 @@
 //! At least once, never lost: a row is deleted only after its publish succeeded, so a
 //! relay that dies in between leaves it leased, and the next relay (or this one,
 //! restarted) takes it again when the lease runs out and publishes it again under the
-//! same id, which the broker or the consumer drops. A failed publish makes the row
-//! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
+//! same id, which the broker or the consumer drops. A failed publish (or a publisher that
+//! panicked) makes the row available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
 //! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
 //!
 //! The relay's connections never sit in a transaction: each statement is its own short
 //! transaction, and the `LISTEN` connection runs nothing else, so the relay never holds
 //! back vacuum (an old snapshot would keep every deleted outbox row).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -453,31 +454,48 @@ impl<P: Publisher> Running<P> {
         );
         let taken = rows.len();
         let mut publishing = JoinSet::new();
+        let mut held = HashMap::with_capacity(taken);
         for row in rows {
             let publisher = Arc::clone(&builder.publisher);
             let timeout = builder.publish_timeout;
-            publishing.spawn(async move {
-                let event = to_event(&row);
-                let result = match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+            let event = to_event(&row);
+            let task = publishing.spawn(async move {
+                match tokio::time::timeout(timeout, publisher.publish(&event)).await {
                     Ok(result) => result,
                     Err(_) => Err(PublishError::retry(format!(
                         "no acknowledgement within {timeout:?}"
                     ))),
-                };
-                (row, result)
+                }
             });
+            held.insert(task.id(), row);
         }
         let mut published = Vec::with_capacity(taken);
         let mut failed = Vec::new();
-        while let Some(joined) = publishing.join_next().await {
-            match joined {
-                Ok((row, Ok(()))) => {
+        while let Some(joined) = publishing.join_next_with_id().await {
+            let (task, result) = match joined {
+                Ok((task, result)) => (task, result),
+                // A publisher that panicked fails its event like any error that may pass:
+                // retried after a backoff, parked at the limit. Left leased, the event was
+                // taken again at every lease, panicked again, and held its ordering key
+                // back for ever.
+                Err(error) => {
+                    let task = error.id();
+                    let error = PublishError::retry(panicked(error));
+                    if let Some(row) = held.get(&task) {
+                        tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
+                    }
+                    (task, Err(error))
+                }
+            };
+            let Some(row) = held.remove(&task) else {
+                continue;
+            };
+            match result {
+                Ok(()) => {
                     metrics::published(row.age);
                     published.push(row.seq);
                 }
-                Ok((row, Err(error))) => failed.push((row, error)),
-                // A publisher that panicked: its event stays leased and is taken again.
-                Err(error) => tracing::error!(%error, "idem: an outbox publisher panicked"),
+                Err(error) => failed.push((row, error)),
             }
         }
         if !published.is_empty() {
@@ -564,6 +582,20 @@ impl<P: Publisher> Running<P> {
             }
         }
     }
+}
+
+/// The failure of a publish task that did not return: its panic's message.
+fn panicked(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return "the publish task was cancelled".to_owned();
+    }
+    let payload = error.into_panic();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a payload that is not text");
+    format!("the publisher panicked: {message}")
 }
 
 fn to_event(row: &ClaimedRow) -> OutboxEvent {
