@@ -2,8 +2,8 @@
 //! its id as `Nats-Msg-Id`, JetStream drops a republish inside its duplicate window, and
 //! the consumer credits a ledger once per event through `run_once`, acknowledging only
 //! after its commit, past the window too. Processes are killed with SIGKILL between
-//! publish and mark (relay) and between commit and ack (consumer); a broker is killed and
-//! restarted mid-stream. Each test has a stream and subjects of its own.
+//! publish and mark (relay, and one of two relays holding an ordering key) and between
+//! commit and ack (consumer); a broker is killed and restarted mid-stream. Each test has a stream and subjects of its own.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -400,8 +400,19 @@ fn worker(mode: &str, db: &TestDb, nats: &str, env: &[(&str, String)]) -> Child 
     command.spawn().expect("start outbox-worker")
 }
 
-/// Waits for the worker to print `HUNG`, then kills it with SIGKILL.
-fn kill_when_hung(mut child: Child) {
+/// A worker killed with SIGKILL when dropped, so that a test that fails leaves no
+/// process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+/// Waits for the worker to print `HUNG`.
+fn wait_hung(child: &mut Child) {
     let stdout = child.stdout.take().unwrap();
     let hung = std::thread::spawn(move || {
         BufReader::new(stdout)
@@ -417,13 +428,18 @@ fn kill_when_hung(mut child: Child) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SIGKILL: no destructor, no rollback of its own, no last ack.
-    child.kill().unwrap();
-    child.wait().unwrap();
     assert!(
         hung.join().unwrap(),
         "the worker exited before its fault point"
     );
+}
+
+/// Waits for the worker to print `HUNG`, then kills it with SIGKILL.
+fn kill_when_hung(mut child: Child) {
+    wait_hung(&mut child);
+    // SIGKILL: no destructor, no rollback of its own, no last ack.
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 /// SIGKILL of the relay after JetStream acknowledged events and before it marked them:
@@ -440,7 +456,8 @@ async fn a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing() {
         let published = broker.messages().await.len();
         assert!(published >= 5, "published before the kill: {published}");
         assert_eq!(count(&pool, "idem_outbox").await, 30, "none marked");
-        // The restarted relay takes the killed one's events once their lease ran out.
+        // The restarted relay takes the killed one's events: their leases ended with its
+        // session.
         let restarted = worker("relay", db, &nats_url(), &[]);
         let messages = broker.wait_for(30, Duration::from_secs(20)).await;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -456,6 +473,74 @@ async fn a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing() {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), 30);
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 10): after `kill -9` of one of two relay processes, the
+/// events of an ordering key it held waited out its whole lease (25 s seen with the 30 s
+/// default). Its leases end with its session: the other relay publishes the key's events
+/// within a few seconds, each once in the stream, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_relays_ordering_key_is_published_by_the_other_within_seconds() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        for step in 0..5_i64 {
+            store
+                .run_once("charges", &format!("step-{step}"))
+                .run(async |mut tx| {
+                    let credit = Credit {
+                        charge: 7,
+                        amount: step,
+                    };
+                    tx.emit(Event::new(&broker.subject, &credit).ordering_key("7"))
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+                .await
+                .unwrap();
+        }
+        // A publish still waiting for its acknowledgement when the process is killed:
+        // the lease outlives it, and nothing but the kill frees the key.
+        let settings = [
+            ("LEASE_MS", "30000".to_owned()),
+            ("PUBLISH_TIMEOUT_MS", "20000".to_owned()),
+        ];
+        let mut holder = Killed(worker(
+            "relay",
+            db,
+            &nats_url(),
+            &[settings.as_slice(), &[("HANG_AFTER", "1".into())]].concat(),
+        ));
+        // It published the key's first event and hangs before marking it.
+        wait_hung(&mut holder.0);
+        let _other = Killed(worker("relay", db, &nats_url(), &settings));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            broker.messages().await.len(),
+            1,
+            "the other relay waits while the key is held"
+        );
+        drop(holder);
+        let killed = Instant::now();
+        let messages = broker.wait_for(5, Duration::from_secs(20)).await;
+        let took = killed.elapsed();
+        let steps: Vec<i64> = messages
+            .iter()
+            .map(|(_, _, payload)| serde_json::from_slice::<Credit>(payload).unwrap().amount)
+            .collect();
+        assert_eq!(steps, [0, 1, 2, 3, 4], "each once, in order");
+        assert!(
+            took < Duration::from_secs(5),
+            "published {took:?} after the kill, with a 30 s lease"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&pool, "idem_outbox").await > 0 {
+            assert!(Instant::now() < deadline, "the outbox never emptied");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         broker.delete().await;
     })
     .await;

@@ -2,15 +2,23 @@
 //! [`Publisher`], and deletes each once the broker acknowledged it.
 //!
 //! At least once, never lost: a row is deleted only after its publish succeeded, so a
-//! relay that dies in between leaves it leased, and the next relay (or this one,
-//! restarted) takes it again when the lease runs out and publishes it again under the
-//! same id, which the broker or the consumer drops. A failed publish (or a publisher that
-//! panicked) makes the row available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
+//! relay that dies in between leaves it leased, and another relay (or this one,
+//! restarted) takes it again and publishes it again under the same id, which the broker
+//! or the consumer drops. A failed publish (or a publisher that panicked) makes the row
+//! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
 //! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
 //!
+//! Whoever marks holds (invariant 11): every mark is conditional on the token of the take
+//! that leased the rows, so a relay that stalled past its lease marks nothing another
+//! relay took since. A relay's leases end with its session: it holds a session advisory
+//! lock on a connection of its own, and the other relays take what it leased as soon as
+//! that lock is free (its process killed, its connection gone), not when the lease runs
+//! out; see [`RelayBuilder::session`] for where that cannot work.
+//!
 //! The relay's connections never sit in a transaction: each statement is its own short
-//! transaction, and the `LISTEN` connection runs nothing else, so the relay never holds
-//! back vacuum (an old snapshot would keep every deleted outbox row).
+//! transaction, and the `LISTEN` and session connections run nothing else (the session's
+//! lock is no transaction), so the relay never holds back vacuum (an old snapshot would
+//! keep every deleted outbox row).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
 use super::table::ClaimedRow;
@@ -116,6 +125,7 @@ pub struct RelayBuilder<P> {
     max_attempts: u32,
     backoff: (Duration, Duration),
     listen: Option<bool>,
+    session: Option<PgConnectOptions>,
 }
 
 impl Store {
@@ -141,6 +151,7 @@ impl Store {
             max_attempts: 10,
             backoff: (Duration::from_millis(500), Duration::from_secs(300)),
             listen: None,
+            session: None,
         }
     }
 }
@@ -162,8 +173,11 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// How long a relay keeps the events it took before another relay may take them
-    /// (default 30 s): how long a relay that died delays its events. Longer than the
-    /// publish timeout.
+    /// (default 30 s), even if it is still alive: how long a relay that stalls (or, where
+    /// its leases cannot end with its session, one that died) delays its events. Longer
+    /// than the publish timeout. A round never outlives it: marks that fail are tried
+    /// again until it ends, and a mark after it is refused if another relay took the
+    /// events meanwhile.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -193,9 +207,23 @@ impl<P: Publisher> RelayBuilder<P> {
     /// a transaction pooler, where `LISTEN` does not work, or portable, whose writes do
     /// not notify). Without it the relay polls. A listening relay keeps one connection of
     /// the store's pool for `LISTEN` (it runs nothing else on it, so it holds no snapshot
-    /// back); size the pool for it.
+    /// back); size the pool for it. (Its session, [`RelayBuilder::session`], is one more
+    /// connection, outside the pool.)
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = Some(listen);
+        self
+    }
+
+    /// Where the relay opens the connection of its own that holds its session lock, so
+    /// that its leases end as soon as it dies (killed, its connection gone) instead of
+    /// when they run out. By default it opens it with the store's pool's options, except
+    /// behind a transaction pooler ([`Pooler::Transaction`](crate::Pooler::Transaction)),
+    /// where a session lock would stay on a server connection the pooler hands to other
+    /// clients: there give it a direct connection to PostgreSQL here, or its leases end
+    /// only by their time. In the portable mode leases always end by their time (a
+    /// distributed engine has no cluster-wide advisory lock).
+    pub fn session(mut self, options: PgConnectOptions) -> Self {
+        self.session = Some(options);
         self
     }
 
@@ -207,6 +235,19 @@ impl<P: Publisher> RelayBuilder<P> {
             return Err(RelayError::LeaseTooShort);
         }
         Ok(())
+    }
+
+    /// The options of the session's connection, if this relay's leases can end with it.
+    fn session_options(&self) -> Option<PgConnectOptions> {
+        let store = &self.store.inner;
+        if !store.outbox.can_tie() {
+            return None;
+        }
+        match (&self.session, store.dialect.pooler) {
+            (Some(options), _) => Some(options.clone()),
+            (None, crate::Pooler::Session) => Some((*store.pool.connect_options()).clone()),
+            (None, _) => None,
+        }
     }
 
     /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
@@ -221,6 +262,7 @@ impl<P: Publisher> RelayBuilder<P> {
             listen: self
                 .listen
                 .unwrap_or_else(|| self.store.inner.outbox.can_listen()),
+            session_options: self.session_options(),
             builder: self,
         };
         let task = tokio::spawn(running.run());
@@ -240,9 +282,25 @@ impl<P: Publisher> RelayBuilder<P> {
             counters: Arc::new(Counters::default()),
             stopping: Arc::new(Stopping::default()),
             listen: false,
+            session_options: self.session_options(),
             builder: self,
         };
-        while running.round().await.map_err(RelayError::Database)? > 0 {}
+        let mut session = running.open_session(&mut false).await;
+        loop {
+            let round = running
+                .round(session.as_ref().map(|s| s.owner))
+                .await
+                .map_err(RelayError::Database)?;
+            if round.untied {
+                session = None;
+            }
+            if round.taken == 0 {
+                break;
+            }
+        }
+        if let Some(session) = session {
+            session.close().await;
+        }
         Ok(running.counters.stats())
     }
 }
@@ -315,8 +373,9 @@ impl Relay {
     }
 
     /// Stops the relay at once, even in the middle of a round (as a crash would): events
-    /// it took and had not marked yet are taken again by a relay when their lease runs
-    /// out, and published again under the same id.
+    /// it took and had not marked yet are taken again by another relay, and published
+    /// again under the same id: at its next round where its session lock ended with the
+    /// task, else when their lease runs out.
     pub fn abort(&self) {
         self.task.abort();
     }
@@ -332,6 +391,10 @@ pub struct RelayStats {
     pub retried: u64,
     /// Events parked as dead.
     pub dead: u64,
+    /// Events this relay tried and could not mark because another relay had taken them
+    /// meanwhile (this one stalled past its lease, or lost its session): that relay
+    /// publishes and marks them; what this one published was a copy under the same id.
+    pub overtaken: u64,
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +402,7 @@ struct Counters {
     published: AtomicU64,
     retried: AtomicU64,
     dead: AtomicU64,
+    overtaken: AtomicU64,
 }
 
 impl Counters {
@@ -347,6 +411,7 @@ impl Counters {
             published: self.published.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
+            overtaken: self.overtaken.load(Ordering::Relaxed),
         }
     }
 }
@@ -356,6 +421,36 @@ struct Running<P> {
     counters: Arc<Counters>,
     stopping: Arc<Stopping>,
     listen: bool,
+    /// Where to open the session that ties this relay's leases to its life; `None` where
+    /// they end by their time only.
+    session_options: Option<PgConnectOptions>,
+}
+
+/// A relay's session: a connection of its own, running nothing but the advisory lock of
+/// `owner` that it holds while open. A take leases rows to `owner` while the lock is
+/// held; when the connection ends (the process killed, the connection dropped),
+/// PostgreSQL releases the lock and the other relays' takes treat those leases as ended.
+struct Session {
+    conn: PgConnection,
+    owner: i32,
+}
+
+impl Session {
+    async fn close(self) {
+        // Closing releases the lock; a failure to say goodbye releases it too.
+        self.conn.close().await.ok();
+    }
+}
+
+/// How long a relay waits before it tries again to open a session that failed.
+const SESSION_RETRY: Duration = Duration::from_secs(5);
+
+/// What one round did.
+struct Round {
+    /// How many events it took.
+    taken: usize,
+    /// Whether it took events without its session lock held: the session is gone.
+    untied: bool,
 }
 
 impl<P: Publisher> Running<P> {
@@ -363,13 +458,28 @@ impl<P: Publisher> Running<P> {
         let store = &self.builder.store;
         let outbox = &store.inner.outbox;
         let mut listener = None;
+        let mut session = None;
+        let mut session_warned = false;
+        let mut session_retry: Option<Instant> = None;
         let mut last_lag: Option<Instant> = None;
         while !self.stopping.asked() {
             if self.listen && listener.is_none() {
                 listener = self.listener().await;
             }
-            let taken = match self.round().await {
-                Ok(taken) => taken,
+            // After a failure, not at every poll: an unreachable server would otherwise
+            // cost each round a connection attempt.
+            if session.is_none() && session_retry.is_none_or(|at| Instant::now() >= at) {
+                session = self.open_session(&mut session_warned).await;
+                session_retry = Some(Instant::now() + SESSION_RETRY);
+            }
+            let taken = match self.round(session.as_ref().map(|s| s.owner)).await {
+                Ok(round) => {
+                    if round.untied {
+                        tracing::warn!("idem: the outbox relay's session lock is gone (its connection ended); opening another, its leases end by their time meanwhile");
+                        session = None;
+                    }
+                    round.taken
+                }
                 Err(error) => {
                     tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
                     0
@@ -409,6 +519,9 @@ impl<P: Publisher> Running<P> {
                 }
             }
         }
+        if let Some(session) = session {
+            session.close().await;
+        }
     }
 
     async fn listener(&self) -> Option<PgListener> {
@@ -428,20 +541,66 @@ impl<P: Publisher> Running<P> {
         }
     }
 
-    /// One round: take a batch, publish it, mark it. How many events it took.
-    async fn round(&self) -> Result<usize, sqlx::Error> {
+    /// Opens this relay's [`Session`] where its leases can end with it: a connection of
+    /// its own, and the lock of an owner number no other session holds. `None` where they
+    /// cannot, or when it fails (logged once until it works again): its takes then lease
+    /// by time, and it tries again at its next round.
+    async fn open_session(&self, warned: &mut bool) -> Option<Session> {
+        let options = self.session_options.as_ref()?;
+        let outbox = &self.builder.store.inner.outbox;
+        let open = async {
+            let mut conn = PgConnection::connect_with(options).await?;
+            // Owner numbers are random: another relay holding the one drawn (once in
+            // two billion) only costs a second draw.
+            for _ in 0..4 {
+                let owner = i32::try_from(random_u64() >> 33).unwrap_or_default();
+                if outbox.lock(&mut conn, owner).await? {
+                    return Ok(Session { conn, owner });
+                }
+            }
+            Err(sqlx::Error::Protocol(
+                "every owner number drawn was held by another session".into(),
+            ))
+        };
+        let opened = tokio::time::timeout(self.builder.store.inner.acquire_timeout, open)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        match opened {
+            Ok(session) => {
+                *warned = false;
+                Some(session)
+            }
+            Err(error) => {
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(%error, "idem: the outbox relay cannot open its session connection; its leases end by their time until it can");
+                }
+                None
+            }
+        }
+    }
+
+    /// One round: take a batch under a token of its own (leased to `owner`, the session's,
+    /// while its lock is held), publish it, mark it.
+    async fn round(&self, owner: Option<i32>) -> Result<Round, sqlx::Error> {
         let builder = &self.builder;
         let store = &builder.store;
         let (pool, table, outbox) = (&store.inner.pool, &store.inner.table, &store.inner.outbox);
+        // Every mark of this round is conditional on it (the module's docs).
+        let token = random_u64() as i64;
+        // The lease the database starts when the take runs ends no earlier than this.
+        let lease_ends = Instant::now() + builder.lease;
         let rows = outbox
             .claim(
                 table.single(pool).await?,
                 i64::from(builder.batch_size),
                 builder.lease,
+                token,
+                owner,
             )
             .await?;
+        let untied = owner.is_some() && rows.iter().any(|row| !row.tied);
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(Round { taken: 0, untied });
         }
         let started = Instant::now();
         let span = tracing::debug_span!(
@@ -492,37 +651,50 @@ impl<P: Publisher> Running<P> {
             };
             match result {
                 Ok(()) => {
-                    metrics::published(row.age);
+                    metrics::delay(row.age);
                     published.push(row.seq);
                 }
                 Err(error) => failed.push((row, error)),
             }
         }
+        let mut overtaken = 0;
+        let mut deleted = 0;
         if !published.is_empty() {
-            self.marked(|| async { outbox.done(table.single(pool).await?, &published).await })
+            deleted = self
+                .marked(lease_ends, || async {
+                    outbox
+                        .done(table.single(pool).await?, &published, token)
+                        .await
+                })
                 .await?;
+            overtaken += (published.len() as u64).saturating_sub(deleted);
+            metrics::published(deleted);
             self.counters
                 .published
-                .fetch_add(published.len() as u64, Ordering::Relaxed);
+                .fetch_add(deleted, Ordering::Relaxed);
         }
         let (mut retried, mut dead) = (0, 0);
         for (row, error) in failed {
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             let park = error.is_permanent() || attempts >= builder.max_attempts;
             let backoff = backoff(builder.backoff, attempts);
-            self.marked(|| async {
-                outbox
-                    .failed(
-                        table.single(pool).await?,
-                        row.seq,
-                        error.message(),
-                        backoff,
-                        park,
-                    )
-                    .await
-            })
-            .await?;
-            if park {
+            let marked = self
+                .marked(lease_ends, || async {
+                    outbox
+                        .failed(
+                            table.single(pool).await?,
+                            row.seq,
+                            error.message(),
+                            backoff,
+                            park,
+                            token,
+                        )
+                        .await
+                })
+                .await?;
+            if !marked {
+                overtaken += 1;
+            } else if park {
                 dead += 1;
                 metrics::dead();
                 tracing::error!(
@@ -547,28 +719,37 @@ impl<P: Publisher> Running<P> {
                 );
             }
         }
+        if overtaken > 0 {
+            tracing::warn!(
+                parent: &span,
+                overtaken,
+                "idem: the outbox relay outlived its lease: another relay took events of this round meanwhile, and publishes and marks them"
+            );
+        }
         self.counters.retried.fetch_add(retried, Ordering::Relaxed);
         self.counters.dead.fetch_add(dead, Ordering::Relaxed);
-        span.record("published", published.len());
+        self.counters
+            .overtaken
+            .fetch_add(overtaken, Ordering::Relaxed);
+        span.record("published", deleted);
         span.record("retried", retried);
         span.record("dead", dead);
         span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
-        Ok(taken)
+        Ok(Round { taken, untied })
     }
-}
 
-impl<P: Publisher> Running<P> {
     /// Runs `mark` (the statement that records what became of events this relay holds
-    /// leased), again after a failure (no connection in time, a dropped one) until half
-    /// the lease has passed. An event whose mark is given up stays leased until its lease
-    /// runs out, holding back the next events of its ordering key all that time, and is
-    /// published again then; the statements are idempotent, so trying again is safe.
-    async fn marked<T, F, Fut>(&self, mark: F) -> Result<T, sqlx::Error>
+    /// leased), again after a failure (no connection in time, a dropped one) until the
+    /// lease ends at `give_up`: the round never outlives its lease. An event whose mark is
+    /// given up stays leased until its lease ends (or the relay's session does), holding
+    /// back the next events of its ordering key all that time, and is published again
+    /// then; the statements are idempotent, and refused once another relay took the
+    /// events, so trying again is safe.
+    async fn marked<T, F, Fut>(&self, give_up: Instant, mark: F) -> Result<T, sqlx::Error>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
     {
-        let give_up = Instant::now() + self.builder.lease / 2;
         let mut pause = Duration::from_millis(10);
         loop {
             match mark().await {
@@ -598,6 +779,22 @@ fn panicked(error: tokio::task::JoinError) -> String {
     format!("the publisher panicked: {message}")
 }
 
+/// 64 random bits: a lease token, an owner number. From the standard library's hasher
+/// keys (seeded by the operating system once per process) over a counter, so two calls
+/// never repeat within a process and two processes draw apart.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
+}
+
 fn to_event(row: &ClaimedRow) -> OutboxEvent {
     OutboxEvent {
         id: row.id.clone(),
@@ -620,8 +817,11 @@ fn backoff((first, max): (Duration, Duration), attempts: u32) -> Duration {
 mod metrics {
     use std::time::Duration;
 
-    pub(super) fn published(age: Duration) {
-        ::metrics::counter!("idem_outbox_published_total").increment(1);
+    pub(super) fn published(events: u64) {
+        ::metrics::counter!("idem_outbox_published_total").increment(events);
+    }
+
+    pub(super) fn delay(age: Duration) {
         ::metrics::histogram!("idem_outbox_publish_delay_seconds").record(age.as_secs_f64());
     }
 
@@ -642,7 +842,9 @@ mod metrics {
 mod metrics {
     use std::time::Duration;
 
-    pub(super) fn published(_: Duration) {}
+    pub(super) fn published(_: u64) {}
+
+    pub(super) fn delay(_: Duration) {}
 
     pub(super) fn retried() {}
 
@@ -663,5 +865,11 @@ mod tests {
         assert_eq!(backoff(b, 4), Duration::from_secs(4));
         assert_eq!(backoff(b, 5), Duration::from_secs(5));
         assert_eq!(backoff(b, u32::MAX), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn random_draws_differ() {
+        let draws: std::collections::HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(draws.len(), 1000);
     }
 }
