@@ -3,12 +3,14 @@
 //! the consumer credits a ledger once per event through `run_once`, acknowledging only
 //! after its commit, past the window too. Processes are killed with SIGKILL between
 //! publish and mark (relay, and one of two relays holding an ordering key) and between
-//! commit and ack (consumer); a broker is killed and restarted mid-stream. Each test has a stream and subjects of its own.
+//! commit and ack (consumer); a broker is killed and restarted mid-stream; a relay whose
+//! settings outlive the stream's duplicate window says so. Each test has a stream and subjects of its own.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +20,11 @@ use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
 use idem::{Pooler, Store};
 use idem_tests::ledger::{book, credits, ledger, Credit};
-use idem_tests::{count, nats_url, unique, with_test_db, Pgbouncer, PrivateNats, TestDb};
+use idem_tests::{
+    count, nats_url, unique, with_test_db, ClosedSpans, Pgbouncer, PrivateNats, TestDb,
+};
 use sqlx::PgPool;
+use tracing_subscriber::prelude::*;
 
 struct Broker {
     js: Context,
@@ -202,6 +207,72 @@ async fn the_relay_publishes_each_event_with_its_id_and_a_republish_is_dropped()
         ids.sort();
         assert_eq!(stored, ids, "each event once, its id as Nats-Msg-Id");
         assert_eq!(count(&pool, "idem_outbox").await, 0);
+        broker.delete().await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 11): the relay's defaults (lease 30 s, backoff up to
+/// 5 min) let a copy arrive after JetStream's default duplicate window (2 min), against
+/// the README's own rule, and nothing said so. The defaults now fit; settings that do not
+/// are named at the relay's start, with the stream, its window and what to lower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_says_when_its_copies_can_outlive_the_duplicate_window() {
+    static SEEN: OnceLock<ClosedSpans> = OnceLock::new();
+    let seen = SEEN.get_or_init(|| {
+        let seen = ClosedSpans::named("idem.relay");
+        tracing_subscriber::registry().with(seen.clone()).init();
+        seen
+    });
+    with_test_db(async |db| {
+        let (_, store) = ledger(db).await;
+        // JetStream's default window.
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        let publisher = || JetStreamPublisher::new(broker.js.clone()).stream(&broker.stream);
+        let said = || -> Vec<String> {
+            seen.errors()
+                .iter()
+                .filter(|e| {
+                    e.get("destination")
+                        .is_some_and(|d| d.contains(&broker.stream))
+                })
+                .map(|e| e.get("message").unwrap_or_default().to_owned())
+                .collect()
+        };
+        store.relay(publisher()).run_until_idle().await.unwrap();
+        assert_eq!(said(), Vec::<String>::new(), "the defaults fit");
+        store
+            .relay(publisher())
+            .backoff(Duration::from_millis(500), Duration::from_secs(300))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let said_now = said();
+        assert_eq!(said_now.len(), 1, "{said_now:?}");
+        for part in [
+            "lease (30s) + publish timeout (10s) + longest backoff (300s) = 340s",
+            "duplicate window (120s)",
+            "lower the relay's longest backoff to 80s or less",
+        ] {
+            assert!(said_now[0].contains(part), "{part:?} in {}", said_now[0]);
+        }
+        // A spawned relay checks too, beside its first rounds.
+        let relay = store
+            .relay(publisher())
+            .lease(Duration::from_secs(150))
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while said().len() < 2 {
+            assert!(Instant::now() < deadline, "{:?}", said());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            said()[1].contains("shorten the relay's lease"),
+            "{}",
+            said()[1]
+        );
+        relay.stopped().await;
         broker.delete().await;
     })
     .await;

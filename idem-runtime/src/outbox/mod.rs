@@ -38,7 +38,8 @@ use sha2::{Digest, Sha256};
 #[cfg(any(feature = "nats", feature = "amqp"))]
 pub use consume::Received;
 pub use relay::{
-    OutboxEvent, PublishError, Publisher, Relay, RelayBuilder, RelayError, RelayStats,
+    DuplicateWindow, OutboxEvent, PublishError, Publisher, Relay, RelayBuilder, RelayError,
+    RelayStats,
 };
 pub(crate) use table::OutboxTable;
 pub use table::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};

@@ -66,6 +66,38 @@ pub trait Publisher: Send + Sync + 'static {
     /// Publishes one event and waits for the destination's acknowledgement.
     fn publish(&self, event: &OutboxEvent)
         -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// How long each destination this publisher knows drops a copy of an event it
+    /// already accepted, by the event's id (JetStream's `duplicate_window`). A relay asks
+    /// when it starts, and says so loudly when a copy it can send (after a lost
+    /// acknowledgement, or a relay that stalled) may arrive later than that. The default:
+    /// none known.
+    fn duplicate_windows(
+        &self,
+    ) -> impl Future<Output = Result<Vec<DuplicateWindow>, PublishError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// How long a destination drops a copy of an event it already accepted
+/// ([`Publisher::duplicate_windows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DuplicateWindow {
+    /// The destination, as a log line names it (`JetStream stream "charges"`).
+    pub destination: String,
+    /// The window.
+    pub window: Duration,
+}
+
+impl DuplicateWindow {
+    /// `destination` drops copies within `window`.
+    pub fn new(destination: impl Into<String>, window: Duration) -> Self {
+        Self {
+            destination: destination.into(),
+            window,
+        }
+    }
 }
 
 /// Why a publish failed.
@@ -128,6 +160,18 @@ pub struct RelayBuilder<P> {
     session: Option<PgConnectOptions>,
 }
 
+/// The default lease: 30 s.
+///
+/// The defaults keep the rule of JetStream's default duplicate window (2 minutes): a copy
+/// the relay can send, after a lost acknowledgement (the publish timeout, then the
+/// longest backoff) and a relay that stalled past its lease, arrives within
+/// `lease + publish timeout + longest backoff` = 30 + 10 + 60 = 100 s of the first.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default publish timeout: 10 s.
+const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default backoff: 500 ms, doubling to 1 min.
+const DEFAULT_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(60));
+
 impl Store {
     /// A relay of this store's outbox to `publisher`. Start it with
     /// [`RelayBuilder::spawn`], like the sweeper; any number of service instances may run
@@ -146,10 +190,10 @@ impl Store {
             publisher: Arc::new(publisher),
             batch_size: 256,
             poll_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(30),
-            publish_timeout: Duration::from_secs(10),
+            lease: DEFAULT_LEASE,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             max_attempts: 10,
-            backoff: (Duration::from_millis(500), Duration::from_secs(300)),
+            backoff: DEFAULT_BACKOFF,
             listen: None,
             session: None,
         }
@@ -197,7 +241,9 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// The wait after a failed attempt: `first`, doubled after each further failure, at
-    /// most `max` (default 500 ms and 5 min).
+    /// most `max` (default 500 ms and 1 min). Keep `lease + publish timeout + max` within
+    /// the broker's duplicate window (JetStream's is 2 minutes by default): the relay says
+    /// at its start when it is not.
     pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
         self.backoff = (first, max.max(first));
         self
@@ -251,9 +297,16 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
-    /// failures are logged and retried; they never stop it.
+    /// failures are logged and retried; they never stop it. The task first asks the
+    /// publisher for its destinations' duplicate windows ([`Publisher::duplicate_windows`])
+    /// and logs an ERROR for each that `lease + publish timeout + longest backoff`
+    /// exceeds.
     pub fn spawn(self) -> Result<Relay, RelayError> {
         self.check()?;
+        // Beside the relay, so that a slow answer does not hold back its first round.
+        let publisher = Arc::clone(&self.publisher);
+        let (lease, timeout, longest) = (self.lease, self.publish_timeout, self.backoff.1);
+        tokio::spawn(async move { check_windows(&*publisher, lease, timeout, longest).await });
         let counters = Arc::new(Counters::default());
         let stopping = Arc::new(Stopping::default());
         let running = Running {
@@ -285,6 +338,7 @@ impl<P: Publisher> RelayBuilder<P> {
             session_options: self.session_options(),
             builder: self,
         };
+        running.check_windows().await;
         let mut session = running.open_session(&mut false).await;
         loop {
             let round = running
@@ -579,6 +633,13 @@ impl<P: Publisher> Running<P> {
         }
     }
 
+    /// Asks the publisher for its destinations' duplicate windows and logs an ERROR for
+    /// each that this relay's copies can outlive.
+    async fn check_windows(&self) {
+        let b = &self.builder;
+        check_windows(&*b.publisher, b.lease, b.publish_timeout, b.backoff.1).await;
+    }
+
     /// One round: take a batch under a token of its own (leased to `owner`, the session's,
     /// while its lock is held), publish it, mark it.
     async fn round(&self, owner: Option<i32>) -> Result<Round, sqlx::Error> {
@@ -765,6 +826,55 @@ impl<P: Publisher> Running<P> {
     }
 }
 
+/// Logs an ERROR for each of `publisher`'s destinations that drops copies for less than
+/// a copy of this relay can come after the first: one lost acknowledgement (the publish
+/// timeout, then the longest backoff) and one relay that stalled past its lease.
+async fn check_windows<P: Publisher>(
+    publisher: &P,
+    lease: Duration,
+    publish_timeout: Duration,
+    longest_backoff: Duration,
+) {
+    let needed = lease + publish_timeout + longest_backoff;
+    let asked = tokio::time::timeout(Duration::from_secs(10), publisher.duplicate_windows());
+    let windows = match asked.await {
+        Ok(Ok(windows)) => windows,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "idem: the outbox relay could not read its destinations' duplicate windows");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("idem: the outbox relay could not read its destinations' duplicate windows within 10s");
+            return;
+        }
+    };
+    for DuplicateWindow {
+        destination,
+        window,
+    } in windows
+    {
+        if needed <= window {
+            continue;
+        }
+        let advice = match window.checked_sub(lease + publish_timeout) {
+            Some(room) if !room.is_zero() => {
+                format!("lower the relay's longest backoff to {room:?} or less")
+            }
+            _ => "shorten the relay's lease and publish timeout, which alone exceed it".to_owned(),
+        };
+        tracing::error!(
+            destination = %destination,
+            window_s = window.as_secs_f64(),
+            needed_s = needed.as_secs_f64(),
+            "idem: the outbox relay can send a copy of an event after {destination} stopped dropping copies: \
+             its lease ({lease:?}) + publish timeout ({publish_timeout:?}) + longest backoff ({longest_backoff:?}) \
+             = {needed:?} exceed the duplicate window ({window:?}). A copy sent after a lost acknowledgement \
+             or by a relay that stalled past its lease would reach the consumers as a second message \
+             (a consumer's run_once keyed by the event id still runs its work once); {advice}, or widen the window"
+        );
+    }
+}
+
 /// The failure of a publish task that did not return: its panic's message.
 fn panicked(error: tokio::task::JoinError) -> String {
     if !error.is_panic() {
@@ -865,6 +975,16 @@ mod tests {
         assert_eq!(backoff(b, 4), Duration::from_secs(4));
         assert_eq!(backoff(b, 5), Duration::from_secs(5));
         assert_eq!(backoff(b, u32::MAX), Duration::from_secs(5));
+    }
+
+    /// Regression (issue 27, finding 11): the defaults (lease 30 s, backoff up to 5 min)
+    /// let a copy arrive after JetStream's default duplicate window (2 min), against the
+    /// README's own rule.
+    #[test]
+    fn the_defaults_keep_copies_inside_jetstreams_default_window() {
+        let needed = DEFAULT_LEASE + DEFAULT_PUBLISH_TIMEOUT + DEFAULT_BACKOFF.1;
+        assert!(needed <= Duration::from_secs(120), "{needed:?}");
+        assert!(DEFAULT_PUBLISH_TIMEOUT < DEFAULT_LEASE);
     }
 
     #[test]
