@@ -19,6 +19,12 @@ CREATE TABLE IF NOT EXISTS "idem_outbox" (
     created_at   timestamptz NOT NULL DEFAULT now(),
     -- not before: a relay's lease, or the backoff after a failed attempt
     available_at timestamptz NOT NULL DEFAULT now(),
+    -- the relay holding the lease, while its session holds its advisory lock (NULL: none,
+    -- or a lease that only its time ends)
+    lease_owner  integer,
+    -- written by each take, checked by each mark: a relay whose lease was taken over
+    -- marks nothing
+    lease_token  bigint,
     attempts     integer     NOT NULL DEFAULT 0,
     last_error   text,
     -- set when the relay gave up; `Store::redrive_dead_events` clears it

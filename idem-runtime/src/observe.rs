@@ -16,6 +16,14 @@
 //! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//!
+//! A metrics backend keeps a series per label value, so `scope` stays a bounded set: an
+//! endpoint's scope (written in its code) is always its own label, and so are the first
+//! 64 distinct scopes a process makes at run time ([`Store::run_once`]'s, which a caller
+//! may build from data, one per tenant); later ones count under `other`, with one WARN
+//! the first time. The span carries every scope as it is.
+//!
+//! [`Store::run_once`]: crate::Store::run_once
 
 use std::borrow::Cow;
 use std::fmt;
@@ -168,18 +176,52 @@ fn millis(d: Duration) -> f64 {
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics {
     use std::borrow::Cow;
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
     use std::time::Duration;
 
     use super::Outcome;
 
+    /// How many distinct scopes made at run time get a label of their own.
+    const RUNTIME_SCOPE_LABELS: usize = 64;
+
     pub(crate) fn request(scope: Cow<'static, str>, outcome: Outcome, duration: Duration) {
         let labels = vec![
-            ::metrics::Label::new("scope", scope),
+            ::metrics::Label::new("scope", label(scope)),
             ::metrics::Label::new("outcome", outcome.as_str()),
         ];
         ::metrics::counter!("idem_requests_total", labels.clone()).increment(1);
         ::metrics::histogram!("idem_request_duration_seconds", labels)
             .record(duration.as_secs_f64());
+    }
+
+    /// The `scope` label (see the module's docs): a `&'static` scope is written in code
+    /// (an endpoint's) and is its own label; an owned one was made at run time
+    /// (`run_once`'s, possibly from data) and is its own label only among the first
+    /// [`RUNTIME_SCOPE_LABELS`] distinct ones, `other` after them.
+    fn label(scope: Cow<'static, str>) -> Cow<'static, str> {
+        let Cow::Owned(scope) = scope else {
+            return scope;
+        };
+        static LABELLED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+        let mut labelled = LABELLED
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if labelled.contains(&scope) {
+            return Cow::Owned(scope);
+        }
+        if labelled.len() < RUNTIME_SCOPE_LABELS {
+            labelled.insert(scope.clone());
+            return Cow::Owned(scope);
+        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "idem: more than {RUNTIME_SCOPE_LABELS} run_once scopes; the metrics count the later ones under scope=\"other\" (spans keep every scope)"
+            );
+        });
+        Cow::Borrowed("other")
     }
 
     pub(crate) fn swept(rows: u64) {

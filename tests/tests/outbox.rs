@@ -2,8 +2,10 @@
 //! and through `run_once` commit with the business writes or not at all, replays emit
 //! nothing, ids are derived from the attempt; the relay (with publishers of the test's
 //! own) publishes every committed event once, never loses a row committed late, keeps
-//! per-key order with two relays at once, parks a poison event while the rest flow, and
-//! works by LISTEN/NOTIFY, by polling behind PgBouncer, and in portable mode.
+//! per-key order with two relays at once, parks a poison event (or one whose publisher
+//! panics) while the rest flow, and works by LISTEN/NOTIFY (under a long table name too),
+//! by polling behind PgBouncer, and in portable mode; a relay past its lease marks
+//! nothing another relay took, and a dead relay's leases end with its session.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +21,7 @@ use idem_tests::{count, with_test_db, Pgbouncer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
@@ -378,43 +381,6 @@ async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
     .await;
 }
 
-/// Regression (issue 27, 7): an outbox table name the builder takes (66 characters, each
-/// part under 48) was the NOTIFY channel, which PostgreSQL limits to 63 bytes: every
-/// emit failed. A listening relay is woken on the short channel and publishes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_long_outbox_table_name_emits_and_wakes_its_relay() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let name = format!("{}.{}", "s".repeat(33), "t".repeat(32));
-        let store = Store::builder(pool.clone())
-            .outbox_table(name.clone())
-            .build()
-            .unwrap();
-        store.migrate().await.unwrap();
-        let recorder = Recorder::default();
-        let relay = store
-            .relay(recorder.clone())
-            .listen(true)
-            .poll_interval(std::time::Duration::from_secs(30))
-            .spawn()
-            .unwrap();
-        emit_many(&store, "long", 3, |_| None).await;
-        let woken = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-            while recorder.events().len() < 3 {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        assert!(
-            woken.is_ok(),
-            "the relay was not woken: {:?}",
-            recorder.events().len()
-        );
-        relay.stopped().await;
-    })
-    .await;
-}
-
 /// Regression (Watermill's SQL forwarder, issue 311): a relay that cursors on `id >
 /// last_seen` skips a row whose transaction commits after rows written later. The relay
 /// keeps no cursor: the late row is published at the next round.
@@ -456,54 +422,6 @@ async fn a_row_committed_late_is_never_lost() {
         assert_eq!(events.len(), 4);
         assert_eq!(events[3].payload, b"\"late\"");
         relay.stop();
-    })
-    .await;
-}
-
-/// A publisher that panics on one event.
-#[derive(Clone, Default)]
-struct Panicking(Recorder);
-
-impl Publisher for Panicking {
-    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
-        assert_ne!(event.payload, b"1", "a publisher's bug");
-        self.0.publish(event).await
-    }
-}
-
-/// Regression (issue 27, 12): a publisher that panicked left its event leased, and its
-/// ordering key held, round after round, never parked. It is a failure of that event
-/// now: retried, parked at the limit, and the key's later events flow.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_panicking_publisher_fails_its_event_and_the_key_flows() {
-    with_test_db(async |db| {
-        let (pool, store) = migrated(db).await;
-        emit_many(&store, "p", 3, |_| Some("k".to_owned())).await;
-        let publisher = Panicking::default();
-        let relay = store
-            .relay(publisher.clone())
-            .poll_interval(Duration::from_millis(20))
-            .backoff(Duration::from_millis(10), Duration::from_millis(40))
-            .max_attempts(2)
-            .spawn()
-            .unwrap();
-        let events = publisher.0.wait_for(2, Duration::from_secs(10)).await;
-        let payloads: Vec<&[u8]> = events.iter().map(|e| e.payload.as_slice()).collect();
-        assert_eq!(
-            payloads,
-            [b"0".as_slice(), b"2".as_slice()],
-            "the key flows past it"
-        );
-        drained_but(&pool, 1).await;
-        let dead = store.dead_events(10).await.unwrap();
-        assert_eq!(dead.len(), 1);
-        assert!(
-            dead[0].last_error.contains("panicked"),
-            "{}",
-            dead[0].last_error
-        );
-        assert_eq!(relay.stats().dead, 1);
-        relay.stopped().await;
     })
     .await;
 }
@@ -792,6 +710,347 @@ async fn without_notify_the_relay_polls() {
         assert_eq!(recorder.wait_for(5, Duration::from_secs(5)).await.len(), 5);
         let notified = tokio::time::timeout(Duration::from_millis(200), listener.recv()).await;
         assert!(notified.is_err(), "no NOTIFY: {notified:?}");
+        relay.stopped().await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 7): a name the builder accepts (66 characters, each part
+/// under 48) was the NOTIFY channel, which PostgreSQL limits to 63 bytes, and every
+/// `Tx::emit` failed. The channel is derived from the name: writes succeed, and a commit
+/// still wakes the relay at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_outbox_table_name_emits_and_wakes_the_relay() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let name = format!("{}.{}", "s".repeat(17), "o".repeat(48));
+        assert_eq!(name.len(), 66);
+        let store = Store::builder(pool.clone())
+            .outbox_table(&name)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_secs(60))
+            .spawn()
+            .unwrap();
+        // Let it run its first round and start listening.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        emit_many(&store, "long", 1, |_| None).await;
+        assert_eq!(recorder.wait_for(1, Duration::from_secs(5)).await.len(), 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "woken by the commit, not the 60 s poll: {:?}",
+            started.elapsed()
+        );
+        // Deleted from the long-named table (just after the publisher returned).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count(&pool, &name).await > 0 {
+            assert!(Instant::now() < deadline, "the outbox never emptied");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        relay.stopped().await;
+    })
+    .await;
+}
+
+/// A publisher that holds one event (by its payload) until the test lets it go, then
+/// answers `answer`; the others it records at once. With `blocking`, it holds the whole
+/// thread, as a paused process does (a long GC pause, SIGSTOP, a starved host): no publish
+/// timeout cuts that short, so its relay outlives its lease.
+struct Holding {
+    payload: &'static [u8],
+    blocking: bool,
+    answer: Result<(), PublishError>,
+    reached: tokio::sync::mpsc::UnboundedSender<()>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+    recorder: Recorder,
+}
+
+/// Tells a [`Holding`] publisher's test when it holds its event, and lets it go.
+struct Hold {
+    reached: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+}
+
+impl Hold {
+    /// Waits until the publisher holds its event.
+    async fn reached(&mut self) {
+        tokio::time::timeout(Duration::from_secs(10), self.reached.recv())
+            .await
+            .expect("the publisher never got its event")
+            .unwrap();
+    }
+
+    /// Lets the held event go.
+    fn release(&self) {
+        self.release.send(()).unwrap();
+    }
+}
+
+impl Holding {
+    fn new(
+        payload: &'static [u8],
+        blocking: bool,
+        answer: Result<(), PublishError>,
+        recorder: &Recorder,
+    ) -> (Self, Hold) {
+        let (reached, reached_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (release_tx, release) = std::sync::mpsc::channel();
+        let publisher = Self {
+            payload,
+            blocking,
+            answer,
+            reached,
+            release: Mutex::new(release),
+            recorder: recorder.clone(),
+        };
+        let hold = Hold {
+            reached: reached_rx,
+            release: release_tx,
+        };
+        (publisher, hold)
+    }
+}
+
+impl Publisher for Holding {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        if event.payload == self.payload {
+            self.reached.send(()).ok();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let released = self.release.lock().unwrap().try_recv().is_ok();
+                if released || Instant::now() > deadline {
+                    break;
+                }
+                if self.blocking {
+                    std::thread::sleep(Duration::from_millis(5));
+                } else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            self.answer.clone()?;
+        }
+        self.recorder.publish(event).await
+    }
+}
+
+/// Waits until `relay`'s stats differ from `before`: its round is over.
+async fn round_over<T: PartialEq + std::fmt::Debug>(stats: impl Fn() -> T, before: T) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats() == before {
+        assert!(
+            Instant::now() < deadline,
+            "the round never ended: {before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Regression (issue 27, finding 10): the relay's delete did not check who held the
+/// lease. Relay A stalls past its lease (300 ms) on event 0; relay B takes it and is still
+/// publishing it when A wakes up: A's delete freed the ordering key, and event 1 was
+/// published before B's event 0. Now A's mark finds the event no longer under its lease
+/// and does nothing: the key's order holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_past_its_lease_deletes_nothing_another_relay_took() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "f", 2, |_| Some("k".into())).await;
+        let recorder = Recorder::default();
+        let (stalling, mut a_hold) = Holding::new(b"0", true, Ok(()), &recorder);
+        let a = store
+            .relay(stalling)
+            .lease(Duration::from_millis(300))
+            .publish_timeout(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        a_hold.reached().await;
+        let a_before = a.stats();
+        // A is alive (its session holds), but its lease runs out.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (slow, mut b_hold) = Holding::new(b"0", false, Ok(()), &recorder);
+        let b = store
+            .relay(slow)
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        b_hold.reached().await;
+        a_hold.release();
+        round_over(|| a.stats(), a_before).await;
+        assert_eq!(a.stats().published, 0, "{:?}", a.stats());
+        assert_eq!(a.stats().overtaken, 1, "{:?}", a.stats());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(count(&pool, "idem_outbox").await, 2, "event 0 is B's");
+        b_hold.release();
+        let events = recorder.wait_for(3, Duration::from_secs(5)).await;
+        let payloads: Vec<&[u8]> = events.iter().map(|e| &*e.payload).collect();
+        assert_eq!(
+            payloads,
+            [&b"0"[..], b"0", b"1"],
+            "A's copy, B's, then the next"
+        );
+        drained(&pool).await;
+        a.stop();
+        b.stopped().await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 10): the relay's failure mark did not check who held the
+/// lease. Relay A stalls past its lease on an event that then fails; relay B took the
+/// event meanwhile and parked it (a permanent failure): A's retry mark un-parked it. Now
+/// it does nothing, and the event stays parked with B's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_past_its_lease_cannot_unpark_an_event() {
+    with_test_db(async |db| {
+        let (_, store) = migrated(db).await;
+        emit_many(&store, "u", 1, |_| None).await;
+        let recorder = Recorder::default();
+        let (stalling, mut a_hold) =
+            Holding::new(b"0", true, Err(PublishError::retry("timed out")), &recorder);
+        let a = store
+            .relay(stalling)
+            .lease(Duration::from_millis(300))
+            .publish_timeout(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        a_hold.reached().await;
+        let a_before = a.stats();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let b = store
+            .relay(Recorder::failing(|_| {
+                Some(PublishError::permanent("refused"))
+            }))
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        round_over(|| b.stats().dead, 0).await;
+        a_hold.release();
+        round_over(|| a.stats(), a_before).await;
+        assert_eq!(a.stats().retried, 0, "{:?}", a.stats());
+        assert_eq!(a.stats().overtaken, 1, "{:?}", a.stats());
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1, "still parked");
+        assert_eq!(dead[0].last_error, "refused");
+        a.stop();
+        b.stopped().await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 10): a relay that died kept its leases (30 s by
+/// default), and the events of an ordering key it held waited all that time. Its leases
+/// end with its session: another relay publishes them at its next round.
+async fn a_dead_relays_leases_end_with_it(
+    store: &Store,
+    pool: &PgPool,
+    direct: Option<PgConnectOptions>,
+) {
+    emit_many(store, "d", 3, |_| Some("k".into())).await;
+    let recorder = Recorder::default();
+    let (hanging, mut hold) = Holding::new(b"0", false, Ok(()), &recorder);
+    let mut a = store.relay(hanging);
+    let mut b = store.relay(recorder.clone());
+    if let Some(direct) = direct {
+        a = a.session(direct.clone());
+        b = b.session(direct);
+    }
+    let a = a.spawn().unwrap();
+    hold.reached().await;
+    // As a crash: no mark, and its connections drop.
+    a.abort();
+    let aborted = Instant::now();
+    let b = b.poll_interval(Duration::from_millis(50)).spawn().unwrap();
+    let events = recorder.wait_for(3, Duration::from_secs(10)).await;
+    assert_eq!(events.len(), 3, "the key's events: {events:?}");
+    assert!(
+        aborted.elapsed() < Duration::from_secs(3),
+        "well under the 30 s lease: {:?}",
+        aborted.elapsed()
+    );
+    drained(pool).await;
+    b.stopped().await;
+    drop(hold);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_relays_leases_end_with_its_session() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        a_dead_relays_leases_end_with_it(&store, &pool, None).await;
+    })
+    .await;
+}
+
+/// Behind a transaction pooler a session lock would stay on a server connection the
+/// pooler hands to other clients, so by default leases end by their time there; given a
+/// direct connection for its session ([`RelayBuilder::session`]), a dead relay's leases
+/// end with it there too.
+///
+/// [`RelayBuilder::session`]: idem::outbox::RelayBuilder::session
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn behind_a_pooler_a_direct_session_ends_a_dead_relays_leases() {
+    with_test_db(async |db| {
+        let direct = db.pool(2).await;
+        let bouncer = Pgbouncer::start(db);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .unwrap();
+        let store = Store::builder(pool)
+            .pooler(Pooler::Transaction)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        a_dead_relays_leases_end_with_it(&store, &direct, Some(db.options.clone())).await;
+    })
+    .await;
+}
+
+/// Regression (issue 27, finding 12): a publisher that panicked left its event leased:
+/// taken again at every lease, panicking again, never parked, and the later events of its
+/// ordering key held back for ever. A panic is a failure of its event: retried after a
+/// backoff, parked at the limit, and the relay and the other events go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_publisher_fails_its_event_and_the_relay_goes_on() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "p", 6, |i| Some(format!("k{}", i % 2))).await;
+        let recorder = Recorder::failing(|e| {
+            if e.payload == b"2" {
+                panic!("a bug in the publisher");
+            }
+            None
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(40))
+            .max_attempts(3)
+            .spawn()
+            .unwrap();
+        let events = recorder.wait_for(5, Duration::from_secs(10)).await;
+        let mut payloads: Vec<&[u8]> = events.iter().map(|e| &*e.payload).collect();
+        payloads.sort();
+        assert_eq!(payloads, [&b"0"[..], b"1", b"3", b"4", b"5"]);
+        drained_but(&pool, 1).await;
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1, "parked after its attempts");
+        assert_eq!(dead[0].attempts, 3);
+        assert!(
+            dead[0].last_error.contains("panicked") && dead[0].last_error.contains("a bug"),
+            "{}",
+            dead[0].last_error
+        );
+        let stats = relay.stats();
+        assert_eq!((stats.published, stats.retried, stats.dead), (5, 2, 1));
         relay.stopped().await;
     })
     .await;

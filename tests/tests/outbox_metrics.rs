@@ -1,6 +1,7 @@
 //! The relay reports like the rest of idem: counters of published, retried and parked
 //! events, the lag gauge and the publish delay histogram (feature `metrics`), an
-//! `idem.relay` span per round with its counts, and an ERROR line naming a parked event.
+//! `idem.relay` span per round with its counts, and an ERROR line naming a parked event;
+//! and `run_once` scopes, which a caller may build from data, stay a bounded label.
 //! One test in its own binary: it installs the process-wide subscriber and recorder.
 
 use std::collections::HashMap;
@@ -67,12 +68,26 @@ async fn the_relay_counts_and_traces_what_it_does() {
         // Idle: the next wait records the lag.
         tokio::time::sleep(Duration::from_millis(1200)).await;
         relay.stopped().await;
+        // Regression (issue 27, finding 13): a scope is a metrics label, and `run_once`
+        // scopes can come from data (one per tenant): each became a label of its own.
+        for tenant in 0..100 {
+            store
+                .run_once(&format!("tenant-{tenant}"), "m")
+                .run(async |_tx| Ok::<_, sqlx::Error>(()))
+                .await
+                .unwrap();
+        }
 
         let mut counters: HashMap<String, u64> = HashMap::new();
+        let mut scopes: HashMap<String, u64> = HashMap::new();
         let mut delays = 0;
         let mut lag = None;
         for (key, _, _, value) in snapshotter.snapshot().into_vec() {
             let name = key.key().name().to_owned();
+            if let (true, DebugValue::Counter(n)) = (name == "idem_requests_total", &value) {
+                let scope = key.key().labels().find(|l| l.key() == "scope").unwrap();
+                *scopes.entry(scope.value().to_owned()).or_default() += n;
+            }
             match value {
                 DebugValue::Counter(n) => *counters.entry(name).or_default() += n,
                 DebugValue::Histogram(values) if name == "idem_outbox_publish_delay_seconds" => {
@@ -100,6 +115,11 @@ async fn the_relay_counts_and_traces_what_it_does() {
             "{counters:?}"
         );
         assert_eq!(delays, 4);
+        // The first 64 scopes made at run time are labels; the rest count as `other`.
+        assert_eq!(scopes.values().sum::<u64>(), 105, "{scopes:?}");
+        assert_eq!(scopes.get("emit"), Some(&5), "{scopes:?}");
+        assert_eq!(scopes.len(), 65, "{scopes:?}");
+        assert_eq!(scopes.get("other"), Some(&37), "{scopes:?}");
         // Nothing pending but the parked event, which does not count.
         assert_eq!(lag, Some(0.0));
 

@@ -37,7 +37,10 @@ use sha2::{Digest, Sha256};
 
 #[cfg(any(feature = "nats", feature = "amqp"))]
 pub use consume::Received;
-pub use relay::{OutboxEvent, PublishError, Publisher, Relay, RelayBuilder, RelayError};
+pub use relay::{
+    DuplicateWindow, OutboxEvent, PublishError, Publisher, Relay, RelayBuilder, RelayError,
+    RelayStats,
+};
 pub(crate) use table::OutboxTable;
 pub use table::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};
 

@@ -3,8 +3,9 @@
 //!
 //! The publisher sends each event with its id as `Nats-Msg-Id`: JetStream drops a second
 //! message with the same id inside the stream's duplicate window (2 minutes by default),
-//! so a relay that republishes after a crash does not add a copy. Past the window a
-//! republish is a second message; the consumer's [`Store::run_once`](crate::Store::run_once) keyed by the same
+//! so a relay that republishes after a crash does not add a copy (name the stream with
+//! [`JetStreamPublisher::stream`] and the relay checks at its start that its settings keep
+//! its copies inside the window). Past the window a republish is a second message; the consumer's [`Store::run_once`](crate::Store::run_once) keyed by the same
 //! id is what keeps the effect single then.
 //!
 //! The consumer acknowledges only after the work committed. What it does with a delivery
@@ -54,7 +55,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::consume::{backoff, judge, log_dead, Verdict};
-use super::{OutboxEvent, PublishError, Publisher, Received};
+use super::{DuplicateWindow, OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
 
 /// The header JetStream deduplicates on.
@@ -65,7 +66,7 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 #[derive(Debug, Clone)]
 pub struct JetStreamPublisher {
     jetstream: Context,
-    stream: Option<String>,
+    streams: Vec<String>,
 }
 
 impl JetStreamPublisher {
@@ -73,14 +74,18 @@ impl JetStreamPublisher {
     pub fn new(jetstream: Context) -> Self {
         Self {
             jetstream,
-            stream: None,
+            streams: Vec::new(),
         }
     }
 
-    /// The stream the events land in: a relay then checks its lease and backoff against
-    /// the stream's `duplicate_window` when it starts ([`Publisher::duplicate_window`]).
-    pub fn stream(mut self, stream: impl Into<String>) -> Self {
-        self.stream = Some(stream.into());
+    /// Names a stream the events go to (call it once per stream): a relay reads its
+    /// `duplicate_window` when it starts, and logs an ERROR if its lease, publish timeout
+    /// and longest backoff add up to more, so that a copy it sends could arrive after
+    /// JetStream forgot the event's id (see [`RelayBuilder::backoff`]).
+    ///
+    /// [`RelayBuilder::backoff`]: super::RelayBuilder::backoff
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.streams.push(name.into());
         self
     }
 }
@@ -104,21 +109,21 @@ impl Publisher for JetStreamPublisher {
             .map_err(|e| PublishError::retry(format!("JetStream acknowledgement: {e}")))
     }
 
-    async fn duplicate_window(&self) -> Option<std::time::Duration> {
-        let name = self.stream.as_deref()?;
-        match self.jetstream.get_stream(name).await {
-            Ok(mut stream) => match stream.info().await {
-                Ok(info) => Some(info.config.duplicate_window),
-                Err(error) => {
-                    tracing::warn!(%error, stream = name, "idem: could not read the stream's duplicate window");
-                    None
-                }
-            },
-            Err(error) => {
-                tracing::warn!(%error, stream = name, "idem: could not read the stream's duplicate window");
-                None
-            }
+    /// The `duplicate_window` of each stream named with [`JetStreamPublisher::stream`].
+    async fn duplicate_windows(&self) -> Result<Vec<DuplicateWindow>, PublishError> {
+        let mut windows = Vec::with_capacity(self.streams.len());
+        for name in &self.streams {
+            let stream = self
+                .jetstream
+                .get_stream(name)
+                .await
+                .map_err(|e| PublishError::retry(format!("JetStream stream {name:?}: {e}")))?;
+            windows.push(DuplicateWindow::new(
+                format!("JetStream stream {name:?}"),
+                stream.cached_info().config.duplicate_window,
+            ));
         }
+        Ok(windows)
     }
 }
 

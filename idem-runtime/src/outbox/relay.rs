@@ -2,22 +2,32 @@
 //! [`Publisher`], and deletes each once the broker acknowledged it.
 //!
 //! At least once, never lost: a row is deleted only after its publish succeeded, so a
-//! relay that dies in between leaves it leased, and the next relay (or this one,
-//! restarted) takes it again when the lease runs out and publishes it again under the
-//! same id, which the broker or the consumer drops. A failed publish makes the row
+//! relay that dies in between leaves it leased, and another relay (or this one,
+//! restarted) takes it again and publishes it again under the same id, which the broker
+//! or the consumer drops. A failed publish (or a publisher that panicked) makes the row
 //! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
 //! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
 //!
+//! Whoever marks holds (invariant 11): every mark is conditional on the token of the take
+//! that leased the rows, so a relay that stalled past its lease marks nothing another
+//! relay took since. A relay's leases end with its session: it holds a session advisory
+//! lock on a connection of its own, and the other relays take what it leased as soon as
+//! that lock is free (its process killed, its connection gone), not when the lease runs
+//! out; see [`RelayBuilder::session`] for where that cannot work.
+//!
 //! The relay's connections never sit in a transaction: each statement is its own short
-//! transaction, and the `LISTEN` connection runs nothing else, so the relay never holds
-//! back vacuum (an old snapshot would keep every deleted outbox row).
+//! transaction, and the `LISTEN` and session connections run nothing else (the session's
+//! lock is no transaction), so the relay never holds back vacuum (an old snapshot would
+//! keep every deleted outbox row).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
 use super::table::ClaimedRow;
@@ -57,12 +67,36 @@ pub trait Publisher: Send + Sync + 'static {
     fn publish(&self, event: &OutboxEvent)
         -> impl Future<Output = Result<(), PublishError>> + Send;
 
-    /// How long the destination drops a copy of an event it has (JetStream's
-    /// `duplicate_window`), when it deduplicates and the publisher can tell; `None`
-    /// otherwise (the default). A relay checks its lease and its longest backoff against
-    /// it when it starts ([`RelayBuilder::spawn`], [`RelayBuilder::run_until_idle`]).
-    fn duplicate_window(&self) -> impl Future<Output = Option<Duration>> + Send {
-        async { None }
+    /// How long each destination this publisher knows drops a copy of an event it
+    /// already accepted, by the event's id (JetStream's `duplicate_window`). A relay asks
+    /// when it starts, and says so loudly when a copy it can send (after a lost
+    /// acknowledgement, or a relay that stalled) may arrive later than that. The default:
+    /// none known.
+    fn duplicate_windows(
+        &self,
+    ) -> impl Future<Output = Result<Vec<DuplicateWindow>, PublishError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// How long a destination drops a copy of an event it already accepted
+/// ([`Publisher::duplicate_windows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DuplicateWindow {
+    /// The destination, as a log line names it (`JetStream stream "charges"`).
+    pub destination: String,
+    /// The window.
+    pub window: Duration,
+}
+
+impl DuplicateWindow {
+    /// `destination` drops copies within `window`.
+    pub fn new(destination: impl Into<String>, window: Duration) -> Self {
+        Self {
+            destination: destination.into(),
+            window,
+        }
     }
 }
 
@@ -123,7 +157,20 @@ pub struct RelayBuilder<P> {
     max_attempts: u32,
     backoff: (Duration, Duration),
     listen: Option<bool>,
+    session: Option<PgConnectOptions>,
 }
+
+/// The default lease: 30 s.
+///
+/// The defaults keep the rule of JetStream's default duplicate window (2 minutes): a copy
+/// the relay can send, after a lost acknowledgement (the publish timeout, then the
+/// longest backoff) and a relay that stalled past its lease, arrives within
+/// `lease + publish timeout + longest backoff` = 30 + 10 + 60 = 100 s of the first.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default publish timeout: 10 s.
+const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default backoff: 500 ms, doubling to 1 min.
+const DEFAULT_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(60));
 
 impl Store {
     /// A relay of this store's outbox to `publisher`. Start it with
@@ -143,11 +190,12 @@ impl Store {
             publisher: Arc::new(publisher),
             batch_size: 256,
             poll_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(30),
-            publish_timeout: Duration::from_secs(10),
+            lease: DEFAULT_LEASE,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             max_attempts: 10,
-            backoff: (Duration::from_millis(500), Duration::from_secs(60)),
+            backoff: DEFAULT_BACKOFF,
             listen: None,
+            session: None,
         }
     }
 }
@@ -169,8 +217,11 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// How long a relay keeps the events it took before another relay may take them
-    /// (default 30 s): how long a relay that died delays its events. Longer than the
-    /// publish timeout.
+    /// (default 30 s), even if it is still alive: how long a relay that stalls (or, where
+    /// its leases cannot end with its session, one that died) delays its events. Longer
+    /// than the publish timeout. A round never outlives it: marks that fail are tried
+    /// again until it ends, and a mark after it is refused if another relay took the
+    /// events meanwhile.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -190,7 +241,9 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// The wait after a failed attempt: `first`, doubled after each further failure, at
-    /// most `max` (default 500 ms and 5 min).
+    /// most `max` (default 500 ms and 1 min). Keep `lease + publish timeout + max` within
+    /// the broker's duplicate window (JetStream's is 2 minutes by default): the relay says
+    /// at its start when it is not.
     pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
         self.backoff = (first, max.max(first));
         self
@@ -200,50 +253,60 @@ impl<P: Publisher> RelayBuilder<P> {
     /// a transaction pooler, where `LISTEN` does not work, or portable, whose writes do
     /// not notify). Without it the relay polls. A listening relay keeps one connection of
     /// the store's pool for `LISTEN` (it runs nothing else on it, so it holds no snapshot
-    /// back); size the pool for it.
+    /// back); size the pool for it. (Its session, [`RelayBuilder::session`], is one more
+    /// connection, outside the pool.)
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = Some(listen);
         self
     }
 
-    /// A round publishes (at most the publish timeout) and then marks what it published
-    /// (retried for at most half the lease): both must end inside the lease, or another
-    /// relay takes the events again while this one still works on them.
+    /// Where the relay opens the connection of its own that holds its session lock, so
+    /// that its leases end as soon as it dies (killed, its connection gone) instead of
+    /// when they run out. By default it opens it with the store's pool's options, except
+    /// behind a transaction pooler ([`Pooler::Transaction`](crate::Pooler::Transaction)),
+    /// where a session lock would stay on a server connection the pooler hands to other
+    /// clients: there give it a direct connection to PostgreSQL here, or its leases end
+    /// only by their time. In the portable mode leases always end by their time (a
+    /// distributed engine has no cluster-wide advisory lock).
+    pub fn session(mut self, options: PgConnectOptions) -> Self {
+        self.session = Some(options);
+        self
+    }
+
     fn check(&self) -> Result<(), RelayError> {
         if self.poll_interval.is_zero() {
             return Err(RelayError::ZeroPollInterval);
         }
-        if self.publish_timeout + self.lease / 2 >= self.lease {
+        if self.publish_timeout >= self.lease {
             return Err(RelayError::LeaseTooShort);
         }
         Ok(())
     }
 
-    /// How long a copy of an event can take to follow it: a relay that dies after the
-    /// broker's acknowledgement publishes it again after the lease, and a failed event
-    /// is tried again after at most the longest backoff. A destination that drops
-    /// copies must keep doing so that long (README, "Broker settings").
-    fn copies_within(&self) -> Duration {
-        self.lease + self.backoff.1
-    }
-
-    /// Checks [`Self::copies_within`] against the publisher's duplicate window.
-    async fn check_window(&self) -> Result<(), RelayError> {
-        match self.publisher.duplicate_window().await {
-            Some(window) if window < self.copies_within() => {
-                Err(RelayError::BeyondDuplicateWindow {
-                    window,
-                    copies_within: self.copies_within(),
-                })
-            }
-            _ => Ok(()),
+    /// The options of the session's connection, if this relay's leases can end with it.
+    fn session_options(&self) -> Option<PgConnectOptions> {
+        let store = &self.store.inner;
+        if !store.outbox.can_tie() {
+            return None;
+        }
+        match (&self.session, store.dialect.pooler) {
+            (Some(options), _) => Some(options.clone()),
+            (None, crate::Pooler::Session) => Some((*store.pool.connect_options()).clone()),
+            (None, _) => None,
         }
     }
 
     /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
-    /// failures are logged and retried; they never stop it.
+    /// failures are logged and retried; they never stop it. The task first asks the
+    /// publisher for its destinations' duplicate windows ([`Publisher::duplicate_windows`])
+    /// and logs an ERROR for each that `lease + publish timeout + longest backoff`
+    /// exceeds.
     pub fn spawn(self) -> Result<Relay, RelayError> {
         self.check()?;
+        // Beside the relay, so that a slow answer does not hold back its first round.
+        let publisher = Arc::clone(&self.publisher);
+        let (lease, timeout, longest) = (self.lease, self.publish_timeout, self.backoff.1);
+        tokio::spawn(async move { check_windows(&*publisher, lease, timeout, longest).await });
         let counters = Arc::new(Counters::default());
         let stopping = Arc::new(Stopping::default());
         let running = Running {
@@ -252,6 +315,7 @@ impl<P: Publisher> RelayBuilder<P> {
             listen: self
                 .listen
                 .unwrap_or_else(|| self.store.inner.outbox.can_listen()),
+            session_options: self.session_options(),
             builder: self,
         };
         let task = tokio::spawn(running.run());
@@ -267,14 +331,30 @@ impl<P: Publisher> RelayBuilder<P> {
     /// their backoff are left for later.
     pub async fn run_until_idle(self) -> Result<RelayStats, RelayError> {
         self.check()?;
-        self.check_window().await?;
         let running = Running {
             counters: Arc::new(Counters::default()),
             stopping: Arc::new(Stopping::default()),
             listen: false,
+            session_options: self.session_options(),
             builder: self,
         };
-        while running.round().await.map_err(RelayError::Database)? > 0 {}
+        running.check_windows().await;
+        let mut session = running.open_session(&mut false).await;
+        loop {
+            let round = running
+                .round(session.as_ref().map(|s| s.owner))
+                .await
+                .map_err(RelayError::Database)?;
+            if round.untied {
+                session = None;
+            }
+            if round.taken == 0 {
+                break;
+            }
+        }
+        if let Some(session) = session {
+            session.close().await;
+        }
         Ok(running.counters.stats())
     }
 }
@@ -285,21 +365,9 @@ impl<P: Publisher> RelayBuilder<P> {
 pub enum RelayError {
     /// The poll interval is zero: the relay would poll in a busy loop.
     ZeroPollInterval,
-    /// The publish timeout and the marking that follows it (retried for half the lease)
-    /// do not fit in the lease: a slow round could outlive the lease, and another relay
-    /// would publish the same events at the same time.
+    /// The publish timeout is not shorter than the lease: a slow publish could outlive
+    /// the lease, and another relay would publish the same event at the same time.
     LeaseTooShort,
-    /// The destination drops copies of an event for less time than a copy can take to
-    /// follow it (the lease plus the longest backoff): such a copy would be delivered
-    /// twice. Raise the stream's `duplicate_window`, or lower the lease or the backoff.
-    /// `run_until_idle` refuses to run; a spawned relay logs it as an error once and
-    /// runs (a consumer through `run_once` still acts once).
-    BeyondDuplicateWindow {
-        /// The destination's duplicate window.
-        window: Duration,
-        /// The lease plus the longest backoff.
-        copies_within: Duration,
-    },
     /// The outbox could not be read or written.
     Database(sqlx::Error),
 }
@@ -308,16 +376,9 @@ impl std::fmt::Display for RelayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::ZeroPollInterval => f.write_str("the relay's poll interval is zero"),
-            Self::LeaseTooShort => f.write_str(
-                "the relay's publish timeout must be shorter than half its lease (a round publishes, then marks for up to half the lease)",
-            ),
-            Self::BeyondDuplicateWindow {
-                window,
-                copies_within,
-            } => write!(
-                f,
-                "the destination drops copies for {window:?}, but a copy can follow an event {copies_within:?} later (the relay's lease plus its longest backoff): raise its duplicate window, or lower the lease or the backoff"
-            ),
+            Self::LeaseTooShort => {
+                f.write_str("the relay's publish timeout must be shorter than its lease")
+            }
             Self::Database(e) => write!(f, "the outbox could not be read or written: {e}"),
         }
     }
@@ -366,8 +427,9 @@ impl Relay {
     }
 
     /// Stops the relay at once, even in the middle of a round (as a crash would): events
-    /// it took and had not marked yet are taken again by a relay when their lease runs
-    /// out, and published again under the same id.
+    /// it took and had not marked yet are taken again by another relay, and published
+    /// again under the same id: at its next round where its session lock ended with the
+    /// task, else when their lease runs out.
     pub fn abort(&self) {
         self.task.abort();
     }
@@ -383,6 +445,10 @@ pub struct RelayStats {
     pub retried: u64,
     /// Events parked as dead.
     pub dead: u64,
+    /// Events this relay tried and could not mark because another relay had taken them
+    /// meanwhile (this one stalled past its lease, or lost its session): that relay
+    /// publishes and marks them; what this one published was a copy under the same id.
+    pub overtaken: u64,
 }
 
 #[derive(Debug, Default)]
@@ -390,6 +456,7 @@ struct Counters {
     published: AtomicU64,
     retried: AtomicU64,
     dead: AtomicU64,
+    overtaken: AtomicU64,
 }
 
 impl Counters {
@@ -398,6 +465,7 @@ impl Counters {
             published: self.published.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
+            overtaken: self.overtaken.load(Ordering::Relaxed),
         }
     }
 }
@@ -407,23 +475,65 @@ struct Running<P> {
     counters: Arc<Counters>,
     stopping: Arc<Stopping>,
     listen: bool,
+    /// Where to open the session that ties this relay's leases to its life; `None` where
+    /// they end by their time only.
+    session_options: Option<PgConnectOptions>,
+}
+
+/// A relay's session: a connection of its own, running nothing but the advisory lock of
+/// `owner` that it holds while open. A take leases rows to `owner` while the lock is
+/// held; when the connection ends (the process killed, the connection dropped),
+/// PostgreSQL releases the lock and the other relays' takes treat those leases as ended.
+struct Session {
+    conn: PgConnection,
+    owner: i32,
+}
+
+impl Session {
+    async fn close(self) {
+        // Closing releases the lock; a failure to say goodbye releases it too.
+        self.conn.close().await.ok();
+    }
+}
+
+/// How long a relay waits before it tries again to open a session that failed.
+const SESSION_RETRY: Duration = Duration::from_secs(5);
+
+/// What one round did.
+struct Round {
+    /// How many events it took.
+    taken: usize,
+    /// Whether it took events without its session lock held: the session is gone.
+    untied: bool,
 }
 
 impl<P: Publisher> Running<P> {
     async fn run(self) {
-        if let Err(error) = self.builder.check_window().await {
-            tracing::error!(%error, "idem: the outbox relay's copies can outlive the destination's duplicate window");
-        }
         let store = &self.builder.store;
         let outbox = &store.inner.outbox;
         let mut listener = None;
+        let mut session = None;
+        let mut session_warned = false;
+        let mut session_retry: Option<Instant> = None;
         let mut last_lag: Option<Instant> = None;
         while !self.stopping.asked() {
             if self.listen && listener.is_none() {
                 listener = self.listener().await;
             }
-            let taken = match self.round().await {
-                Ok(taken) => taken,
+            // After a failure, not at every poll: an unreachable server would otherwise
+            // cost each round a connection attempt.
+            if session.is_none() && session_retry.is_none_or(|at| Instant::now() >= at) {
+                session = self.open_session(&mut session_warned).await;
+                session_retry = Some(Instant::now() + SESSION_RETRY);
+            }
+            let taken = match self.round(session.as_ref().map(|s| s.owner)).await {
+                Ok(round) => {
+                    if round.untied {
+                        tracing::warn!("idem: the outbox relay's session lock is gone (its connection ended); opening another, its leases end by their time meanwhile");
+                        session = None;
+                    }
+                    round.taken
+                }
                 Err(error) => {
                     tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
                     0
@@ -463,14 +573,17 @@ impl<P: Publisher> Running<P> {
                 }
             }
         }
+        if let Some(session) = session {
+            session.close().await;
+        }
     }
 
     async fn listener(&self) -> Option<PgListener> {
         let store = &self.builder.store;
-        let channel = store.inner.outbox.channel().to_owned();
+        let channel = store.inner.outbox.channel();
         let connect = async {
             let mut listener = PgListener::connect_with(&store.inner.pool).await?;
-            listener.listen(&channel).await?;
+            listener.listen(channel).await?;
             Ok::<_, sqlx::Error>(listener)
         };
         match connect.await {
@@ -482,20 +595,73 @@ impl<P: Publisher> Running<P> {
         }
     }
 
-    /// One round: take a batch, publish it, mark it. How many events it took.
-    async fn round(&self) -> Result<usize, sqlx::Error> {
+    /// Opens this relay's [`Session`] where its leases can end with it: a connection of
+    /// its own, and the lock of an owner number no other session holds. `None` where they
+    /// cannot, or when it fails (logged once until it works again): its takes then lease
+    /// by time, and it tries again at its next round.
+    async fn open_session(&self, warned: &mut bool) -> Option<Session> {
+        let options = self.session_options.as_ref()?;
+        let outbox = &self.builder.store.inner.outbox;
+        let open = async {
+            let mut conn = PgConnection::connect_with(options).await?;
+            // Owner numbers are random: another relay holding the one drawn (once in
+            // two billion) only costs a second draw.
+            for _ in 0..4 {
+                let owner = i32::try_from(random_u64() >> 33).unwrap_or_default();
+                if outbox.lock(&mut conn, owner).await? {
+                    return Ok(Session { conn, owner });
+                }
+            }
+            Err(sqlx::Error::Protocol(
+                "every owner number drawn was held by another session".into(),
+            ))
+        };
+        let opened = tokio::time::timeout(self.builder.store.inner.acquire_timeout, open)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        match opened {
+            Ok(session) => {
+                *warned = false;
+                Some(session)
+            }
+            Err(error) => {
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(%error, "idem: the outbox relay cannot open its session connection; its leases end by their time until it can");
+                }
+                None
+            }
+        }
+    }
+
+    /// Asks the publisher for its destinations' duplicate windows and logs an ERROR for
+    /// each that this relay's copies can outlive.
+    async fn check_windows(&self) {
+        let b = &self.builder;
+        check_windows(&*b.publisher, b.lease, b.publish_timeout, b.backoff.1).await;
+    }
+
+    /// One round: take a batch under a token of its own (leased to `owner`, the session's,
+    /// while its lock is held), publish it, mark it.
+    async fn round(&self, owner: Option<i32>) -> Result<Round, sqlx::Error> {
         let builder = &self.builder;
         let store = &builder.store;
         let (pool, table, outbox) = (&store.inner.pool, &store.inner.table, &store.inner.outbox);
+        // Every mark of this round is conditional on it (the module's docs).
+        let token = random_u64() as i64;
+        // The lease the database starts when the take runs ends no earlier than this.
+        let lease_ends = Instant::now() + builder.lease;
         let rows = outbox
             .claim(
                 table.single(pool).await?,
                 i64::from(builder.batch_size),
                 builder.lease,
+                token,
+                owner,
             )
             .await?;
+        let untied = owner.is_some() && rows.iter().any(|row| !row.tied);
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(Round { taken: 0, untied });
         }
         let started = Instant::now();
         let span = tracing::debug_span!(
@@ -508,70 +674,88 @@ impl<P: Publisher> Running<P> {
         );
         let taken = rows.len();
         let mut publishing = JoinSet::new();
+        let mut held = HashMap::with_capacity(taken);
         for row in rows {
             let publisher = Arc::clone(&builder.publisher);
             let timeout = builder.publish_timeout;
-            publishing.spawn(async move {
-                let event = to_event(&row);
-                // The publisher runs in a task of its own, so that a panic in it fails this
-                // event like any error (retried, parked at the limit) instead of leaving it
-                // leased, with its ordering key held, until the lease runs out, round
-                // after round.
-                let mut publish = tokio::spawn(async move { publisher.publish(&event).await });
-                let result = match tokio::time::timeout(timeout, &mut publish).await {
-                    Ok(Ok(result)) => result,
-                    Ok(Err(failed)) => Err(PublishError::retry(format!(
-                        "the publisher panicked: {failed}"
+            let event = to_event(&row);
+            let task = publishing.spawn(async move {
+                match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(PublishError::retry(format!(
+                        "no acknowledgement within {timeout:?}"
                     ))),
-                    Err(_) => {
-                        publish.abort();
-                        Err(PublishError::retry(format!(
-                            "no acknowledgement within {timeout:?}"
-                        )))
-                    }
-                };
-                (row, result)
+                }
             });
+            held.insert(task.id(), row);
         }
         let mut published = Vec::with_capacity(taken);
         let mut failed = Vec::new();
-        while let Some(joined) = publishing.join_next().await {
-            match joined {
-                Ok((row, Ok(()))) => {
-                    metrics::published(row.age);
+        while let Some(joined) = publishing.join_next_with_id().await {
+            let (task, result) = match joined {
+                Ok((task, result)) => (task, result),
+                // A publisher that panicked fails its event like any error that may pass:
+                // retried after a backoff, parked at the limit. Left leased, the event was
+                // taken again at every lease, panicked again, and held its ordering key
+                // back for ever.
+                Err(error) => {
+                    let task = error.id();
+                    let error = PublishError::retry(panicked(error));
+                    if let Some(row) = held.get(&task) {
+                        tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
+                    }
+                    (task, Err(error))
+                }
+            };
+            let Some(row) = held.remove(&task) else {
+                continue;
+            };
+            match result {
+                Ok(()) => {
+                    metrics::delay(row.age);
                     published.push(row.seq);
                 }
-                Ok((row, Err(error))) => failed.push((row, error)),
-                // Only the relay's own code runs here, and it does not panic; were it to,
-                // the event stays leased and is taken again when the lease runs out.
-                Err(error) => tracing::error!(%error, "idem: an outbox relay task failed"),
+                Err(error) => failed.push((row, error)),
             }
         }
+        let mut overtaken = 0;
+        let mut deleted = 0;
         if !published.is_empty() {
-            self.marked(|| async { outbox.done(table.single(pool).await?, &published).await })
+            deleted = self
+                .marked(lease_ends, || async {
+                    outbox
+                        .done(table.single(pool).await?, &published, token)
+                        .await
+                })
                 .await?;
+            overtaken += (published.len() as u64).saturating_sub(deleted);
+            metrics::published(deleted);
             self.counters
                 .published
-                .fetch_add(published.len() as u64, Ordering::Relaxed);
+                .fetch_add(deleted, Ordering::Relaxed);
         }
         let (mut retried, mut dead) = (0, 0);
         for (row, error) in failed {
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             let park = error.is_permanent() || attempts >= builder.max_attempts;
             let backoff = backoff(builder.backoff, attempts);
-            self.marked(|| async {
-                outbox
-                    .failed(
-                        table.single(pool).await?,
-                        row.seq,
-                        error.message(),
-                        backoff,
-                        park,
-                    )
-                    .await
-            })
-            .await?;
-            if park {
+            let marked = self
+                .marked(lease_ends, || async {
+                    outbox
+                        .failed(
+                            table.single(pool).await?,
+                            row.seq,
+                            error.message(),
+                            backoff,
+                            park,
+                            token,
+                        )
+                        .await
+                })
+                .await?;
+            if !marked {
+                overtaken += 1;
+            } else if park {
                 dead += 1;
                 metrics::dead();
                 tracing::error!(
@@ -596,28 +780,37 @@ impl<P: Publisher> Running<P> {
                 );
             }
         }
+        if overtaken > 0 {
+            tracing::warn!(
+                parent: &span,
+                overtaken,
+                "idem: the outbox relay outlived its lease: another relay took events of this round meanwhile, and publishes and marks them"
+            );
+        }
         self.counters.retried.fetch_add(retried, Ordering::Relaxed);
         self.counters.dead.fetch_add(dead, Ordering::Relaxed);
-        span.record("published", published.len());
+        self.counters
+            .overtaken
+            .fetch_add(overtaken, Ordering::Relaxed);
+        span.record("published", deleted);
         span.record("retried", retried);
         span.record("dead", dead);
         span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
-        Ok(taken)
+        Ok(Round { taken, untied })
     }
-}
 
-impl<P: Publisher> Running<P> {
     /// Runs `mark` (the statement that records what became of events this relay holds
-    /// leased), again after a failure (no connection in time, a dropped one) until half
-    /// the lease has passed. An event whose mark is given up stays leased until its lease
-    /// runs out, holding back the next events of its ordering key all that time, and is
-    /// published again then; the statements are idempotent, so trying again is safe.
-    async fn marked<T, F, Fut>(&self, mark: F) -> Result<T, sqlx::Error>
+    /// leased), again after a failure (no connection in time, a dropped one) until the
+    /// lease ends at `give_up`: the round never outlives its lease. An event whose mark is
+    /// given up stays leased until its lease ends (or the relay's session does), holding
+    /// back the next events of its ordering key all that time, and is published again
+    /// then; the statements are idempotent, and refused once another relay took the
+    /// events, so trying again is safe.
+    async fn marked<T, F, Fut>(&self, give_up: Instant, mark: F) -> Result<T, sqlx::Error>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
     {
-        let give_up = Instant::now() + self.builder.lease / 2;
         let mut pause = Duration::from_millis(10);
         loop {
             match mark().await {
@@ -631,6 +824,85 @@ impl<P: Publisher> Running<P> {
             }
         }
     }
+}
+
+/// Logs an ERROR for each of `publisher`'s destinations that drops copies for less than
+/// a copy of this relay can come after the first: one lost acknowledgement (the publish
+/// timeout, then the longest backoff) and one relay that stalled past its lease.
+async fn check_windows<P: Publisher>(
+    publisher: &P,
+    lease: Duration,
+    publish_timeout: Duration,
+    longest_backoff: Duration,
+) {
+    let needed = lease + publish_timeout + longest_backoff;
+    let asked = tokio::time::timeout(Duration::from_secs(10), publisher.duplicate_windows());
+    let windows = match asked.await {
+        Ok(Ok(windows)) => windows,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "idem: the outbox relay could not read its destinations' duplicate windows");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("idem: the outbox relay could not read its destinations' duplicate windows within 10s");
+            return;
+        }
+    };
+    for DuplicateWindow {
+        destination,
+        window,
+    } in windows
+    {
+        if needed <= window {
+            continue;
+        }
+        let advice = match window.checked_sub(lease + publish_timeout) {
+            Some(room) if !room.is_zero() => {
+                format!("lower the relay's longest backoff to {room:?} or less")
+            }
+            _ => "shorten the relay's lease and publish timeout, which alone exceed it".to_owned(),
+        };
+        tracing::error!(
+            destination = %destination,
+            window_s = window.as_secs_f64(),
+            needed_s = needed.as_secs_f64(),
+            "idem: the outbox relay can send a copy of an event after {destination} stopped dropping copies: \
+             its lease ({lease:?}) + publish timeout ({publish_timeout:?}) + longest backoff ({longest_backoff:?}) \
+             = {needed:?} exceed the duplicate window ({window:?}). A copy sent after a lost acknowledgement \
+             or by a relay that stalled past its lease would reach the consumers as a second message \
+             (a consumer's run_once keyed by the event id still runs its work once); {advice}, or widen the window"
+        );
+    }
+}
+
+/// The failure of a publish task that did not return: its panic's message.
+fn panicked(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return "the publish task was cancelled".to_owned();
+    }
+    let payload = error.into_panic();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a payload that is not text");
+    format!("the publisher panicked: {message}")
+}
+
+/// 64 random bits: a lease token, an owner number. From the standard library's hasher
+/// keys (seeded by the operating system once per process) over a counter, so two calls
+/// never repeat within a process and two processes draw apart.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 fn to_event(row: &ClaimedRow) -> OutboxEvent {
@@ -655,8 +927,11 @@ fn backoff((first, max): (Duration, Duration), attempts: u32) -> Duration {
 mod metrics {
     use std::time::Duration;
 
-    pub(super) fn published(age: Duration) {
-        ::metrics::counter!("idem_outbox_published_total").increment(1);
+    pub(super) fn published(events: u64) {
+        ::metrics::counter!("idem_outbox_published_total").increment(events);
+    }
+
+    pub(super) fn delay(age: Duration) {
         ::metrics::histogram!("idem_outbox_publish_delay_seconds").record(age.as_secs_f64());
     }
 
@@ -677,7 +952,9 @@ mod metrics {
 mod metrics {
     use std::time::Duration;
 
-    pub(super) fn published(_: Duration) {}
+    pub(super) fn published(_: u64) {}
+
+    pub(super) fn delay(_: Duration) {}
 
     pub(super) fn retried() {}
 
@@ -690,41 +967,6 @@ mod metrics {
 mod tests {
     use super::*;
 
-    /// Regression (issue 27, 11): the defaults (lease 30 s, backoff up to 5 min)
-    /// outlived JetStream's default duplicate window (2 min), against the README's own
-    /// rule, and a round (a publish, then marking for half the lease) could outlive its
-    /// lease.
-    #[tokio::test]
-    async fn the_defaults_fit_a_default_duplicate_window_and_a_round_fits_its_lease() {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .connect_lazy("postgres://127.0.0.1:1/none")
-            .unwrap();
-        let store = Store::new(pool);
-        struct Window(Duration);
-        impl Publisher for Window {
-            async fn publish(&self, _: &OutboxEvent) -> Result<(), PublishError> {
-                Ok(())
-            }
-            async fn duplicate_window(&self) -> Option<Duration> {
-                Some(self.0)
-            }
-        }
-        let jetstream_default = Duration::from_secs(120);
-        let relay = store.relay(Window(jetstream_default));
-        assert!(relay.check().is_ok());
-        assert!(relay.copies_within() <= jetstream_default);
-        assert!(relay.check_window().await.is_ok());
-        let short = store.relay(Window(Duration::from_secs(10)));
-        assert!(matches!(
-            short.check_window().await,
-            Err(RelayError::BeyondDuplicateWindow { .. })
-        ));
-        let slow = store
-            .relay(Window(jetstream_default))
-            .publish_timeout(Duration::from_secs(16));
-        assert!(matches!(slow.check(), Err(RelayError::LeaseTooShort)));
-    }
-
     #[test]
     fn backoff_doubles_up_to_its_cap() {
         let b = (Duration::from_millis(500), Duration::from_secs(5));
@@ -733,5 +975,21 @@ mod tests {
         assert_eq!(backoff(b, 4), Duration::from_secs(4));
         assert_eq!(backoff(b, 5), Duration::from_secs(5));
         assert_eq!(backoff(b, u32::MAX), Duration::from_secs(5));
+    }
+
+    /// Regression (issue 27, finding 11): the defaults (lease 30 s, backoff up to 5 min)
+    /// let a copy arrive after JetStream's default duplicate window (2 min), against the
+    /// README's own rule.
+    #[test]
+    fn the_defaults_keep_copies_inside_jetstreams_default_window() {
+        let needed = DEFAULT_LEASE + DEFAULT_PUBLISH_TIMEOUT + DEFAULT_BACKOFF.1;
+        assert!(needed <= Duration::from_secs(120), "{needed:?}");
+        assert!(DEFAULT_PUBLISH_TIMEOUT < DEFAULT_LEASE);
+    }
+
+    #[test]
+    fn random_draws_differ() {
+        let draws: std::collections::HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(draws.len(), 1000);
     }
 }

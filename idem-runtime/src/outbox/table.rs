@@ -13,12 +13,33 @@
 //! # Several relays, one order per key
 //!
 //! A relay takes rows with [`CLAIM`]: it pushes their `available_at` a lease ahead, so no
-//! other relay takes them until the lease runs out (a relay that died), and only a row
-//! with no earlier pending row of its ordering key is eligible. So at most one event of a
-//! key is in flight, across every relay, and the next one waits until it is published
-//! (deleted) or parked. The statement takes no `FOR UPDATE` or `SKIP LOCKED` (refused
-//! across shards by distributed engines): two relays that pick the same row serialize on
-//! its row lock, and the loser's re-check of `available_at` drops it.
+//! other relay takes them until the lease runs out, and only a row with no earlier
+//! pending row of its ordering key is eligible. So at most one event of a key is in
+//! flight, across every relay, and the next one waits until it is published (deleted) or
+//! parked. The statement takes no `FOR UPDATE` or `SKIP LOCKED` (refused across shards by
+//! distributed engines): two relays that pick the same row serialize on its row lock, and
+//! the loser's re-check of the lease drops it.
+//!
+//! # Whoever marks holds (invariant 11)
+//!
+//! Each take writes a `lease_token` of its own to the rows it took, and every mark
+//! ([`DONE`], [`FAILED`]) is conditional on it: a relay that stalled past its lease, whose
+//! events another relay took since, marks nothing. Without it, the stalled relay's delete
+//! freed the ordering key while the other relay was still publishing its event, and its
+//! retry un-parked an event the other relay had parked.
+//!
+//! # A dead relay's leases end with its session
+//!
+//! Outside the portable mode, a relay holds a session advisory lock (`pg_try_advisory_lock`
+//! of [`lock_class`], a hash of the table's name, and its owner number) on a connection of its own, and a
+//! take writes that owner number to the rows as `lease_owner` while the lock is held. A
+//! take treats the lease of an owner whose lock is no longer held (its process was killed,
+//! its connection dropped) as ended ([`CLAIM_TIED`], which reads `pg_locks`), so a crash
+//! costs the other relays about one poll, not the lease. Where a relay cannot hold a
+//! session of its own (behind a transaction pooler, unless it is given a direct
+//! connection; in the portable mode, whose engine has no cluster-wide advisory lock and
+//! refuses `pg_locks` beside a distributed table) `lease_owner` stays NULL and the lease
+//! runs out by its time, as before.
 
 use std::time::Duration;
 
@@ -60,6 +81,12 @@ const DDL: &str = "-- idem: the outbox table, for users who run their own migrat
     created_at   timestamptz NOT NULL DEFAULT now(),
     -- not before: a relay's lease, or the backoff after a failed attempt
     available_at timestamptz NOT NULL DEFAULT now(),
+    -- the relay holding the lease, while its session holds its advisory lock (NULL: none,
+    -- or a lease that only its time ends)
+    lease_owner  integer,
+    -- written by each take, checked by each mark: a relay whose lease was taken over
+    -- marks nothing
+    lease_token  bigint,
     attempts     integer     NOT NULL DEFAULT 0,
     last_error   text,
     -- set when the relay gave up; `Store::redrive_dead_events` clears it
@@ -103,15 +130,17 @@ VALUES (CASE WHEN $1::bytea IS NULL THEN replace(gen_random_uuid()::text, '-', '
         $2, $3, $4, $5)
 RETURNING id";
 
-/// Takes up to $1 events for $2 seconds (see the module's docs): pending, available, and
-/// first of their ordering key among the pending rows. The outer `available_at` test is
-/// re-checked on a row another relay took while this statement waited for its lock. The
-/// candidates go through `ANY (ARRAY(..))`, so the update finds them by the primary key;
-/// `IN (..)` made PostgreSQL 15 scan the whole table for a hash join (18 ms at 100 000
-/// pending rows, against 3 ms).
+/// Takes up to $1 events for $2 seconds under the token $3 (see the module's docs):
+/// pending, available, and first of their ordering key among the pending rows. The outer
+/// `available_at` test is re-checked on a row another relay took while this statement
+/// waited for its lock. The candidates go through `ANY (ARRAY(..))`, so the update finds
+/// them by the primary key; `IN (..)` made PostgreSQL 15 scan the whole table for a hash
+/// join (18 ms at 100 000 pending rows, against 3 ms). In portable mode: leases end by
+/// their time only.
 const CLAIM: &str = "\
 UPDATE {table} AS o
-   SET available_at = now() + $2::float8 * interval '1 second', attempts = o.attempts + 1
+   SET available_at = now() + $2::float8 * interval '1 second', attempts = o.attempts + 1,
+       lease_owner = NULL, lease_token = $3
  WHERE o.seq = ANY (ARRAY(
         SELECT e.seq FROM {table} AS e
          WHERE e.dead_at IS NULL AND e.available_at <= now()
@@ -122,19 +151,59 @@ UPDATE {table} AS o
          LIMIT $1))
    AND o.dead_at IS NULL AND o.available_at <= now()
 RETURNING o.seq, o.id, o.topic, o.ordering_key, o.headers, o.payload, o.attempts,
-          extract(epoch FROM now() - o.created_at)::float8 AS age";
+          extract(epoch FROM now() - o.created_at)::float8 AS age, false AS tied";
 
-/// Published: the rows go. $1 their `seq`s.
-const DONE: &str = "DELETE FROM {table} WHERE seq = ANY($1)";
+/// [`CLAIM`] outside the portable mode: a row leased by an owner whose session no longer
+/// holds its advisory lock (`live`, read once from `pg_locks`) is available too, and the
+/// rows taken are leased to $4 (the taking relay's owner number, or NULL) only if its own
+/// lock is held: a relay whose lock connection dropped leases by time until it has a new
+/// one (`tied` tells it).
+const CLAIM_TIED: &str = "\
+WITH live AS MATERIALIZED (
+    SELECT l.objid::bigint AS owner FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.classid = {lock_class}::oid AND l.objsubid = 2
+       AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+UPDATE {table} AS o
+   SET available_at = now() + $2::float8 * interval '1 second', attempts = o.attempts + 1,
+       lease_owner = CASE WHEN $4::integer IN (SELECT owner FROM live) THEN $4::integer END,
+       lease_token = $3
+ WHERE o.seq = ANY (ARRAY(
+        SELECT e.seq FROM {table} AS e
+         WHERE e.dead_at IS NULL
+           AND (e.available_at <= now()
+                OR (e.lease_owner IS NOT NULL AND e.lease_owner NOT IN (SELECT owner FROM live)))
+           AND NOT EXISTS (SELECT 1 FROM {table} AS p
+                            WHERE p.ordering_key = e.ordering_key AND p.seq < e.seq
+                              AND p.dead_at IS NULL)
+         ORDER BY e.seq
+         LIMIT $1))
+   AND o.dead_at IS NULL
+   AND (o.available_at <= now()
+        OR (o.lease_owner IS NOT NULL AND o.lease_owner NOT IN (SELECT owner FROM live)))
+RETURNING o.seq, o.id, o.topic, o.ordering_key, o.headers, o.payload, o.attempts,
+          extract(epoch FROM now() - o.created_at)::float8 AS age,
+          o.lease_owner IS NOT NULL AS tied";
 
-/// Failed: available again after a backoff, or parked. $1 seq, $2 the error, $3 the
-/// backoff in seconds, $4 whether to park it.
+/// Takes the session lock that ties a relay's leases to its connection: $1 its owner
+/// number. False when another session holds that number.
+const LOCK: &str = "SELECT pg_try_advisory_lock({lock_class}, $1)";
+
+/// Published: the rows go, those still under this relay's lease. $1 their `seq`s, $2
+/// the lease's token.
+const DONE: &str = "DELETE FROM {table} WHERE seq = ANY($1) AND lease_token = $2";
+
+/// Failed: available again after a backoff, or parked, if still under this relay's
+/// lease. $1 seq, $2 the error, $3 the backoff in seconds, $4 whether to park it, $5 the
+/// lease's token. The backoff is no lease: no owner.
 const FAILED: &str = "\
 UPDATE {table}
    SET last_error = $2,
        available_at = now() + $3::float8 * interval '1 second',
-       dead_at = CASE WHEN $4 THEN now() END
- WHERE seq = $1";
+       dead_at = CASE WHEN $4 THEN now() END,
+       lease_owner = NULL
+ WHERE seq = $1 AND lease_token = $5";
 
 /// The age in seconds of the oldest pending event, NULL when none is pending.
 const LAG: &str = "\
@@ -149,18 +218,18 @@ SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error
 
 /// Re-drives parked events: $1 their ids, or NULL for all of them.
 const REDRIVE: &str = "\
-UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now()
+UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
  WHERE dead_at IS NOT NULL AND ($1::text[] IS NULL OR id = ANY($1))";
 
 /// The outbox table of one store: its statements, rendered once.
 pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
-    /// The channel its writes notify ([`channel`]).
     channel: String,
     ddl: SqlStr,
     write: SqlStr,
     claim: SqlStr,
+    lock: SqlStr,
     done: SqlStr,
     failed: SqlStr,
     lag: SqlStr,
@@ -179,6 +248,8 @@ pub(crate) struct ClaimedRow {
     pub(crate) payload: Vec<u8>,
     pub(crate) attempts: i32,
     pub(crate) age: Duration,
+    /// Whether its lease ends with the taking relay's session (else by its time only).
+    pub(crate) tied: bool,
 }
 
 /// A parked event, for operators ([`crate::Store::dead_events`]).
@@ -199,23 +270,6 @@ pub struct DeadEvent {
     pub dead_for: Duration,
 }
 
-/// The longest channel name PostgreSQL takes (`NAMEDATALEN - 1`); `pg_notify` refuses a
-/// longer one, which would fail every write.
-const MAX_CHANNEL: usize = 63;
-
-/// The NOTIFY channel of table `name`: its name (`schema.table`) when that fits
-/// [`MAX_CHANNEL`], else `idem_outbox_` and 16 hex digits of a hash of it, the same in every
-/// instance (the builder takes a schema and a table of up to 47 characters each).
-fn channel(name: &TableName) -> String {
-    let full = name.to_string();
-    if full.len() <= MAX_CHANNEL {
-        return full;
-    }
-    let digest = Sha256::digest(full.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("idem_outbox_{hex}")
-}
-
 impl OutboxTable {
     /// The table `name` in `dialect`; its writes NOTIFY the relays when `notify` (never in
     /// portable mode).
@@ -223,10 +277,12 @@ impl OutboxTable {
         let notify = notify && !dialect.portable;
         let table = name.qualified();
         let channel = channel(&name);
+        let lock_class = lock_class(&name);
         let render = |sql: &str| {
             statement(
                 sql.replace("{table}", &table)
-                    .replace("{channel}", &channel),
+                    .replace("{channel}", &channel)
+                    .replace("{lock_class}", &lock_class.to_string()),
             )
         };
         let create_schema = match name.schema() {
@@ -243,7 +299,8 @@ impl OutboxTable {
             notify,
             ddl,
             write: render(if notify { WRITE } else { WRITE_QUIET }),
-            claim: render(CLAIM),
+            claim: render(if dialect.portable { CLAIM } else { CLAIM_TIED }),
+            lock: render(LOCK),
             done: render(DONE),
             failed: render(FAILED),
             lag: render(LAG),
@@ -253,9 +310,15 @@ impl OutboxTable {
         }
     }
 
-    /// The channel its writes notify ([`channel`]).
+    /// The channel its writes notify and relays listen on.
     pub(crate) fn channel(&self) -> &str {
         &self.channel
+    }
+
+    /// Whether a relay's leases can end with its session: outside the portable mode (see
+    /// the module's docs).
+    pub(crate) fn can_tie(&self) -> bool {
+        !self.dialect.portable
     }
 
     /// The DDL.
@@ -300,37 +363,63 @@ impl OutboxTable {
         row.try_get("id")
     }
 
-    /// [`CLAIM`], in a short transaction of its own.
+    /// [`CLAIM`] (or [`CLAIM_TIED`]), in a short transaction of its own: the rows taken
+    /// under `token`, leased to `owner` while its session lock is held.
     pub(crate) async fn claim(
         &self,
         single: Single,
         limit: i64,
         lease: Duration,
+        token: i64,
+        owner: Option<i32>,
     ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
         let mut single = single;
-        let rows = self
+        let mut query = self
             .query(&self.claim)
             .bind(limit)
             .bind(lease.as_secs_f64())
-            .fetch_all(&mut *single)
-            .await?;
+            .bind(token);
+        if self.can_tie() {
+            query = query.bind(owner);
+        }
+        let rows = query.fetch_all(&mut *single).await?;
         single.finish().await?;
         rows.iter().map(decode_claimed).collect()
     }
 
-    /// [`DONE`].
-    pub(crate) async fn done(&self, single: Single, seqs: &[i64]) -> Result<u64, sqlx::Error> {
+    /// [`LOCK`] on `conn`, a connection of the relay's own that runs nothing else: whether
+    /// it now holds the lock of `owner`.
+    pub(crate) async fn lock(
+        &self,
+        conn: &mut PgConnection,
+        owner: i32,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query(self.lock.clone())
+            .bind(owner)
+            .fetch_one(conn)
+            .await?
+            .try_get(0)
+    }
+
+    /// [`DONE`]: how many of the rows were still this relay's to delete.
+    pub(crate) async fn done(
+        &self,
+        single: Single,
+        seqs: &[i64],
+        token: i64,
+    ) -> Result<u64, sqlx::Error> {
         let mut single = single;
         let done = self
             .query(&self.done)
             .bind(seqs)
+            .bind(token)
             .execute(&mut *single)
             .await?;
         single.finish().await?;
         Ok(done.rows_affected())
     }
 
-    /// [`FAILED`].
+    /// [`FAILED`]: whether the row was still this relay's to mark.
     pub(crate) async fn failed(
         &self,
         single: Single,
@@ -338,16 +427,20 @@ impl OutboxTable {
         error: &str,
         backoff: Duration,
         park: bool,
-    ) -> Result<(), sqlx::Error> {
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
         let mut single = single;
-        self.query(&self.failed)
+        let marked = self
+            .query(&self.failed)
             .bind(seq)
             .bind(error)
             .bind(backoff.as_secs_f64())
             .bind(park)
+            .bind(token)
             .execute(&mut *single)
             .await?;
-        single.finish().await
+        single.finish().await?;
+        Ok(marked.rows_affected() > 0)
     }
 
     /// [`LAG`].
@@ -424,7 +517,31 @@ fn decode_claimed(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
         payload: row.try_get("payload")?,
         attempts: row.try_get("attempts")?,
         age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
+        tied: row.try_get("tied")?,
     })
+}
+
+/// The NOTIFY channel of the outbox `name`: the name as written (`schema.name`) when it
+/// fits a PostgreSQL identifier (63 bytes; `pg_notify` refuses a longer channel, and
+/// every write with it), else `idem_outbox_` and 32 hex digits of the name's SHA-256.
+/// Derived from the name alone, so every instance of a service writes and listens on the
+/// same one.
+fn channel(name: &TableName) -> String {
+    let written = name.to_string();
+    if written.len() <= 63 {
+        return written;
+    }
+    let digest = Sha256::digest(written.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("idem_outbox_{hex}")
+}
+
+/// The first key of the relays' session locks on the outbox `name`: 31 bits of the
+/// SHA-256 of its name, positive so that `pg_locks.classid` (an `oid`) reads it back as
+/// the same number.
+fn lock_class(name: &TableName) -> i32 {
+    let digest = Sha256::digest(format!("idem.relay.v1 {name}").as_bytes());
+    i32::from_be_bytes([digest[0] & 0x7f, digest[1], digest[2], digest[3]])
 }
 
 #[cfg(test)]
@@ -442,7 +559,7 @@ mod tests {
     }
 
     /// The relay's statements keep to SQL a distributed engine runs (invariant 5): no
-    /// row-lock clauses, and in portable mode no NOTIFY.
+    /// row-lock clauses, and in portable mode no NOTIFY and no advisory lock.
     #[test]
     fn statements_stay_portable() {
         let dialect = Dialect {
@@ -467,6 +584,7 @@ mod tests {
             assert!(lower.contains("\"ops\".\"events\""), "{lower}");
         }
         assert!(!table.can_listen());
+        assert!(!table.can_tie());
         let table = OutboxTable::new(
             TableName::parse("ops.events").unwrap(),
             Dialect::default(),
@@ -474,6 +592,17 @@ mod tests {
         );
         assert!(table.write.as_str().contains("pg_notify('ops.events', '')"));
         assert!(table.can_listen());
+        assert!(table.can_tie());
+        let class = lock_class(&TableName::parse("ops.events").unwrap());
+        assert!(class >= 0);
+        assert!(table
+            .claim
+            .as_str()
+            .contains(&format!("l.classid = {class}::oid")));
+        assert!(table
+            .lock
+            .as_str()
+            .contains(&format!("pg_try_advisory_lock({class}, $1)")));
         let table = OutboxTable::new(
             TableName::parse("ops.events").unwrap(),
             Dialect::default(),
@@ -487,24 +616,27 @@ mod tests {
             .contains("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
     }
 
-    /// Regression (issue 27, 7): a table name the builder takes (66 characters) was used
-    /// as the channel, which PostgreSQL limits to 63 bytes: every emit failed.
+    /// Regression (issue 27, finding 7): a name the builder accepts (48 + 1 + 48
+    /// characters) was the NOTIFY channel, which PostgreSQL limits to 63 bytes, and every
+    /// write failed. A name that fits is its own channel (as before); a longer one gets a
+    /// channel derived from it, the same for every instance.
     #[test]
-    fn a_long_name_notifies_a_short_stable_channel() {
-        let long = TableName::parse(&format!("{}.{}", "s".repeat(33), "t".repeat(32))).unwrap();
-        let table = OutboxTable::new(long.clone(), Dialect::default(), true);
-        assert!(long.to_string().len() > MAX_CHANNEL);
-        assert!(table.channel().len() <= MAX_CHANNEL);
-        assert_eq!(
-            table.channel(),
-            channel(&long),
-            "the same in every instance"
-        );
+    fn every_channel_fits_an_identifier() {
+        let short = TableName::parse("ops.events").unwrap();
+        assert_eq!(channel(&short), "ops.events");
+        let long_text = format!("{}.{}", "s".repeat(48), "t".repeat(48));
+        let long = TableName::parse(&long_text).unwrap();
+        let derived = channel(&long);
+        assert!(derived.len() <= 63, "{derived}");
+        assert!(derived.starts_with("idem_outbox_"), "{derived}");
+        assert_eq!(derived, channel(&TableName::parse(&long_text).unwrap()));
+        let other = TableName::parse(&format!("{}.{}", "s".repeat(48), "u".repeat(48))).unwrap();
+        assert_ne!(channel(&other), derived);
+        let table = OutboxTable::new(long, Dialect::default(), true);
         assert!(table
             .write
             .as_str()
-            .contains(&format!("pg_notify('{}', '')", table.channel())));
-        let short = TableName::parse("ops.events").unwrap();
-        assert_eq!(channel(&short), "ops.events");
+            .contains(&format!("pg_notify('{derived}', '')")));
+        assert_eq!(table.channel(), derived);
     }
 }

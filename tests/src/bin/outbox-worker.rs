@@ -2,9 +2,11 @@
 //! OS process that the outbox tests kill with SIGKILL at a chosen point
 //! (`CARGO_BIN_EXE_outbox-worker`):
 //!
-//! - `outbox-worker relay`: relays the outbox of `DATABASE_URL` to `NATS_URL`; with
-//!   `HANG_AFTER=n`, every publish from the n-th on waits forever once JetStream has
-//!   acknowledged it, before the relay can mark it (the test kills it there).
+//! - `outbox-worker relay`: relays the outbox of `DATABASE_URL` to `NATS_URL`, with a
+//!   lease of `LEASE_MS` (default 2000) and a publish timeout of `PUBLISH_TIMEOUT_MS`
+//!   (default 1000); with `HANG_AFTER=n`, every publish from the n-th
+//!   on waits forever once JetStream has acknowledged it, before the relay can mark it
+//!   (the test kills it there).
 //! - `outbox-worker consume`: consumes `STREAM`'s durable consumer `CONSUMER`, crediting
 //!   `credits` once per event through `run_once`; with `HANG_AFTER=n`, the n-th delivery
 //!   waits forever after its commit, before its ack.
@@ -29,6 +31,12 @@ fn hang_after() -> u64 {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(u64::MAX)
+}
+
+/// The duration in milliseconds of the variable `name`, or `default`.
+fn millis(name: &str, default: u64) -> Duration {
+    let ms = std::env::var(name).ok().and_then(|ms| ms.parse().ok());
+    Duration::from_millis(ms.unwrap_or(default))
 }
 
 async fn hang() -> ! {
@@ -75,9 +83,8 @@ async fn main() {
             };
             let _relay = store
                 .relay(publisher)
-                .lease(Duration::from_secs(2))
-                // A round (a publish, then marking for up to half the lease) fits in it.
-                .publish_timeout(Duration::from_millis(900))
+                .lease(millis("LEASE_MS", 2000))
+                .publish_timeout(millis("PUBLISH_TIMEOUT_MS", 1000))
                 .poll_interval(Duration::from_millis(50))
                 .spawn()
                 .expect("start the relay");
