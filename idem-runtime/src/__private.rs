@@ -26,7 +26,7 @@ pub async fn ended_by_idem(_: &crate::Tx<'_>) -> Result<(), sqlx::Error> {
 pub use crate::fingerprint::Fingerprint;
 
 /// For the fuzz target `literal`: `text` and `bytes` written as the literals of
-/// `SELECT $1, $2` ([`crate::literal`]).
+/// `SELECT $1, $2` (`literal.rs`).
 pub fn literals(text: &str, bytes: &[u8]) -> String {
     use crate::literal::{render, Literal};
     render(
