@@ -10,7 +10,7 @@ use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, Answer, TestApp, TestDb};
+use idem_tests::{migrated_store, with_test_db, Answer, TestApp, TestDb};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -19,19 +19,21 @@ struct State {
     store: Store,
 }
 
-/// Holds its key for `ms` milliseconds.
-#[idempotent(scope = "short", key = header("Job"), concurrency = wait("5s"), statement_timeout = "300ms")]
-async fn short(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+/// Holds the request's key for `ms` milliseconds.
+async fn hold(v: &Value) -> Json<Value> {
     let ms = v["ms"].as_u64().unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     Json(json!({ "slept": ms }))
 }
 
+#[idempotent(scope = "short", key = header("Job"), concurrency = wait("5s"), statement_timeout = "300ms")]
+async fn short(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    hold(&v).await
+}
+
 #[idempotent(scope = "session", key = header("Job"), concurrency = wait("5s"))]
 async fn session(_tx: Tx, Json(v): Json<Value>) -> Json<Value> {
-    let ms = v["ms"].as_u64().unwrap_or(0);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-    Json(json!({ "slept": ms }))
+    hold(&v).await
 }
 
 /// The app on a pool whose sessions have `statement_timeout = 300ms`, in the default or
@@ -45,15 +47,7 @@ async fn serve(db: &TestDb, portable: bool) -> TestApp {
         .connect_with(options)
         .await
         .unwrap();
-    let builder = Store::builder(pool.clone());
-    let store = if portable {
-        builder.portable()
-    } else {
-        builder
-    }
-    .build()
-    .unwrap();
-    store.migrate().await.unwrap();
+    let store = migrated_store(pool.clone(), portable).await;
     let app = Router::new()
         .route("/short", post(short))
         .route("/session", post(session))
@@ -127,15 +121,7 @@ async fn the_handler_runs_with_the_settings_it_had_before_the_claim() {
                 .connect_with(PgConnectOptions::from_str(&db.url()).unwrap())
                 .await
                 .unwrap();
-            let builder = Store::builder(pool.clone());
-            let store = if portable {
-                builder.portable()
-            } else {
-                builder
-            }
-            .build()
-            .unwrap();
-            store.migrate().await.unwrap();
+            let store = migrated_store(pool.clone(), portable).await;
             let app = Router::new()
                 .route("/settings", post(settings))
                 .with_state(State { store });
