@@ -21,7 +21,8 @@ pub enum Distribution {
 
 impl Store {
     /// On a distributed engine (Citus, found by its function `citus_version()`),
-    /// hash-distributes idem's table by `principal`, colocated with `colocate_with` (a
+    /// hash-distributes idem's table by `principal` (and its steps table, colocated with
+    /// it), colocated with `colocate_with` (a
     /// distributed table whose distribution column has the [principal's
     /// type](crate::StoreBuilder::principal_type); `None`: Citus's default group for that
     /// type, which tables of one type and shard count share), so that a request's claim
@@ -93,6 +94,23 @@ impl Store {
                 })
             }
         };
+        // The steps table, colocated with the keys: a request's COMMIT deletes its steps
+        // on the node that holds its key.
+        let steps = self.inner.steps_table.qualified();
+        if deployment::distribution(&mut tx, persistent, &steps)
+            .await?
+            .is_none()
+        {
+            sqlx::query(
+                "SELECT create_distributed_table(CAST($1 AS regclass), 'principal', \
+                 colocate_with => $2)",
+            )
+            .bind(&steps)
+            .bind(&table)
+            .persistent(persistent)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(done)
     }

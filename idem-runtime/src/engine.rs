@@ -39,7 +39,7 @@ use crate::identity::KeyInScope;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
 use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Taken, Timeouts};
 use crate::transaction::OpenTransaction;
-use crate::tx::Tx;
+use crate::tx::{AttemptState, Request, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
 /// match.
@@ -160,6 +160,8 @@ pub(crate) struct Attempt {
     /// claim inserted the key's row.
     held: Option<Held>,
     isolation: Isolation,
+    /// What the work leaves for the commit.
+    state: AttemptState,
 }
 
 /// What is needed to claim a key again after its attempt was aborted.
@@ -206,6 +208,7 @@ pub(crate) async fn begin(
             claim: None,
             held: None,
             isolation,
+            state: AttemptState::default(),
         }));
     };
     let mut snapshots = 0;
@@ -218,6 +221,7 @@ pub(crate) async fn begin(
                     claim,
                     held: Some(held),
                     isolation,
+                    state: AttemptState::default(),
                 }))
             }
             // Nothing was written, and no lock taken: the transaction's ROLLBACK goes out
@@ -407,6 +411,7 @@ async fn begin_portable(
                 claim: None,
                 held: None,
                 isolation,
+                state: AttemptState::default(),
             }));
         };
         match claim_row(store, request, isolation, wait).await {
@@ -417,6 +422,7 @@ async fn begin_portable(
                     claim,
                     held: None,
                     isolation,
+                    state: AttemptState::default(),
                 }))
             }
             // Nothing was written; the transaction's ROLLBACK goes out after the answer.
@@ -560,7 +566,11 @@ impl Attempt {
     /// The transaction, lent to the work.
     pub(crate) fn tx(&mut self) -> Tx<'_> {
         let key = self.claim.as_ref().map(|c| &c.key);
-        Tx::new(&mut self.tx, key, &self.store.inner.outbox)
+        let request = self.claim.as_ref().map(|c| Request {
+            fingerprint: &c.fingerprint,
+            ttl: c.ttl,
+        });
+        Tx::new(&mut self.tx, &self.store, key, request, &mut self.state)
     }
 
     /// The claimed key; `None` for an attempt that records nothing.
@@ -577,6 +587,7 @@ impl Attempt {
             claim,
             held,
             isolation,
+            state,
         } = self;
         let Some(claim) = claim else {
             return tx
@@ -598,7 +609,10 @@ impl Attempt {
                     began: held.began,
                     over: held.over,
                 };
-                match tx.finish(table.inserting_commit(&row, record)).await {
+                match tx
+                    .finish(table.inserting_commit(&row, record, &state.rides_commit))
+                    .await
+                {
                     Ok(()) => return Ok(Committed::Stored),
                     Err(sqlx::Error::Database(e))
                         if e.code().as_deref() == Some("22P02")
@@ -618,7 +632,7 @@ impl Attempt {
             }
             // Portable mode: the response rides COMMIT, into the row the claim inserted.
             None => match tx
-                .finish(table.storing_commit(&claim.key, claim.ttl, record))
+                .finish(table.storing_commit(&claim.key, claim.ttl, record, &state.rides_commit))
                 .await
             {
                 Ok(()) => return Ok(Committed::Stored),

@@ -15,7 +15,8 @@ use crate::Store;
 
 impl Store {
     /// Deletes expired records, `batch_size` rows per statement, until none is left, and
-    /// returns how many it deleted. A request for a key whose row a batch is deleting
+    /// returns how many it deleted; then the expired steps of requests that never
+    /// committed ([`Tx::step`](crate::Tx::step)), which the count leaves out. A request for a key whose row a batch is deleting
     /// waits for that batch, up to a second, so keep batches well under a second (1 000
     /// rows take milliseconds). For a cron job; [`Store::spawn_sweeper`] runs
     /// it periodically.
@@ -27,9 +28,27 @@ impl Store {
             removed += deleted;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {
-                return Ok(removed);
+                break;
             }
             // Let requests waiting for a connection or a lock go first.
+            tokio::task::yield_now().await;
+        }
+        self.purge_expired_steps(batch_size).await?;
+        Ok(removed)
+    }
+
+    /// Deletes expired steps (`Tx::step`): those of requests that never committed, once
+    /// their key's time has passed. Steps of a committed request went with its COMMIT.
+    async fn purge_expired_steps(&self, batch_size: i64) -> Result<(), sqlx::Error> {
+        let steps = self.steps();
+        loop {
+            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let deleted = steps.purge(&mut conn, batch_size).await?;
+            conn.finish().await?;
+            metrics::swept(deleted);
+            if deleted < batch_size as u64 {
+                return Ok(());
+            }
             tokio::task::yield_now().await;
         }
     }

@@ -188,6 +188,7 @@ pub mod openapi;
 pub mod outbox;
 mod probe;
 mod spread;
+mod steps;
 mod store;
 mod table;
 mod transaction;
@@ -209,8 +210,9 @@ pub use key::{
 pub use migrate::{VerifyError, MIGRATIONS};
 pub use observe::Outcome;
 pub use once::{OnceError, RunOnce};
+pub use steps::{StepError, STEPS_SCHEMA_SQL};
 pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};
-pub use table::{Pooler, PrincipalType, DEFAULT_TABLE, SCHEMA_SQL};
+pub use table::{Pooler, PrincipalType, DEFAULT_STEPS_TABLE, DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
 pub use web::escape::warn_on_escaping_writes;
 pub use web::extract::{FingerprintBody, Principal};

@@ -5,7 +5,7 @@
 //!
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
-//!   [`MIGRATIONS`]: the idempotency table, then the outbox table) into your own
+//!   [`MIGRATIONS`]: the idempotency table, the outbox table, then the steps table) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
@@ -32,6 +32,7 @@ use std::fmt;
 
 use crate::deployment;
 use crate::store::Store;
+use crate::table::statement;
 
 /// The migrations of the idempotency table, oldest first, as `(file name, SQL)`: the files
 /// in `idem-runtime/migrations/`, for users who write them out themselves.
@@ -45,6 +46,11 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     (
         "20261124000000_idem_outbox.sql",
         include_str!("../migrations/20261124000000_idem_outbox.sql"),
+    ),
+    // The steps table (`Tx::step`): a call to another service recorded once per request.
+    (
+        "20261125000000_idempotency_steps.sql",
+        include_str!("../migrations/20261125000000_idempotency_steps.sql"),
     ),
 ];
 
@@ -199,6 +205,17 @@ impl From<sqlx::Error> for VerifyError {
 }
 
 impl Store {
+    /// Creates the idempotency table and its index, the outbox table and its indexes,
+    /// and the steps table and its index, if they do not exist ([`Store::schema_sql`],
+    /// [`Store::outbox_schema_sql`], [`Store::steps_schema_sql`]). Safe to call from
+    /// several processes starting at once.
+    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+        let pool = &self.inner.pool;
+        self.inner.table.create(pool).await?;
+        self.inner.outbox.create(pool).await?;
+        crate::table::create(pool, &statement(self.steps().ddl().to_owned())).await
+    }
+
     /// Checks that this store suits the database it reaches: call it at startup after
     /// your migrations, so that a mistake stops the service with one line naming it and
     /// its fix, instead of failing its first idempotent request. It checks, in order:
@@ -323,11 +340,12 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox)] = MIGRATIONS else {
-            panic!("two migrations so far")
+        let [(_, keys), (_, outbox), (_, steps)] = MIGRATIONS else {
+            panic!("three migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
         assert_eq!(*outbox, crate::outbox::OUTBOX_SCHEMA_SQL);
+        assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
     }
 
     #[test]

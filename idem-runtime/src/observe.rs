@@ -16,6 +16,8 @@
 //! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//! | `idem_steps_total` | counter | `scope`, `step`, `outcome` | steps (`Tx::step`) by outcome: `recorded` (called, then recorded), `replayed` (a recorded result, no call), `failed` (the call's `Err`), `timed_out`, `mismatch`, `lost` (called, the request no longer held its key), `unrecorded` (called, the record failed), `unkeyed` (called, nothing to record) |
+//! | `idem_step_duration_seconds` | histogram | `scope`, `step`, `outcome` | a step's time, its call and its record included |
 //!
 //! A metrics backend keeps a series per label value, so `scope` stays a bounded set: an
 //! endpoint's scope (written in its code) is always its own label, and so are the first
@@ -227,6 +229,22 @@ pub(crate) mod metrics {
     pub(crate) fn swept(rows: u64) {
         ::metrics::counter!("idem_swept_rows_total").increment(rows);
     }
+
+    /// A step ended (`Tx::step`): `scope` `None` for a request without a key.
+    pub(crate) fn step(
+        scope: Option<Cow<'static, str>>,
+        step: &str,
+        outcome: &'static str,
+        duration: Duration,
+    ) {
+        let labels = vec![
+            ::metrics::Label::new("scope", scope.map_or(Cow::Borrowed(""), label)),
+            ::metrics::Label::new("step", step.to_owned()),
+            ::metrics::Label::new("outcome", outcome),
+        ];
+        ::metrics::counter!("idem_steps_total", labels.clone()).increment(1);
+        ::metrics::histogram!("idem_step_duration_seconds", labels).record(duration.as_secs_f64());
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -239,6 +257,8 @@ pub(crate) mod metrics {
     pub(crate) fn request(_: Cow<'static, str>, _: Outcome, _: Duration) {}
 
     pub(crate) fn swept(_: u64) {}
+
+    pub(crate) fn step(_: Option<Cow<'static, str>>, _: &str, _: &'static str, _: Duration) {}
 }
 
 #[cfg(test)]

@@ -3,16 +3,19 @@
 //! [`StoreBuilder::build`].
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::header::{self, HeaderName};
 use http::request::Parts;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::spread::Earlier;
-use crate::table::{Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_TABLE};
+use crate::table::{
+    Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
+};
 
 /// How a store finds the principal of a request.
 type PrincipalResolver = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -66,6 +69,14 @@ pub(crate) struct Settings {
     pub(crate) outbox: OutboxTable,
     /// Which scopes still have records kept before the spread ([`crate::spread`]).
     pub(crate) earlier: Earlier,
+    /// Where steps are recorded (`Tx::step`).
+    pub(crate) steps_table: TableName,
+    /// The longest a step's call may take.
+    pub(crate) step_timeout: Duration,
+    /// The connections for writes that must commit outside a request's transaction
+    /// ([`Store::outside`]): given, or made on first use.
+    outside: OnceLock<PgPool>,
+    outside_connections: u32,
 }
 
 impl Store {
@@ -81,6 +92,10 @@ impl Store {
             table: DEFAULT_TABLE.to_owned(),
             outbox_table: None,
             outbox_notify: true,
+            steps_table: None,
+            step_timeout: Duration::from_secs(30),
+            step_pool: None,
+            step_connections: 4,
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -115,17 +130,26 @@ impl Store {
         self.inner.dialect.pooler
     }
 
-    /// Creates the idempotency table and its index, and the outbox table and its indexes,
-    /// if they do not exist ([`Store::schema_sql`], [`Store::outbox_schema_sql`]). Safe to call from several processes starting at once.
-    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        self.inner.table.create(&self.inner.pool).await?;
-        self.inner.outbox.create(&self.inner.pool).await
-    }
-
     /// The DDL of this store's table: [`SCHEMA_SQL`](crate::SCHEMA_SQL) with its
     /// configured name.
     pub fn schema_sql(&self) -> &str {
         self.inner.table.ddl()
+    }
+
+    /// The pool for writes that must commit outside a request's transaction (a step's
+    /// record), apart from the requests' pool: a request holds its own connection while
+    /// such a write waits for one, so sharing one pool could leave every connection
+    /// held by a request that waits for another. Made on first use from the main pool's
+    /// connect options, unless one was given ([`StoreBuilder::step_pool`]).
+    pub(crate) fn outside(&self) -> &PgPool {
+        let settings = &self.inner;
+        settings.outside.get_or_init(|| {
+            PgPoolOptions::new()
+                .max_connections(settings.outside_connections)
+                .min_connections(0)
+                .acquire_timeout(settings.acquire_timeout)
+                .connect_lazy_with((*settings.pool.connect_options()).clone())
+        })
     }
 
     /// The principal of a request by the store's resolver; `None` when no resolver is
@@ -174,6 +198,10 @@ pub struct StoreBuilder {
     replay_headers: Vec<HeaderName>,
     problem_base: Option<String>,
     dialect: Dialect,
+    steps_table: Option<String>,
+    step_timeout: Duration,
+    step_pool: Option<PgPool>,
+    step_connections: u32,
 }
 
 impl StoreBuilder {
@@ -257,6 +285,44 @@ impl StoreBuilder {
     /// [`poll_interval`]: crate::outbox::RelayBuilder::poll_interval
     pub fn outbox_notify(mut self, notify: bool) -> Self {
         self.outbox_notify = notify;
+        self
+    }
+
+    /// The table steps are recorded in ([`Tx::step`](crate::Tx::step)): `name` or
+    /// `schema.name`, as for [`StoreBuilder::table`] (default `idempotency_steps`, in the
+    /// schema of the idempotency table).
+    pub fn steps_table(mut self, name: impl Into<String>) -> Self {
+        self.steps_table = Some(name.into());
+        self
+    }
+
+    /// The longest a step's call may take ([`Tx::step`](crate::Tx::step); default
+    /// 30 s): the request's transaction, and its connection, stay open while the call
+    /// runs. A call that takes longer is dropped, nothing is recorded, and the step
+    /// answers [`StepError::Timeout`](crate::StepError::Timeout): the request rolls
+    /// back, and its retry calls again with the same key.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = timeout;
+        self
+    }
+
+    /// The pool steps record their results on (default: one made from the main pool's
+    /// connect options, of [`step_connections`](StoreBuilder::step_connections)
+    /// connections, on first use). A step's record commits outside the request's
+    /// transaction, so it needs a connection besides the request's: from a pool of its
+    /// own, so that requests holding every connection of the main pool still record
+    /// their steps. Give one to set its own options (an `after_connect` hook, TLS
+    /// settings made outside the connect options).
+    pub fn step_pool(mut self, pool: PgPool) -> Self {
+        self.step_pool = Some(pool);
+        self
+    }
+
+    /// How many connections the default step pool opens at most (default 4). Each step
+    /// holds one for one statement at a time: two statements for the first step of a
+    /// request, one for each later one.
+    pub fn step_connections(mut self, connections: u32) -> Self {
+        self.step_connections = connections;
         self
     }
 
@@ -369,8 +435,17 @@ impl StoreBuilder {
     pub fn build(self) -> Result<Store, BuildError> {
         let table =
             TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
-        if let Some(outbox) = &self.outbox_table {
-            TableName::parse(outbox).ok_or(BuildError::TableName(outbox.clone()))?;
+        for name in [&self.outbox_table, &self.steps_table]
+            .into_iter()
+            .flatten()
+        {
+            TableName::parse(name).ok_or(BuildError::TableName(name.clone()))?;
+        }
+        if self.step_timeout.is_zero() {
+            return Err(BuildError::ZeroStepTimeout);
+        }
+        if self.step_connections == 0 {
+            return Err(BuildError::NoStepConnections);
         }
         if self.acquire_timeout.is_zero() {
             return Err(BuildError::ZeroAcquireTimeout);
@@ -386,6 +461,14 @@ impl StoreBuilder {
             Some(name) => name,
             None => table_name.sibling(DEFAULT_OUTBOX_TABLE),
         };
+        let steps_table = match self.steps_table.as_deref().and_then(TableName::parse) {
+            Some(name) => name,
+            None => table_name.sibling(DEFAULT_STEPS_TABLE),
+        };
+        let outside = OnceLock::new();
+        if let Some(pool) = self.step_pool {
+            let _ = outside.set(pool);
+        }
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,
@@ -403,6 +486,10 @@ impl StoreBuilder {
                 dialect: self.dialect,
                 outbox: OutboxTable::new(outbox, self.dialect, self.outbox_notify),
                 earlier: Earlier::default(),
+                steps_table,
+                step_timeout: self.step_timeout,
+                outside,
+                outside_connections: self.step_connections,
             }),
         }
     }
@@ -419,6 +506,10 @@ pub enum BuildError {
     ZeroAcquireTimeout,
     /// A statement timeout of zero would cancel every statement of every handler.
     ZeroStatementTimeout,
+    /// A step timeout of zero would end every step before its call.
+    ZeroStepTimeout,
+    /// A step pool of no connections could record no step.
+    NoStepConnections,
 }
 
 impl fmt::Display for BuildError {
@@ -434,6 +525,12 @@ impl fmt::Display for BuildError {
             Self::ZeroStatementTimeout => f.write_str(
                 "the statement timeout is zero: every statement of every handler would be cancelled",
             ),
+            Self::ZeroStepTimeout => {
+                f.write_str("the step timeout is zero: every step would end before its call")
+            }
+            Self::NoStepConnections => {
+                f.write_str("the step pool has no connections: no step could be recorded")
+            }
         }
     }
 }

@@ -50,6 +50,10 @@ use crate::literal::{self, Literal};
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
 
+/// The default name of the steps table (`Tx::step`), in the schema of the store's
+/// idempotency table.
+pub const DEFAULT_STEPS_TABLE: &str = "idempotency_steps";
+
 /// The SQL that creates idem's table (under its default name) and its expiry index, for
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs exactly this for a store with the default table;
@@ -548,7 +552,7 @@ impl PrincipalType {
     }
 
     /// The bound principal ($2) as the column's type: bound as text, cast in SQL.
-    fn parameter(self) -> &'static str {
+    pub(crate) fn parameter(self) -> &'static str {
         match self {
             Self::Text => "$2",
             Self::Uuid => "CAST($2 AS uuid)",
@@ -559,7 +563,7 @@ impl PrincipalType {
     /// The text bound for `principal`: "no principal" (`""`) as the type's zero value.
     /// Any other value is bound as given; one that is not of the type fails its cast
     /// (SQLSTATE 22P02), a resolver's fault.
-    fn bound(self, principal: &str) -> &str {
+    pub(crate) fn bound(self, principal: &str) -> &str {
         match (self, principal) {
             (Self::Uuid, "") => "00000000-0000-0000-0000-000000000000",
             (Self::Bigint, "") => "0",
@@ -863,7 +867,12 @@ impl Table {
     /// PostgreSQL skips the COMMIT: with [`LOST`] in its message when this transaction
     /// is still the one that claimed (another attempt's record holds the key, invariant
     /// 3), with [`ESCAPED`] when the handler ended it itself (invariant 6).
-    pub(crate) fn inserting_commit(&self, claim: &Inserting<'_>, record: &Record) -> String {
+    pub(crate) fn inserting_commit(
+        &self,
+        claim: &Inserting<'_>,
+        record: &Record,
+        riders: &[String],
+    ) -> String {
         let sql = if claim.over {
             &self.overwrite
         } else {
@@ -894,7 +903,8 @@ impl Table {
             "WITH written AS ({insert}\n RETURNING 1)\n\
              SELECT CAST(CASE WHEN count(*) = 0 THEN \
              CASE WHEN extract(epoch FROM now())::float8 = {began} THEN '{LOST}' ELSE '{ESCAPED}' END \
-             END AS integer) FROM written;\nCOMMIT"
+             END AS integer) FROM written;\n{}COMMIT",
+            rides(riders)
         )
     }
 
@@ -1050,6 +1060,7 @@ impl Table {
         key: &KeyInScope,
         ttl: Duration,
         record: &Record,
+        riders: &[String],
     ) -> String {
         let scope = key.stored_scope();
         let store = literal::render(
@@ -1067,7 +1078,8 @@ impl Table {
         // As in `inserting_commit`: the CASE is cast, so that it is not folded.
         format!(
             "WITH stored AS ({store}\n RETURNING 1)\n\
-             SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\nCOMMIT"
+             SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\n{}COMMIT",
+            rides(riders)
         )
     }
 
@@ -1242,6 +1254,13 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Statements that ride a COMMIT message after the key's row, each ended by `;` and a
+/// line break: PostgreSQL runs them only when the key's row was written (a failed
+/// statement skips the rest of the message), in the same round trip.
+fn rides(riders: &[String]) -> String {
+    riders.iter().map(|sql| format!("{sql};\n")).collect()
 }
 
 /// The durations a claim binds.

@@ -1,13 +1,15 @@
 //! [`Tx`]: the handler's view of the request's transaction.
 
 use std::ops::{Deref, DerefMut};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
-use crate::fingerprint::hex;
+use crate::fingerprint::{hex, Fingerprint};
 use crate::identity::KeyInScope;
 use crate::outbox::OutboxTable;
+use crate::store::Store;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
 ///
@@ -58,22 +60,47 @@ use crate::outbox::OutboxTable;
 /// is stored.
 pub struct Tx<'t> {
     conn: &'t mut PgConnection,
+    store: &'t Store,
     key: Option<&'t KeyInScope>,
-    outbox: &'t OutboxTable,
+    request: Option<Request<'t>>,
+    state: &'t mut AttemptState,
     /// How many events this attempt has written ([`Tx::emit`]): the next one's place.
     emitted: u32,
+}
+
+/// What an attempt with a key claimed, besides the key: what its steps record.
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'t> {
+    pub(crate) fingerprint: &'t Fingerprint,
+    pub(crate) ttl: Duration,
+}
+
+/// What an attempt's work leaves for its commit, kept by the attempt across the `Tx`s it
+/// lends.
+#[derive(Debug, Default)]
+pub(crate) struct AttemptState {
+    /// Statements that ride the COMMIT message, before COMMIT and after the key's row:
+    /// run only when the key's row was written, and in the same round trip.
+    pub(crate) rides_commit: Vec<String>,
+    /// The transaction's id (`txid_current()`), once asked: what a write outside the
+    /// transaction checks is still in progress (invariant 11).
+    pub(crate) txid: Option<i64>,
 }
 
 impl<'t> Tx<'t> {
     pub(crate) fn new(
         conn: &'t mut PgConnection,
+        store: &'t Store,
         key: Option<&'t KeyInScope>,
-        outbox: &'t OutboxTable,
+        request: Option<Request<'t>>,
+        state: &'t mut AttemptState,
     ) -> Self {
         Self {
             conn,
+            store,
             key,
-            outbox,
+            request,
+            state,
             emitted: 0,
         }
     }
@@ -85,7 +112,22 @@ impl<'t> Tx<'t> {
 
     /// The store's outbox table.
     pub(crate) fn outbox(&self) -> &'t OutboxTable {
-        self.outbox
+        &self.store.inner.outbox
+    }
+
+    /// The store the attempt runs on.
+    pub(crate) fn store(&self) -> &'t Store {
+        self.store
+    }
+
+    /// What the attempt claimed besides its key; `None` without a key.
+    pub(crate) fn request(&self) -> Option<Request<'t>> {
+        self.request
+    }
+
+    /// The transaction's connection and the attempt's state, together.
+    pub(crate) fn parts(&mut self) -> (&mut PgConnection, &mut AttemptState) {
+        (self.conn, self.state)
     }
 
     /// The place of the next event this attempt writes.

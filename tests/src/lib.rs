@@ -3,7 +3,7 @@
 //! requests read whole, latency percentiles, the fields of idem's request spans, a
 //! PgBouncer in transaction mode in front of a test database, proxies in front of the
 //! database that cut it away for an outage or count a client's round trips, a throwaway
-//! Citus cluster, the outbox's brokers (and a NATS server of a test's own), the outside
+//! Citus cluster, a stand-in payment processor for steps, the outbox's brokers (and a NATS server of a test's own), the outside
 //! tools the tests check against (the webhook providers' signing libraries,
 //! schemathesis), and the pairwise cover the combination suite runs
 //! (`tests/tests/combinations.rs`).
@@ -20,6 +20,7 @@ mod gate;
 pub mod ledger;
 pub mod pairwise;
 mod pooler;
+mod processor;
 mod spans;
 mod stats;
 mod tools;
@@ -31,6 +32,7 @@ pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, TestDb};
 pub use gate::{outage, Gate};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
+pub use processor::{Processor, ProcessorServer};
 pub use spans::{ClosedSpans, SpanFields};
 pub use stats::{percentiles, tally};
 pub use tools::{schemathesis, Signers};

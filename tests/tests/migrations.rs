@@ -69,12 +69,18 @@ async fn idems_file_in_a_users_migrations_directory() {
             .fetch_one(&pool)
             .await
             .expect("count");
-        assert_eq!(applied, 3, "the user's, idem's table and idem's outbox");
-        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_outbox")
-            .fetch_one(&pool)
-            .await
-            .expect("the outbox table");
-        assert_eq!(events, 0);
+        assert_eq!(
+            applied, 4,
+            "the user's, idem's table, idem's outbox and idem's steps"
+        );
+        for table in ["idem_outbox", "idempotency_steps"] {
+            let rows: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                    .fetch_one(&pool)
+                    .await
+                    .expect(table);
+            assert_eq!(rows, 0, "{table}");
+        }
     })
     .await;
 }

@@ -11,6 +11,7 @@ pub(crate) mod extract;
 pub(crate) mod policy;
 pub(crate) mod problem;
 pub(crate) mod response;
+mod step;
 
 use std::marker::PhantomData;
 use std::time::Duration;

@@ -57,6 +57,12 @@ pub mod problem_type {
     pub const INTERNAL: &str = "internal";
     /// 4xx: a request extractor (JSON body, path, query ...) refused the request.
     pub const INVALID_REQUEST: &str = "invalid-request";
+    /// 504: a step's call (`Tx::step`) took longer than the store's step timeout; nothing
+    /// was committed; a retry calls again with the same key.
+    pub const STEP_TIMEOUT: &str = "step-timeout";
+    /// 503: a step's call ran but its result could not be recorded (the request lost its
+    /// transaction while the call ran); nothing was committed; retry after `Retry-After`.
+    pub const STEP_UNRECORDED: &str = "step-unrecorded";
 }
 
 /// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.

@@ -1,0 +1,378 @@
+//! Steps: a call to another service that happens once per request, across crashes,
+//! failures and retries ([`Tx::step`]).
+//!
+//! The request's transaction cannot roll back a call to a payment processor, and a charge
+//! endpoint cannot wait for the outbox: it needs the processor's answer to answer its own
+//! client. A step runs such a call and records its result *outside* the request's
+//! transaction, durably, before the handler goes on: a retry of the same request (same
+//! scope, principal, key and payload) that reaches the step gets the recorded result and
+//! calls nobody. The request's COMMIT deletes its steps (from then on its stored response
+//! answers every retry); a request that never commits leaves them until they expire with
+//! its key.
+//!
+//! Where each failure leaves the request, for a handler that calls the processor in a
+//! step and then writes its charge:
+//!
+//! | the request stops | the processor was called | its retry |
+//! |---|---|---|
+//! | before the step's call | no | calls it (once) |
+//! | during the call (crash, [timeout](crate::StoreBuilder::step_timeout), the call's `Err`) | maybe | calls again, with the same key |
+//! | after the call, before its record commits | yes | calls again, with the same key |
+//! | after the record, before COMMIT (the handler fails, a crash) | yes | resumes: no call |
+//! | after COMMIT | yes | replays the stored response |
+//!
+//! The third row is the window that remains: milliseconds between the processor's answer
+//! and the record's commit. A processor that honours idempotency keys answers the repeated
+//! call with its first answer (exactly once); one that ignores them is called at most one
+//! more time, and only after a crash in that window.
+//!
+//! A step runs only while its request holds the key: a duplicate in flight waits or is
+//! answered 409 before its handler runs, so two copies never run a step at once; and the
+//! record is fenced (invariant 11): written only while the request's transaction is
+//! still in progress, so a request that lost its transaction (its connection dropped
+//! while the call ran) records nothing, and answers [`StepError::Lost`].
+
+mod table;
+
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tracing::field::Empty;
+use tracing::Instrument;
+
+pub(crate) use table::StepsTable;
+pub use table::STEPS_SCHEMA_SQL;
+
+use crate::fingerprint::hex;
+use crate::observe;
+use crate::store::Store;
+use crate::tx::Tx;
+use table::StepWrite;
+
+impl Store {
+    /// The DDL of this store's steps table: [`STEPS_SCHEMA_SQL`](crate::STEPS_SCHEMA_SQL)
+    /// with its configured name.
+    pub fn steps_schema_sql(&self) -> String {
+        self.steps().ddl().to_owned()
+    }
+
+    /// The store's steps table, its statements rendered.
+    pub(crate) fn steps(&self) -> StepsTable {
+        StepsTable::new(&self.inner.steps_table, self.inner.dialect)
+    }
+}
+
+impl Tx<'_> {
+    /// Runs `call`, a call to another service, once per request: its `Ok` is recorded
+    /// durably, outside the request's transaction, before `step` returns it, and a retry
+    /// of the same request that reaches this step gets it back without calling again.
+    ///
+    /// `name` names the call within the request (a request's steps are told apart by
+    /// name, and the same name again in one request answers the first call's result);
+    /// it is also the `step` label of the metrics, so write it in code. `call` gets a
+    /// key to forward to the service (its `Idempotency-Key`): [`Tx::derived_key`] of
+    /// `name`, the same for every retry of this request, so a service that honours keys
+    /// answers a repeated call with its first answer.
+    ///
+    /// - `Ok(value)` is recorded (as JSON) and returned. A definitive outcome that is
+    ///   not a success (a declined card) belongs there too, so that the retry answers
+    ///   the same: make `T` say it (`Result<Charge, Declined>`, an enum).
+    /// - `Err(e)` is not recorded: `step` answers [`StepError::Call`], the handler
+    ///   returns it as its `Err` (everything rolls back) and the retry calls again, with
+    ///   the same key.
+    /// - A call that takes longer than the store's
+    ///   [`step_timeout`](crate::StoreBuilder::step_timeout) is dropped:
+    ///   [`StepError::Timeout`].
+    /// - An earlier attempt of this key that ran steps with another payload:
+    ///   [`StepError::Mismatch`] (422), and no call.
+    ///
+    /// The request's transaction, and its connection, stay open while the call runs.
+    /// Without a key (an endpoint with `required = false` called without one) there is
+    /// nothing to resume: the call runs every time, with a random key.
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Charge { id: String }
+    /// # async fn charge(_: &str) -> Result<Charge, std::io::Error> { unimplemented!() }
+    /// # async fn f(mut tx: idem::Tx<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let charge: Charge = tx
+    ///     .step("processor", |key| async move {
+    ///         // POST /v1/charges with `Idempotency-Key: {key}`
+    ///         charge(&key).await
+    ///     })
+    ///     .await?;
+    /// sqlx::query("INSERT INTO charges (processor_id) VALUES ($1)")
+    ///     .bind(&charge.id)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn step<T, E, F, Fut>(&mut self, name: &str, call: F) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let store = self.store();
+        let timeout = store.inner.step_timeout;
+        let (Some(key), Some(request)) = (self.key_in_scope(), self.request()) else {
+            let span = tracing::info_span!("idem.step", step = name, outcome = Empty);
+            return async {
+                let started = Instant::now();
+                let ran = run(call, random_key(), timeout).await;
+                let outcome = match &ran {
+                    Ok(_) => "unkeyed",
+                    Err(StepError::Timeout(_)) => "timed_out",
+                    Err(_) => "failed",
+                };
+                finished(None, name, outcome, started.elapsed());
+                ran
+            }
+            .instrument(span)
+            .await;
+        };
+        let derived = self.derived_key(name).unwrap_or_default();
+        let span = tracing::info_span!(
+            "idem.step",
+            scope = &*key.scope,
+            step = name,
+            outcome = Empty,
+            call_ms = Empty,
+        );
+        async move {
+            let steps = store.steps();
+            let outside = store.outside();
+            let started = Instant::now();
+            let done = |outcome: &'static str| {
+                finished(Some(key.scope.clone()), name, outcome, started.elapsed());
+            };
+            // The transaction's id (on its own connection) and the steps recorded so far
+            // (outside it: a fresh snapshot, whatever the request's isolation), at once.
+            let (conn, state) = self.parts();
+            let known = state.txid;
+            let fence = async {
+                match known {
+                    Some(txid) => Ok(txid),
+                    None => steps.fence(conn).await,
+                }
+            };
+            let read = async {
+                let mut single = store.inner.table.single(outside).await?;
+                let found = steps.read(&mut single, key).await?;
+                single.finish().await?;
+                Ok::<_, sqlx::Error>(found)
+            };
+            let (fence, found) = tokio::join!(fence, read);
+            let fence = fence.map_err(StepError::Database)?;
+            state.txid = Some(fence);
+            let found = found.map_err(StepError::Database)?;
+            let fingerprint = request.fingerprint.combined();
+            // Steps of this key recorded by a request with another payload: the key was
+            // used for another request, which a retry cannot resume.
+            if found
+                .iter()
+                .any(|step| step.fingerprint != fingerprint.as_slice())
+            {
+                done("mismatch");
+                return Err(StepError::Mismatch);
+            }
+            let forget = steps.forgetting(key);
+            if let Some(step) = found.into_iter().find(|step| step.step == name) {
+                let value = serde_json::from_str(&step.result).map_err(StepError::Json)?;
+                ride(&mut state.rides_commit, forget);
+                done("replayed");
+                return Ok(value);
+            }
+
+            let called = Instant::now();
+            let ran = run(call, derived, timeout).await;
+            tracing::Span::current().record("call_ms", millis(called.elapsed()));
+            let value = match ran {
+                Ok(value) => value,
+                Err(error) => {
+                    done(match error {
+                        StepError::Timeout(_) => "timed_out",
+                        _ => "failed",
+                    });
+                    return Err(error);
+                }
+            };
+            let result = serde_json::to_string(&value).map_err(StepError::Json)?;
+            let write = StepWrite {
+                key,
+                step: name,
+                fingerprint: fingerprint.as_slice(),
+                result: &result,
+                ttl: request.ttl,
+                fence,
+            };
+            let recorded = async {
+                let mut single = store.inner.table.single(outside).await?;
+                let recorded = steps.record(&mut single, &write).await?;
+                single.finish().await?;
+                Ok::<_, sqlx::Error>(recorded)
+            };
+            match recorded.await {
+                Ok(true) => {
+                    ride(&mut state.rides_commit, forget);
+                    done("recorded");
+                    Ok(value)
+                }
+                Ok(false) => {
+                    tracing::warn!(
+                        step = name,
+                        "idem: a step's call ran, but its request no longer holds its key: \
+                         the result is not recorded"
+                    );
+                    done("lost");
+                    Err(StepError::Lost)
+                }
+                Err(error) => {
+                    done("unrecorded");
+                    Err(StepError::Database(error))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// `call` with `key`, bounded by `timeout`.
+async fn run<T, E, F, Fut>(call: F, key: String, timeout: Duration) -> Result<T, StepError<E>>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    match tokio::time::timeout(timeout, call(key)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(StepError::Call(error)),
+        Err(_) => Err(StepError::Timeout(timeout)),
+    }
+}
+
+/// Adds `sql` to the statements that ride the COMMIT message, once.
+fn ride(rides: &mut Vec<String>, sql: String) {
+    if !rides.contains(&sql) {
+        rides.push(sql);
+    }
+}
+
+/// A key for a step without an idempotency key: 64 hex characters from the process's
+/// random hasher keys, the time and a counter.
+fn random_key() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut hasher = Sha256::new();
+    hasher.update(b"idem.step-key.v1");
+    for _ in 0..2 {
+        hasher.update(RandomState::new().hash_one(count).to_be_bytes());
+    }
+    hasher.update(nanos.to_be_bytes());
+    hasher.update(count.to_be_bytes());
+    hex(&hasher.finalize())
+}
+
+/// Milliseconds to the microsecond, as the request's span writes them.
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// The end of a step, in its span (the current one) and its metrics.
+fn finished(
+    scope: Option<std::borrow::Cow<'static, str>>,
+    step: &str,
+    outcome: &'static str,
+    elapsed: Duration,
+) {
+    tracing::Span::current().record("outcome", outcome);
+    tracing::info!(outcome, total_ms = millis(elapsed), "idem step done");
+    observe::metrics::step(scope, step, outcome, elapsed);
+}
+
+/// Why [`Tx::step`] returned no result. Return it as the handler's `Err` (with the
+/// `axum` adapter it is a response: the call's own error answers as itself, the others
+/// as idem's problems); everything the request wrote rolls back, and the retry runs the
+/// step again, or resumes after it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StepError<E> {
+    /// The call answered `Err`: nothing was recorded, and the retry calls again with the
+    /// same key.
+    Call(E),
+    /// The call took longer than the store's step timeout and was dropped: nothing was
+    /// recorded (the service may have acted; the retry calls again with the same key).
+    /// 504 over HTTP.
+    Timeout(Duration),
+    /// An earlier request with this key and another payload ran steps that it never
+    /// committed: the key names that request, and this one cannot resume it. No call
+    /// was made. 422 over HTTP, as any reuse of a key with another payload.
+    Mismatch,
+    /// The call ran, but the request no longer holds its key (its transaction ended
+    /// while the call ran: its connection dropped, a server timeout), so its result was
+    /// not recorded: the request cannot commit either. 503 over HTTP; the retry calls
+    /// again with the same key.
+    Lost,
+    /// The result could not be written as JSON, or a recorded result could not be read
+    /// back as the step's type (it changed between two versions of the service).
+    Json(serde_json::Error),
+    /// Reading or recording the step failed: the call's result, if it ran, was not
+    /// recorded. See [`is_unavailable`](crate::is_unavailable).
+    Database(sqlx::Error),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for StepError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Call(e) => write!(f, "the step's call failed: {e}"),
+            Self::Timeout(after) => write!(f, "the step's call took longer than {after:?}"),
+            Self::Mismatch => f.write_str(
+                "an earlier request with this idempotency key and another payload ran steps",
+            ),
+            Self::Lost => f.write_str(
+                "the request no longer holds its idempotency key: the step's result was not recorded",
+            ),
+            Self::Json(e) => write!(f, "the step's result is not JSON of its type: {e}"),
+            Self::Database(e) => write!(f, "the step could not be recorded: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for StepError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Call(e) => Some(e),
+            Self::Json(e) => Some(e),
+            Self::Database(e) => Some(e),
+            Self::Timeout(_) | Self::Mismatch | Self::Lost => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_keys_differ_and_are_hex() {
+        let (a, b) = (random_key(), random_key());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn a_statement_rides_commit_once() {
+        let mut rides = Vec::new();
+        ride(&mut rides, "DELETE 1".to_owned());
+        ride(&mut rides, "DELETE 1".to_owned());
+        ride(&mut rides, "DELETE 2".to_owned());
+        assert_eq!(rides, ["DELETE 1", "DELETE 2"]);
+    }
+}
