@@ -10,7 +10,8 @@
 //! connection is back in the pool, of the round trips that execute something: not the
 //! preparation of a named statement (once per connection) nor sqlx's ping of a released
 //! connection (after the answer). The handler writes one row (the business write, one
-//! round trip of its own, counted here too). The portable mode runs on plain PostgreSQL:
+//! round trip of its own, counted here too); the step's handler runs one step (a call
+//! that makes no round trip) before it. The portable mode runs on plain PostgreSQL:
 //! its client round trips are the same on Citus's coordinator.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,6 +68,18 @@ async fn emitting(mut tx: Tx, Json(v): Json<Value>) -> Json<Value> {
     write(&mut tx, &v).await
 }
 
+#[idempotent(scope = "stepping")]
+async fn stepping(mut tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    let amount = v["amount"].as_i64().unwrap_or(0);
+    let charged: i64 = tx
+        .step("processor", |_key| async move {
+            Ok::<_, std::convert::Infallible>(amount)
+        })
+        .await
+        .unwrap();
+    write(&mut tx, &json!({ "amount": charged })).await
+}
+
 /// The modes, as the table's columns.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -86,12 +99,13 @@ enum Path {
     RunOnceFresh,
     RunOnceReplay,
     Emit,
+    Step,
 }
 
 const MODES: [Mode; 3] = [Mode::Default, Mode::Pooler, Mode::Portable];
 
 /// Round trips by path, in the order of [`MODES`]. SCALING.md, "Round trips".
-const EXPECTED: [(Path, [u64; 3]); 8] = [
+const EXPECTED: [(Path, [u64; 3]); 9] = [
     (Path::Fresh, [3, 4, 5]),
     (Path::Replay, [2, 2, 3]),
     (Path::Conflict, [2, 2, 10]),
@@ -100,6 +114,7 @@ const EXPECTED: [(Path, [u64; 3]); 8] = [
     (Path::RunOnceFresh, [3, 4, 5]),
     (Path::RunOnceReplay, [2, 2, 3]),
     (Path::Emit, [4, 6, 6]),
+    (Path::Step, [6, 7, 8]),
 ];
 
 struct Bench {
@@ -143,6 +158,7 @@ impl Bench {
             .route("/waiting", post(waiting))
             .route("/optional", post(optional))
             .route("/emitting", post(emitting))
+            .route("/stepping", post(stepping))
             .with_state(State {
                 store: store.clone(),
             });
@@ -242,6 +258,13 @@ impl Bench {
             Path::Emit => {
                 let (trips, answer) = self
                     .count(self.post("/emitting", Some(&key), body(0)))
+                    .await;
+                assert_eq!(answer.status, 200);
+                trips
+            }
+            Path::Step => {
+                let (trips, answer) = self
+                    .count(self.post("/stepping", Some(&key), body(0)))
                     .await;
                 assert_eq!(answer.status, 200);
                 trips

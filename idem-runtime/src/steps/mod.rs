@@ -159,13 +159,7 @@ impl Tx<'_> {
                     None => steps.fence(conn).await,
                 }
             };
-            let read = async {
-                let mut single = store.inner.table.single(outside).await?;
-                let found = steps.read(&mut single, key).await?;
-                single.finish().await?;
-                Ok::<_, sqlx::Error>(found)
-            };
-            let (fence, found) = tokio::join!(fence, read);
+            let (fence, found) = tokio::join!(fence, steps.read(outside, key));
             let fence = fence.map_err(StepError::Database)?;
             state.txid = Some(fence);
             let found = found.map_err(StepError::Database)?;
@@ -209,13 +203,7 @@ impl Tx<'_> {
                 ttl: request.ttl,
                 fence,
             };
-            let recorded = async {
-                let mut single = store.inner.table.single(outside).await?;
-                let recorded = steps.record(&mut single, &write).await?;
-                single.finish().await?;
-                Ok::<_, sqlx::Error>(recorded)
-            };
-            match recorded.await {
+            match steps.record(outside, &write).await {
                 Ok(true) => {
                     ride(&mut state.rides_commit, forget);
                     done("recorded");

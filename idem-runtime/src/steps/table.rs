@@ -11,9 +11,8 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::query::Query;
-use sqlx::{Postgres, Row, SqlStr};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row, SqlStr};
 
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
@@ -62,41 +61,29 @@ const READ: &str = "\
 SELECT step, fingerprint, result FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at > now()";
 
-/// Records a step's result while the request's transaction ($8, its `txid_current()`)
-/// is still in progress; over an expired row of the same step (an earlier request with
-/// this key, which never committed), not over a live one. No row back: not recorded.
+/// What [`RECORD`] raises when the request's transaction has ended: text that no integer
+/// reads, cast to one (22P02), so that the message names it.
+const LOST: &str = "idem: the request no longer holds its key";
+
+/// Records a step's result, in one message of two statements: the fence, which fails
+/// (skipping the insert) unless the request's transaction ($8, its `txid_current()`) is
+/// still in progress, then the insert, over an expired row of the same step (an earlier
+/// request with this key, which never committed), not over a live one (`{keep_live}`:
+/// left out on a distributed engine, which refuses a function that is not immutable
+/// there; the read before found no live row, and only the key's holder writes). The
+/// fence's statement reads no table, so a distributed engine runs it on the coordinator,
+/// which owns the request's transaction.
 ///
 /// $1 scope, $2 principal, $3 key, $4 step, $5 fingerprint, $6 result, $7 ttl in
 /// seconds, $8 the request's transaction id.
 const RECORD: &str = "\
+SELECT CAST(CASE WHEN txid_status($8) = 'in progress' THEN NULL ELSE '{lost}' END AS integer);
 INSERT INTO {table} AS s (scope, principal, key, step, fingerprint, result, expires_at)
-SELECT $1, {p2}, $3, $4, $5, $6, now() + $7::float8 * interval '1 second'
- WHERE txid_status($8::bigint) = 'in progress'
+VALUES ($1, {p2}, $3, $4, $5, $6, now() + $7 * interval '1 second')
 ON CONFLICT (scope, principal, key, step) DO UPDATE
    SET fingerprint = excluded.fingerprint, result = excluded.result,
-       created_at = excluded.created_at, expires_at = excluded.expires_at
- WHERE s.expires_at <= now()
-RETURNING 1";
-
-/// A distributed engine routes [`RECORD`] to the key's shard, where `txid_status` would
-/// read the shard's own transactions: there the fence is its own statement, on the
-/// coordinator, which also reads the time for [`RECORD_UNFENCED`] (Citus refuses a
-/// function that is not immutable in `ON CONFLICT .. WHERE`). $1 the request's
-/// transaction id.
-const FENCE_STATUS: &str = "\
-SELECT txid_status($1::bigint) = 'in progress' AS holds, extract(epoch FROM now())::float8 AS now";
-
-/// [`RECORD`] without its fence, for the portable mode ([`FENCE_STATUS`]): $8 is the
-/// time the fence read, in seconds since the epoch.
-const RECORD_UNFENCED: &str = "\
-INSERT INTO {table} AS s (scope, principal, key, step, fingerprint, result, created_at, expires_at)
-VALUES ($1, {p2}, $3, $4, $5, $6, to_timestamp($8::float8),
-        to_timestamp($8::float8 + $7::float8))
-ON CONFLICT (scope, principal, key, step) DO UPDATE
-   SET fingerprint = excluded.fingerprint, result = excluded.result,
-       created_at = excluded.created_at, expires_at = excluded.expires_at
- WHERE s.expires_at <= to_timestamp($8::float8)
-RETURNING 1";
+       created_at = excluded.created_at, expires_at = excluded.expires_at{keep_live}
+RETURNING true AS recorded";
 
 /// The steps of a key, deleted by the request's COMMIT message: the key's record
 /// answers its retries from then on. $1 scope, $2 principal, $3 key.
@@ -117,12 +104,14 @@ DELETE FROM {table}
 /// request that then failed, so there are few).
 const PURGE_PORTABLE: &str = "DELETE FROM {table} WHERE expires_at <= now()";
 
-/// The steps table of one store.
+/// The steps table of one store. Its statements run by the simple query protocol with
+/// their values written in ([`crate::literal`]): one round trip each, also behind a
+/// transaction pooler (where a bound statement is two, in a transaction of its own).
 pub(crate) struct StepsTable {
     dialect: Dialect,
     ddl: String,
-    read: SqlStr,
-    record: SqlStr,
+    read: String,
+    record: String,
     forget: String,
     purge: SqlStr,
 }
@@ -154,10 +143,10 @@ impl StepsTable {
                 "{principal_type}",
                 &format!("{:<11}", dialect.principal_type.sql()),
             );
-        let record = if dialect.portable {
-            RECORD_UNFENCED
+        let keep_live = if dialect.portable {
+            ""
         } else {
-            RECORD
+            "\n WHERE s.expires_at <= now()"
         };
         let purge = if dialect.portable {
             PURGE_PORTABLE
@@ -167,8 +156,10 @@ impl StepsTable {
         Self {
             dialect,
             ddl,
-            read: statement(render(READ)),
-            record: statement(render(record)),
+            read: render(READ),
+            record: render(RECORD)
+                .replace("{lost}", LOST)
+                .replace("{keep_live}", keep_live),
             forget: render(FORGET),
             purge: statement(render(purge)),
         }
@@ -179,90 +170,81 @@ impl StepsTable {
         &self.ddl
     }
 
-    fn query(&self, sql: &SqlStr) -> Query<'static, Postgres, PgArguments> {
-        sqlx::query(sql.clone()).persistent(self.dialect.pooler == Pooler::Session)
-    }
-
-    fn keyed(&self, sql: &SqlStr, key: &KeyInScope) -> Query<'static, Postgres, PgArguments> {
-        self.query(sql)
-            .bind(key.stored_scope().into_owned())
-            .bind(self.dialect.principal_type.bound(&key.principal).to_owned())
-            .bind(key.key.as_str().to_owned())
+    /// The key's three literals: scope, principal, key.
+    fn key<'a>(&self, key: &'a KeyInScope, scope: &'a str) -> [Literal<'a>; 3] {
+        [
+            Literal::Text(scope),
+            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+            Literal::Text(key.key.as_str()),
+        ]
     }
 
     /// [`FENCE`], on the request's own connection.
-    pub(crate) async fn fence(&self, conn: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(FENCE)
-            .persistent(self.dialect.pooler == Pooler::Session)
-            .fetch_one(conn)
-            .await
+    pub(crate) async fn fence(&self, conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+        sqlx::raw_sql(FENCE).fetch_one(conn).await?.try_get(0)
     }
 
-    /// [`READ`], on a connection outside the request's transaction: a fresh snapshot,
-    /// whatever the request's isolation level.
+    /// [`READ`], outside the request's transaction (`outside`: a fresh snapshot, whatever
+    /// the request's isolation level).
     pub(crate) async fn read(
         &self,
-        conn: &mut sqlx::PgConnection,
+        outside: &PgPool,
         key: &KeyInScope,
     ) -> Result<Vec<RecordedStep>, sqlx::Error> {
-        let rows = self.keyed(&self.read, key).fetch_all(conn).await?;
+        let scope = key.stored_scope();
+        let sql = literal::render(&self.read, &self.key(key, &scope));
+        let rows = sqlx::raw_sql(statement(sql)).fetch_all(outside).await?;
         rows.iter().map(decode).collect()
     }
 
-    /// [`RECORD`] (in portable mode [`FENCE_STATUS`], then [`RECORD_UNFENCED`]), on a
-    /// connection outside the request's transaction: whether the result was recorded.
+    /// [`RECORD`], outside the request's transaction: whether the result was recorded
+    /// (`false`: the request's transaction has ended).
     pub(crate) async fn record(
         &self,
-        conn: &mut sqlx::PgConnection,
+        outside: &PgPool,
         write: &StepWrite<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let mut fenced = None;
-        if self.dialect.portable {
-            let row = self
-                .query(&statement(FENCE_STATUS.to_owned()))
-                .bind(write.fence)
-                .fetch_one(&mut *conn)
-                .await?;
-            let holds: Option<bool> = row.try_get("holds")?;
-            if holds != Some(true) {
-                return Ok(false);
+        let scope = write.key.stored_scope();
+        let [scope, principal, key] = self.key(write.key, &scope);
+        let sql = literal::render(
+            &self.record,
+            &[
+                scope,
+                principal,
+                key,
+                Literal::Text(write.step),
+                Literal::Bytes(write.fingerprint),
+                Literal::Text(write.result),
+                Literal::Float(write.ttl.as_secs_f64()),
+                Literal::Int(write.fence),
+            ],
+        );
+        match sqlx::raw_sql(statement(sql)).fetch_all(outside).await {
+            Ok(rows) => Ok(rows
+                .iter()
+                .any(|row| row.try_get::<bool, _>("recorded").unwrap_or(false))),
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("22P02") && e.message().contains(LOST) =>
+            {
+                Ok(false)
             }
-            fenced = Some(row.try_get::<f64, _>("now")?);
+            Err(e) => Err(e),
         }
-        let query = self
-            .keyed(&self.record, write.key)
-            .bind(write.step.to_owned())
-            .bind(write.fingerprint.to_vec())
-            .bind(write.result.to_owned())
-            .bind(write.ttl.as_secs_f64());
-        let query = match fenced {
-            Some(now) => query.bind(now),
-            None => query.bind(write.fence),
-        };
-        Ok(query.fetch_optional(conn).await?.is_some())
     }
 
-    /// [`FORGET`] for `key`, written for the request's COMMIT message
-    /// ([`crate::literal`]).
+    /// [`FORGET`] for `key`, written for the request's COMMIT message.
     pub(crate) fn forgetting(&self, key: &KeyInScope) -> String {
         let scope = key.stored_scope();
-        literal::render(
-            &self.forget,
-            &[
-                Literal::Text(&scope),
-                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
-                Literal::Text(key.key.as_str()),
-            ],
-        )
+        literal::render(&self.forget, &self.key(key, &scope))
     }
 
     /// [`PURGE`]: how many rows one batch deleted.
     pub(crate) async fn purge(
         &self,
-        conn: &mut sqlx::PgConnection,
+        conn: &mut PgConnection,
         batch_size: i64,
     ) -> Result<u64, sqlx::Error> {
-        let query = self.query(&self.purge);
+        let query = sqlx::query(self.purge.clone()).persistent(self.dialect.pooler == Pooler::Session);
         let query = if self.dialect.portable {
             query
         } else {
