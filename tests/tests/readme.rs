@@ -135,6 +135,43 @@ struct Credited {
 /// A service's own error type, as the webhook snippet assumes one.
 struct ApiError(sqlx::Error);
 
+impl From<idem::StepError<reqwest::Error>> for ApiError {
+    fn from(_: idem::StepError<reqwest::Error>) -> Self {
+        Self(sqlx::Error::PoolClosed)
+    }
+}
+
+/// Where the steps snippet sends its charges.
+#[derive(Clone)]
+struct Processor {
+    client: reqwest::Client,
+    url: String,
+}
+
+#[derive(Deserialize, Serialize)]
+struct ProcessorCharge {
+    id: String,
+}
+
+#[derive(Deserialize, Serialize)]
+struct Booked {
+    entry: String,
+}
+
+#[derive(Deserialize, Serialize)]
+struct LedgerEntry {
+    id: String,
+}
+
+/// The ledger the consumer's step posts to.
+struct Ledger;
+
+impl Ledger {
+    async fn post(&self, _key: &str, _message: &Message) -> Result<LedgerEntry, std::io::Error> {
+        Ok(LedgerEntry { id: String::new() })
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
         Self(error)
@@ -246,6 +283,47 @@ mod snippets {
                     .bind(&message.message_id).bind(&message.account).bind(message.amount)
                     .execute(&mut *tx).await?;
                 Ok::<_, sqlx::Error>(Credited { balance: 0 })
+            })
+            .await?;
+        Ok(())
+    }
+
+    // Steps.
+    mod steps {
+    use super::super::{ApiError, NewCharge, Processor, ProcessorCharge};
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::Json;
+    use idem::{idempotent, Tx};
+    use serde_json::json;
+
+    #[idempotent(scope = "charges", ttl = "24h", fields = [amount])]
+    async fn create_charge(State(processor): State<Processor>, mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, ApiError> {
+        let body = json!({ "amount": req.amount });
+        // Once per request: a retry after a failure below gets the recorded charge back.
+        let charged: ProcessorCharge = tx
+            .step("processor", |key| async move {
+                processor.client.post(&processor.url).header("Idempotency-Key", key).json(&body)
+                    .send().await?.error_for_status()?.json().await
+            })
+            .await?;                    // `ApiError: From<StepError<reqwest::Error>>`
+        sqlx::query("INSERT INTO charges (processor_id, amount) VALUES ($1, $2)")
+            .bind(&charged.id).bind(req.amount)
+            .execute(&mut *tx).await?;
+        Ok(StatusCode::CREATED)
+    }
+    }
+
+    // Steps, in a consumer.
+    async fn consume_with_a_step(store: Store, message: Message, ledger: &Ledger) -> Result<(), Box<dyn Error>> {
+        let booked: Booked = store
+            .run_once("ledger_credits", &message.message_id)
+            .payload(&message)
+            .run(async |mut tx| {
+                let entry: LedgerEntry = tx
+                    .step("ledger", |key| async move { ledger.post(&key, &message).await })
+                    .await?;            // the ledger's `Err`, not recorded: the redelivery calls again
+                Ok::<_, idem::StepError<std::io::Error>>(Booked { entry: entry.id })
             })
             .await?;
         Ok(())
