@@ -566,9 +566,11 @@ impl Attempt {
     /// The transaction, lent to the work.
     pub(crate) fn tx(&mut self) -> Tx<'_> {
         let key = self.claim.as_ref().map(|c| &c.key);
+        let began = self.held.map(|held| held.began);
         let request = self.claim.as_ref().map(|c| Request {
             fingerprint: &c.fingerprint,
             ttl: c.ttl,
+            began,
         });
         Tx::new(&mut self.tx, &self.store, key, request, &mut self.state)
     }

@@ -73,6 +73,9 @@ pub struct Tx<'t> {
 pub(crate) struct Request<'t> {
     pub(crate) fingerprint: &'t Fingerprint,
     pub(crate) ttl: Duration,
+    /// The transaction's start (`extract(epoch FROM now())::float8`), when the claim read
+    /// it: in the default mode and behind a pooler, where the key's row rides COMMIT.
+    pub(crate) began: Option<f64>,
 }
 
 /// What an attempt's work leaves for its commit, kept by the attempt across the `Tx`s it
@@ -85,6 +88,15 @@ pub(crate) struct AttemptState {
     /// The transaction's id (`txid_current()`), once asked: what a write outside the
     /// transaction checks is still in progress (invariant 11).
     pub(crate) txid: Option<i64>,
+}
+
+impl AttemptState {
+    /// Adds `sql` to the statements that ride the COMMIT message, once.
+    pub(crate) fn ride(&mut self, sql: String) {
+        if !self.rides_commit.contains(&sql) {
+            self.rides_commit.push(sql);
+        }
+    }
 }
 
 impl<'t> Tx<'t> {

@@ -180,7 +180,7 @@ async fn an_event_id_is_derived_from_its_attempt() {
             }
             let attempt = hasher.finalize().to_vec();
             let expected: String = sqlx::query_scalar(
-                "SELECT left(encode(sha256($1 || convert_to(extract(epoch FROM created_at)::numeric::text, 'UTF8')), 'hex'), 32)
+                "SELECT left(encode(sha256($1 || float8send(extract(epoch FROM created_at)::float8)), 'hex'), 32)
                    FROM idempotency_keys WHERE key = 'msg-1'",
             )
             .bind(attempt)

@@ -48,6 +48,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, PgPool, Postgres, Row, SqlStr};
 
+use crate::literal::{self, Literal};
 use crate::table::{statement, Dialect, Pooler, Single, TableName};
 
 /// The default name of the outbox table, in the schema of the store's idempotency table.
@@ -103,8 +104,9 @@ CREATE INDEX IF NOT EXISTS \"{name}_ordering_idx\" ON {table} (ordering_key, seq
 
 /// Writes one event. The id is a SHA-256 over what identifies the writing attempt ($1:
 /// its scope, principal, key, the event's topic and its place among the attempt's
-/// events, hashed by the caller) and the transaction's start time, so that a key taken
-/// over after it expired writes new ids; an attempt without a key ($1 NULL) gets a
+/// events, hashed by the caller) and the transaction's start time (its `float8`, as 8
+/// bytes), so that a key taken over after it expired writes new ids ([`event_id`]
+/// computes the same in Rust); an attempt without a key ($1 NULL) gets a
 /// random id. A NOTIFY on the table's channel wakes the relays when the transaction
 /// commits (sent only then, by PostgreSQL, and not at all on rollback).
 ///
@@ -113,7 +115,7 @@ const WRITE: &str = "\
 WITH written AS (
     INSERT INTO {table} (id, topic, ordering_key, headers, payload)
     VALUES (CASE WHEN $1::bytea IS NULL THEN replace(gen_random_uuid()::text, '-', '')
-                 ELSE left(encode(sha256($1::bytea || convert_to(extract(epoch FROM now())::numeric::text, 'UTF8')), 'hex'), 32)
+                 ELSE left(encode(sha256($1::bytea || float8send(extract(epoch FROM now())::float8)), 'hex'), 32)
             END,
             $2, $3, $4, $5)
     RETURNING id
@@ -125,10 +127,20 @@ SELECT id, pg_notify('{channel}', '') FROM written";
 const WRITE_QUIET: &str = "\
 INSERT INTO {table} (id, topic, ordering_key, headers, payload)
 VALUES (CASE WHEN $1::bytea IS NULL THEN replace(gen_random_uuid()::text, '-', '')
-             ELSE left(encode(sha256($1::bytea || convert_to(extract(epoch FROM now())::numeric::text, 'UTF8')), 'hex'), 32)
+             ELSE left(encode(sha256($1::bytea || float8send(extract(epoch FROM now())::float8)), 'hex'), 32)
         END,
         $2, $3, $4, $5)
 RETURNING id";
+
+/// [`WRITE`]'s insert with its id computed by the caller ([`event_id`]), written into
+/// the request's COMMIT message ([`crate::literal`]): the event rides the round trip COMMIT
+/// needs anyway. $1 id, $2 topic, $3 ordering key, $4 headers, $5 payload.
+const RIDE: &str = "\
+INSERT INTO {table} (id, topic, ordering_key, headers, payload) VALUES ($1, $2, $3, $4, $5)";
+
+/// The relays' wake-up, riding the COMMIT message after [`RIDE`]: sent by PostgreSQL at
+/// the commit, not at all on rollback.
+const RIDE_NOTIFY: &str = "SELECT pg_notify('{channel}', '')";
 
 /// Takes up to $1 events for $2 seconds under the token $3 (see the module's docs):
 /// pending, available, and first of their ordering key among the pending rows. The outer
@@ -228,6 +240,8 @@ pub(crate) struct OutboxTable {
     channel: String,
     ddl: SqlStr,
     write: SqlStr,
+    ride: String,
+    ride_notify: String,
     claim: SqlStr,
     lock: SqlStr,
     done: SqlStr,
@@ -299,6 +313,8 @@ impl OutboxTable {
             notify,
             ddl,
             write: render(if notify { WRITE } else { WRITE_QUIET }),
+            ride: RIDE.replace("{table}", &table),
+            ride_notify: RIDE_NOTIFY.replace("{channel}", &channel),
             claim: render(if dialect.portable { CLAIM } else { CLAIM_TIED }),
             lock: render(LOCK),
             done: render(DONE),
@@ -361,6 +377,33 @@ impl OutboxTable {
             .fetch_one(conn)
             .await?;
         row.try_get("id")
+    }
+
+    /// [`RIDE`] (and [`RIDE_NOTIFY`] when writes notify), written for the request's
+    /// COMMIT message.
+    pub(crate) fn riding(
+        &self,
+        id: &str,
+        topic: &str,
+        ordering_key: Option<&str>,
+        headers: &[u8],
+        payload: &[u8],
+    ) -> (String, Option<&str>) {
+        let insert = literal::render(
+            &self.ride,
+            &[
+                Literal::Text(id),
+                Literal::Text(topic),
+                ordering_key.map_or(Literal::Null, Literal::Text),
+                if headers.is_empty() {
+                    Literal::Null
+                } else {
+                    Literal::Bytes(headers)
+                },
+                Literal::Bytes(payload),
+            ],
+        );
+        (insert, self.notify.then_some(self.ride_notify.as_str()))
     }
 
     /// [`CLAIM`] (or [`CLAIM_TIED`]), in a short transaction of its own: the rows taken
@@ -503,6 +546,17 @@ impl OutboxTable {
     pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         crate::table::create(pool, &self.ddl).await
     }
+}
+
+/// The id [`WRITE`] gives an event of `attempt` (its hash) in a transaction that began
+/// at `began` (`extract(epoch FROM now())::float8`): 32 hex digits of a SHA-256.
+pub(crate) fn event_id(attempt: &[u8], began: f64) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(attempt);
+    hasher.update(began.to_bits().to_be_bytes());
+    let mut id = crate::fingerprint::hex(&hasher.finalize());
+    id.truncate(32);
+    id
 }
 
 fn decode_claimed(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {

@@ -176,7 +176,7 @@ impl Tx<'_> {
             let forget = steps.forgetting(key);
             if let Some(step) = found.into_iter().find(|step| step.step == name) {
                 let value = serde_json::from_str(&step.result).map_err(StepError::Json)?;
-                ride(&mut state.rides_commit, forget);
+                state.ride(forget);
                 done("replayed");
                 return Ok(value);
             }
@@ -205,7 +205,7 @@ impl Tx<'_> {
             };
             match steps.record(outside, &write).await {
                 Ok(true) => {
-                    ride(&mut state.rides_commit, forget);
+                    state.ride(forget);
                     done("recorded");
                     Ok(value)
                 }
@@ -239,13 +239,6 @@ where
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(StepError::Call(error)),
         Err(_) => Err(StepError::Timeout(timeout)),
-    }
-}
-
-/// Adds `sql` to the statements that ride the COMMIT message, once.
-fn ride(rides: &mut Vec<String>, sql: String) {
-    if !rides.contains(&sql) {
-        rides.push(sql);
     }
 }
 
@@ -357,10 +350,10 @@ mod tests {
 
     #[test]
     fn a_statement_rides_commit_once() {
-        let mut rides = Vec::new();
-        ride(&mut rides, "DELETE 1".to_owned());
-        ride(&mut rides, "DELETE 1".to_owned());
-        ride(&mut rides, "DELETE 2".to_owned());
-        assert_eq!(rides, ["DELETE 1", "DELETE 2"]);
+        let mut state = crate::tx::AttemptState::default();
+        state.ride("DELETE 1".to_owned());
+        state.ride("DELETE 1".to_owned());
+        state.ride("DELETE 2".to_owned());
+        assert_eq!(state.rides_commit, ["DELETE 1", "DELETE 2"]);
     }
 }

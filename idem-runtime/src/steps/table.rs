@@ -244,7 +244,8 @@ impl StepsTable {
         conn: &mut PgConnection,
         batch_size: i64,
     ) -> Result<u64, sqlx::Error> {
-        let query = sqlx::query(self.purge.clone()).persistent(self.dialect.pooler == Pooler::Session);
+        let query =
+            sqlx::query(self.purge.clone()).persistent(self.dialect.pooler == Pooler::Session);
         let query = if self.dialect.portable {
             query
         } else {

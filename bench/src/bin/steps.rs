@@ -1,0 +1,190 @@
+//! The cost of a step (BENCHMARKS.md, "Steps"), in one run on a database of its own: the
+//! same `#[idempotent]` handler, fresh keys over real HTTP, making its outside call
+//! directly and inside `tx.step(..)`; the call is either a stand-in processor over HTTP
+//! on loopback (`idem_tests::ProcessorServer`) or a local function (no I/O: what the step
+//! itself costs). Each cell: requests per second at a fixed concurrency, p50 and p99.
+//!
+//! `cargo run --release -p idem-bench --bin steps -- [--seconds N]`
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Store, Tx};
+use idem_tests::{percentiles, ProcessorServer, TestApp, TestDb};
+use serde_json::{json, Value};
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    store: Store,
+    outside: Arc<Outside>,
+}
+
+struct Outside {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl Outside {
+    async fn charge(&self, key: &str, amount: i64) -> Result<Value, String> {
+        let answer = self
+            .client
+            .post(&self.url)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "amount": amount }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        answer.json().await.map_err(|e| e.to_string())
+    }
+}
+
+async fn write(tx: &mut Tx<'_>, id: &str) -> Result<StatusCode, StatusCode> {
+    sqlx::query("INSERT INTO charges (processor_id) VALUES ($1)")
+        .bind(id)
+        .execute(&mut **tx)
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok(StatusCode::CREATED)
+}
+
+#[idempotent(scope = "direct")]
+async fn direct(
+    State(outside): State<Arc<Outside>>,
+    mut tx: Tx,
+    Json(v): Json<Value>,
+) -> Result<StatusCode, StatusCode> {
+    let key = tx.derived_key("processor").unwrap_or_default();
+    let charged = outside
+        .charge(&key, v["amount"].as_i64().unwrap_or(0))
+        .await
+        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    write(&mut tx, charged["id"].as_str().unwrap_or_default()).await
+}
+
+#[idempotent(scope = "stepped")]
+async fn stepped(
+    State(outside): State<Arc<Outside>>,
+    mut tx: Tx,
+    Json(v): Json<Value>,
+) -> Result<StatusCode, StatusCode> {
+    let amount = v["amount"].as_i64().unwrap_or(0);
+    let charged: Value = tx
+        .step("processor", |key| async move {
+            outside.charge(&key, amount).await
+        })
+        .await
+        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    write(&mut tx, charged["id"].as_str().unwrap_or_default()).await
+}
+
+#[idempotent(scope = "local")]
+async fn local(mut tx: Tx, Json(v): Json<Value>) -> Result<StatusCode, StatusCode> {
+    let id = format!("local-{}", v["amount"]);
+    write(&mut tx, &id).await
+}
+
+#[idempotent(scope = "local_step")]
+async fn local_step(mut tx: Tx, Json(v): Json<Value>) -> Result<StatusCode, StatusCode> {
+    let amount = v["amount"].clone();
+    let id: String = tx
+        .step("local", |_key| async move {
+            Ok::<_, Infallible>(format!("local-{amount}"))
+        })
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    write(&mut tx, &id).await
+}
+
+fn seconds() -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--seconds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// Fresh keys on `path` for `seconds` at `concurrency`: requests per second, p50 and p99.
+async fn cell(app: &TestApp, path: &str, concurrency: usize, seconds: u64) -> (f64, f64, f64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let workers = (0..concurrency).map(|worker| {
+        let latencies = Arc::clone(&latencies);
+        async move {
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let key = format!("{path}-{concurrency}-{worker}-{n}");
+                n += 1;
+                let t = Instant::now();
+                let answer = app.post(path, Some(&key), &json!({ "amount": n })).await;
+                assert_eq!(answer.status, 201, "{path}: {answer:?}");
+                latencies.lock().expect("latencies").push(t.elapsed());
+            }
+        }
+    });
+    futures::future::join_all(workers).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies = latencies.lock().expect("latencies").clone();
+    let count = latencies.len() as f64;
+    let (p50, p99) = percentiles(&mut latencies);
+    (count / elapsed, p50, p99)
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds = seconds();
+    let db = TestDb::create().await;
+    let pool = db.pool(40).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    sqlx::raw_sql("CREATE TABLE charges (id bigserial PRIMARY KEY, processor_id text NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("charges");
+    let processor = ProcessorServer::start().await;
+    let outside = Arc::new(Outside {
+        client: reqwest::Client::new(),
+        url: format!("{}/v1/charges", processor.url()),
+    });
+    let app = Router::new()
+        .route("/direct", post(direct))
+        .route("/stepped", post(stepped))
+        .route("/local", post(local))
+        .route("/local_step", post(local_step))
+        .with_state(AppState { store, outside });
+    let app = TestApp::serve(pool.clone(), app).await;
+    // Warm-up: connections open, statements prepared.
+    for path in ["/direct", "/stepped", "/local", "/local_step"] {
+        cell(&app, path, 4, 1).await;
+    }
+    println!("| concurrency | call | without a step (req/s, p50 ms, p99 ms) | in a step | step / without |");
+    println!("|---|---|---|---|---|");
+    for concurrency in [1, 16] {
+        for (call, without, with) in [
+            ("HTTP processor", "/direct", "/stepped"),
+            ("local function", "/local", "/local_step"),
+        ] {
+            let a = cell(&app, without, concurrency, seconds).await;
+            let b = cell(&app, with, concurrency, seconds).await;
+            println!(
+                "| {concurrency} | {call} | {:.0}, {:.2}, {:.2} | {:.0}, {:.2}, {:.2} | {:.2} |",
+                a.0,
+                a.1,
+                a.2,
+                b.0,
+                b.1,
+                b.2,
+                b.0 / a.0
+            );
+        }
+    }
+    drop(app);
+    pool.close().await;
+    db.drop_database().await.expect("drop the bench database");
+}
