@@ -10,7 +10,7 @@
 //! resumes; another payload under that key gets 422 and calls nobody; the processor
 //! answers 500, then 200 (two calls, one key); it answers past `PROCESSOR_TIMEOUT_MS`
 //! (504, then the retry charges); it declines (402, replayed); 50 copies at once call it
-//! once.
+//! once. The OpenAPI document shows `processor_id` and those answers.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -204,7 +204,7 @@ async fn the_contract(mode: &Mode) {
     assert_eq!(kill_key.len(), 64, "{name}: the step's derived key");
     assert_eq!(
         p.bodies(&kill_key),
-        [killed.clone()],
+        std::slice::from_ref(&killed),
         "{name}: what the processor is sent"
     );
 
@@ -244,6 +244,20 @@ async fn the_contract(mode: &Mode) {
     .await;
     assert_eq!(read.json()["processor_id"], "ch_1", "{name}: {read:?}");
     p.ignore_keys(false);
+
+    // The OpenAPI document says so.
+    let document = idem_tests::send(client.get(server.url("/openapi.json")))
+        .await
+        .json();
+    assert_eq!(
+        document["components"]["schemas"]["Charge"]["properties"]["processor_id"]["type"],
+        json!(["string", "null"]),
+        "{name}"
+    );
+    let answers = &document["paths"]["/charges"]["post"]["responses"];
+    for status in ["201", "402", "502", "504"] {
+        assert!(answers[status].is_object(), "{name}: {status} in {answers}");
+    }
 
     // The handler's own insert fails after the step: the retry resumes from the step;
     // another payload under the key meanwhile gets 422 and calls nobody.
