@@ -646,7 +646,7 @@ impl From<StepError<ProcessorError>> for ApiError {
                 )
                 .with_detail(format!(
                     "the payment processor did not answer within {} ms; nothing was \
-                     committed; a retry with the same Idempotency-Key charges at most once",
+                     committed; a retry calls it again under the same key",
                     after.as_millis()
                 )),
             )
@@ -670,7 +670,7 @@ impl From<StepError<ProcessorError>> for ApiError {
                     )
                     .with_detail(
                         "the payment processor gave no answer to the charge; nothing was \
-                         committed; a retry with the same Idempotency-Key charges at most once",
+                         committed; a retry calls it again under the same key",
                     ),
                 )
             }
