@@ -46,6 +46,11 @@ ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS tenant text NOT NULL DEFAULT
 -- Set by `charge.refunded` events from the payment provider.
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS refunded_by_provider boolean NOT NULL DEFAULT false;
 
+-- The payment processor's id of the charge (`PROCESSOR_URL`); null without a processor.
+-- Nullable and without a default, so adding it rewrites nothing, and a distributed engine
+-- adds it to every shard.
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS processor_id text;
+
 -- The ledger the queue consumer (src/consumer.rs) credits, once per message, keyed by
 -- account first like the charges.
 CREATE TABLE IF NOT EXISTS ledger_entries (

@@ -1,13 +1,13 @@
 //! A stand-in payment processor over real HTTP, for the tests of steps (`Tx::step`):
 //! `POST /v1/charges` with a JSON body and an `Idempotency-Key` header answers 200 with
 //! `{"id": "ch_.."}`, counting every call per key. It can honour keys (a repeated key
-//! gets its first answer) or ignore them (a new charge each call), answer 500 a number
-//! of times, answer slowly, and end a database session named in the body (`"pid"`)
+//! gets its first answer) or ignore them (a new charge each call), answer 500 (or
+//! another status, such as a 402 that declines) a number of times, answer slowly, and end a database session named in the body (`"pid"`)
 //! before it answers, as a connection lost while the call ran.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,8 +27,12 @@ pub struct Processor {
     answers: Mutex<HashMap<String, String>>,
     /// Whether a repeated key gets a new charge.
     ignore_keys: AtomicBool,
-    /// How many of the next calls answer 500.
+    /// How many of the next calls answer [`Processor::failing_status`].
     failing: AtomicU32,
+    /// What they answer (0: 500).
+    failing_status: AtomicU16,
+    /// Every call's key and body, in the order they came.
+    bodies: Mutex<Vec<(String, Value)>>,
     /// How long each call takes, in milliseconds.
     delay_ms: AtomicU64,
     /// Where to end the session whose `pid` a call's body names.
@@ -103,7 +107,25 @@ impl Processor {
 
     /// Makes the next `calls` calls answer 500.
     pub fn fail_next(&self, calls: u32) {
+        self.fail_next_with(StatusCode::INTERNAL_SERVER_ERROR, calls);
+    }
+
+    /// Makes the next `calls` calls answer `status`, with the body
+    /// `{"error": {"message": "<its reason>"}}` (a 402's: `card declined`).
+    pub fn fail_next_with(&self, status: StatusCode, calls: u32) {
+        self.failing_status.store(status.as_u16(), Ordering::SeqCst);
         self.failing.store(calls, Ordering::SeqCst);
+    }
+
+    /// The bodies of the calls that came with `key`, in order.
+    pub fn bodies(&self, key: &str) -> Vec<Value> {
+        self.bodies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, body)| body.clone())
+            .collect()
     }
 
     /// Makes each call take `delay`.
@@ -134,6 +156,11 @@ async fn charge(
         .unwrap_or("")
         .to_owned();
     *processor.lock_calls().entry(key.clone()).or_default() += 1;
+    processor
+        .bodies
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key.clone(), body.clone()));
     let delay = processor.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -154,10 +181,16 @@ async fn charge(
         .failing
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     if failing.is_ok() {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({ "error": "processor down" })),
-        );
+        let status = match processor.failing_status.load(Ordering::SeqCst) {
+            0 => StatusCode::INTERNAL_SERVER_ERROR,
+            code => StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        };
+        let message = match status {
+            StatusCode::PAYMENT_REQUIRED => "card declined",
+            StatusCode::INTERNAL_SERVER_ERROR => "processor down",
+            other => other.canonical_reason().unwrap_or("refused"),
+        };
+        return (status, Json(json!({ "error": { "message": message } })));
     }
     let made = || format!("ch_{}", processor.made.fetch_add(1, Ordering::SeqCst) + 1);
     let id = if key.is_empty() || processor.ignore_keys.load(Ordering::SeqCst) {

@@ -13,6 +13,7 @@ use sqlx::types::time::{OffsetDateTime, UtcOffset};
 use sqlx::{PgConnection, PgPool};
 
 use crate::events::ChargeEvent;
+use crate::processor::{Outcome, ProcessorCharge};
 use crate::{persistent, problem_type, Account, ApiError, Config};
 
 /// The body of `POST /charges`.
@@ -49,6 +50,10 @@ pub struct Charge {
     currency: String,
     customer: String,
     description: Option<String>,
+    /// The payment processor's id of the charge; absent when the service runs without
+    /// one (`PROCESSOR_URL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    processor_id: Option<String>,
     #[serde(serialize_with = "utc_micros")]
     #[schema(value_type = String, format = DateTime, example = "2026-11-23T17:00:00.123456Z")]
     created_at: OffsetDateTime,
@@ -61,7 +66,7 @@ pub struct Charge {
 /// `AssertSqlSafe`).
 macro_rules! charge_columns {
     () => {
-        "id, account, amount, currency, customer, description, created_at"
+        "id, account, amount, currency, customer, description, processor_id, created_at"
     };
 }
 
@@ -81,16 +86,19 @@ fn utc_micros<S: Serializer>(at: &OffsetDateTime, serializer: S) -> Result<S::Ok
     ))
 }
 
-/// Creates a charge. The key, the charge row and this response commit together.
+/// Creates a charge. The key, the charge row and this response commit together. With a
+/// payment processor, the charge is made there first, in a step: its answer is recorded
+/// before the row is written, so a retry after a failure or a crash resumes from it
+/// instead of charging again (see `processor.rs` for what each answer becomes).
 #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer])]
 #[utoipa::path(post, path = "/charges", request_body = NewCharge, security(("bearer" = [])), responses(
-    (status = 201, description = "The charge", body = Charge, headers(("Location" = String))), crate::openapi::Unauthenticated))]
+    (status = 201, description = "The charge", body = Charge, headers(("Location" = String))), crate::openapi::Unauthenticated, crate::openapi::ProcessorProblems))]
 pub(crate) async fn create_charge(
     State(config): State<Arc<Config>>,
     Extension(account): Extension<Account>,
     mut tx: Tx,
     Json(req): Json<NewCharge>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     // Validation failures are `Err`: nothing is stored, a corrected retry with the same
     // key runs.
     if req.amount <= 0 {
@@ -104,9 +112,49 @@ pub(crate) async fn create_charge(
     if req.customer.trim().is_empty() {
         return Err(ApiError::invalid("customer must not be empty"));
     }
+    // The processor's call cannot be rolled back with this transaction: as a step, it
+    // runs once per request, with a key of its own that the processor dedupes on, and
+    // its answer is recorded (outside this transaction) before the charge is written.
+    let processor_id = match &config.processor {
+        Some(processor) => {
+            let charge = ProcessorCharge {
+                amount: req.amount,
+                currency: &req.currency,
+                customer: &req.customer,
+            };
+            let outcome = tx
+                .step("processor", |key| async move {
+                    processor.charge(&key, &charge).await
+                })
+                .await?;
+            match outcome {
+                Outcome::Charged { id } => Some(id),
+                // The processor's final word: `Ok`, so it commits and retries replay it.
+                Outcome::Declined { status, message } => {
+                    let detail = match message {
+                        Some(message) => {
+                            format!(
+                                "the payment processor refused the charge ({status}): {message}"
+                            )
+                        }
+                        None => format!("the payment processor refused the charge ({status})"),
+                    };
+                    let problem = Problem::new(
+                        StatusCode::PAYMENT_REQUIRED,
+                        problem_type("payment-declined"),
+                        "Payment declined",
+                    )
+                    .with_detail(detail);
+                    return Ok(problem.into_response());
+                }
+            }
+        }
+        None => None,
+    };
+
     let charge: Charge = sqlx::query_as(concat!(
-        "INSERT INTO charges (account, amount, currency, customer, description) \
-         VALUES ($1, $2, $3, $4, $5) RETURNING ",
+        "INSERT INTO charges (account, amount, currency, customer, description, processor_id) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING ",
         charge_columns!()
     ))
     .bind(&account.0)
@@ -114,14 +162,13 @@ pub(crate) async fn create_charge(
     .bind(&req.currency)
     .bind(&req.customer)
     .bind(&req.description)
+    .bind(&processor_id)
     .persistent(persistent(config.pooler))
     .fetch_one(&mut *tx)
     .await?;
 
-    // Stand-in for the payment processor. A real call would forward
-    // `tx.derived_key("processor")` as the processor's own idempotency key: this
-    // transaction cannot roll back another service's effects, and a retry after a
-    // failure here calls the processor again.
+    // A slow handler, inside the transaction and after the processor's call: what a
+    // crash or a duplicate meets while the request is in flight.
     if !config.processor_delay.is_zero() {
         tokio::time::sleep(config.processor_delay).await;
     }
@@ -140,7 +187,7 @@ pub(crate) async fn create_charge(
     }
 
     let location = format!("/charges/{}", charge.id);
-    Ok((StatusCode::CREATED, [(LOCATION, location)], Json(charge)))
+    Ok((StatusCode::CREATED, [(LOCATION, location)], Json(charge)).into_response())
 }
 
 /// Reads one charge of the caller's account.

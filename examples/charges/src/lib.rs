@@ -1,7 +1,8 @@
 //! The charges service: idem's reference example.
 //!
 //! * `POST /charges` creates a charge, idempotent per account and `Idempotency-Key`,
-//!   fingerprinted on amount, currency and customer.
+//!   fingerprinted on amount, currency and customer; with a payment processor
+//!   (`PROCESSOR_URL`), it charges there first, once per request, as a step.
 //! * `GET /charges/{id}` reads a charge of the caller's account.
 //! * `POST /charges/{id}/refunds` refunds part of a charge, never more than remains.
 //! * `POST /webhooks/payments`, `/webhooks/stripe` and `/webhooks/github` take signed
@@ -15,9 +16,11 @@ mod charge;
 pub mod consumer;
 pub mod events;
 pub mod openapi;
+mod processor;
 mod webhook;
 
 pub use charge::{Charge, NewCharge, NewRefund, Refund};
+pub use processor::{Processor, ProcessorError};
 pub use webhook::{provider_verifier, webhook_verifier, PaymentEvent, StripeEvent};
 
 use std::sync::Arc;
@@ -31,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
-use idem::{Pooler, Problem, Store};
+use idem::{Pooler, Problem, StepError, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -55,8 +58,14 @@ pub const TEST_GITHUB_SECRET: &str = "github_test_secret_0123456789";
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long the charge handler waits inside its transaction after writing the
-    /// charge, standing in for a call to a payment processor (`PROCESSOR_DELAY_MS`).
+    /// charge, after the processor's call if there is one: a stand-in for a slow
+    /// handler (`PROCESSOR_DELAY_MS`).
     pub processor_delay: Duration,
+    /// The payment processor `POST /charges` charges first, once per request, in a step
+    /// (the binary makes it with [`Processor::new`] from `PROCESSOR_URL` and
+    /// `PROCESSOR_TIMEOUT_MS`); `None` calls nobody, and charges have no
+    /// `processor_id`.
+    pub processor: Option<Processor>,
     /// Checks the Standard Webhooks deliveries of `/webhooks/payments`; the binary makes
     /// it with [`webhook_verifier`] from `WEBHOOK_SECRET` and `WEBHOOK_SECRET_PREVIOUS`.
     pub payments: Verifier<StandardWebhooks>,
@@ -88,6 +97,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             processor_delay: Duration::ZERO,
+            processor: None,
             payments: Verifier::new(TEST_WEBHOOK_SECRET).expect("a valid test secret"),
             stripe: Verifier::new(TEST_STRIPE_SECRET).expect("a valid test secret"),
             github: Verifier::new(TEST_GITHUB_SECRET).expect("a valid test secret"),
@@ -135,6 +145,14 @@ fn portable_from_env(value: Option<&str>) -> Result<bool, String> {
             "DB_PORTABLE must be \"true\" (idem's portable mode, for distributed PostgreSQL \
              such as Citus) or \"false\" (the default), not {other:?}"
         )),
+    }
+}
+
+/// Reads `PROCESSOR_URL` (unset or empty: no processor) and `PROCESSOR_TIMEOUT_MS`.
+fn processor_from_env(url: Option<&str>, timeout_ms: u64) -> Result<Option<Processor>, String> {
+    match url.filter(|u| !u.is_empty()) {
+        None => Ok(None),
+        Some(url) => Processor::new(url, Duration::from_millis(timeout_ms)).map(Some),
     }
 }
 
@@ -272,6 +290,11 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         }
     };
     let delay_ms = number("PROCESSOR_DELAY_MS", 0)?;
+    let processor = processor_from_env(
+        std::env::var("PROCESSOR_URL").ok().as_deref(),
+        number("PROCESSOR_TIMEOUT_MS", 10_000)?,
+    )
+    .map_err(ServiceError::setting)?;
     let sweep_every = number("SWEEP_PERIOD_SECS", 60)?;
     if sweep_every == 0 {
         return Err(ServiceError::setting(
@@ -342,6 +365,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     })?;
     let config = Config {
         processor_delay: Duration::from_millis(delay_ms),
+        processor,
         payments,
         stripe,
         github,
@@ -459,12 +483,18 @@ pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
 }
 
 /// The service's idempotency store: keys per account, statements as `config.pooler`
-/// allows, portable when `config.portable`.
+/// allows, portable when `config.portable`; with a processor, steps bounded a second
+/// past its timeout, so that the client's own timeout ends a slow call first (idem's
+/// default bound, 30 s, would cut a longer `PROCESSOR_TIMEOUT_MS` short).
 pub fn store(pool: PgPool, config: &Config) -> Store {
     let store = Store::builder(pool)
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .pooler(config.pooler)
         .outbox_notify(config.events_notify);
+    let store = match &config.processor {
+        Some(processor) => store.step_timeout(processor.timeout() + Duration::from_secs(1)),
+        None => store,
+    };
     let store = if config.portable {
         store.portable()
     } else {
@@ -601,6 +631,58 @@ impl From<idem::outbox::EmitError> for ApiError {
     }
 }
 
+/// A step's failure: the processor's as the service's own 502 and 504, idem's as idem
+/// answers them (422 `key-reused`, 503 `step-unrecorded`), the database's as the
+/// service's other database errors. Each rolls the request back; a retry calls the
+/// processor again with the same key, or resumes after its recorded answer.
+impl From<StepError<ProcessorError>> for ApiError {
+    fn from(error: StepError<ProcessorError>) -> Self {
+        let timed_out = |after: Duration| {
+            Self(
+                Problem::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    problem_type("processor-timeout"),
+                    "Payment processor timed out",
+                )
+                .with_detail(format!(
+                    "the payment processor did not answer within {} ms; nothing was \
+                     committed; a retry calls it again under the same key",
+                    after.as_millis()
+                )),
+            )
+        };
+        match error {
+            StepError::Call(ProcessorError::Timeout(after)) => {
+                tracing::warn!(?after, "the payment processor did not answer in time");
+                timed_out(after)
+            }
+            StepError::Timeout(after) => {
+                tracing::warn!(?after, "the payment processor's step timed out");
+                timed_out(after)
+            }
+            StepError::Call(error) => {
+                tracing::warn!(%error, "payment processor call failed");
+                Self(
+                    Problem::new(
+                        StatusCode::BAD_GATEWAY,
+                        problem_type("processor-failed"),
+                        "Payment processor failed",
+                    )
+                    .with_detail(
+                        "the payment processor gave no answer to the charge; nothing was \
+                         committed; a retry calls it again under the same key",
+                    ),
+                )
+            }
+            StepError::Database(error) => error.into(),
+            other => match other.into_problem() {
+                Ok(problem) => Self(problem),
+                Err(error) => Self::from(StepError::Call(error)),
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.0.into_response()
@@ -626,6 +708,20 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn processor_url_unset_or_empty_calls_nobody() {
+        assert!(processor_from_env(None, 10_000).unwrap().is_none());
+        assert!(processor_from_env(Some(""), 10_000).unwrap().is_none());
+        let processor = processor_from_env(Some("http://127.0.0.1:9000"), 2_500)
+            .unwrap()
+            .expect("a processor");
+        assert_eq!(processor.timeout(), Duration::from_millis(2_500));
+        let error = processor_from_env(Some("https://api.example.com"), 10_000).unwrap_err();
+        assert!(error.contains("no TLS"), "{error}");
+        let error = processor_from_env(Some("http://127.0.0.1:9000"), 0).unwrap_err();
+        assert!(error.starts_with("PROCESSOR_TIMEOUT_MS"), "{error}");
     }
 
     #[test]

@@ -2,7 +2,11 @@
 //!
 //! Environment: `BIND_ADDR` (default `127.0.0.1:3000`), `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/postgres`, a local trust-auth PostgreSQL),
-//! `PROCESSOR_DELAY_MS` (default 0), `WEBHOOK_SECRET` (the HMAC key of webhook
+//! `PROCESSOR_DELAY_MS` (default 0: the pause inside a charge's transaction, after the
+//! processor's call), `PROCESSOR_URL` (unset by default: no processor; set, an
+//! `http://` base URL: each charge is made at `{PROCESSOR_URL}/v1/charges` first, once
+//! per request, as a step), `PROCESSOR_TIMEOUT_MS` (default 10000: longer, a 504),
+//! `WEBHOOK_SECRET` (the HMAC key of webhook
 //! signatures, at least 16 bytes: empty or shorter, the service refuses to start;
 //! `WEBHOOK_SECRET_PREVIOUS` is also accepted while rotating),
 //! `DB_POOL_SIZE` (default 20), `DB_POOLER` (`session`, the default: PostgreSQL itself or

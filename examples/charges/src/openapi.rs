@@ -82,3 +82,24 @@ impl IntoResponses for NotFound {
         BTreeMap::from([("404".to_owned(), response.into())])
     }
 }
+
+/// The payment processor's answers to `POST /charges` (`PROCESSOR_URL`): 402, its refusal
+/// of the charge (committed, replayed to retries); 502 and 504, no answer from it
+/// (rolled back, retryable with the same key).
+pub struct ProcessorProblems;
+
+impl IntoResponses for ProcessorProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        [
+            ("402", "The payment processor refused the charge"),
+            (
+                "502",
+                "The payment processor failed or could not be reached; retry",
+            ),
+            ("504", "The payment processor did not answer in time; retry"),
+        ]
+        .into_iter()
+        .map(|(status, description)| (status.to_owned(), problem(description).build().into()))
+        .collect()
+    }
+}
