@@ -159,6 +159,8 @@
 //! - `metrics`: the counters and histogram above.
 //! - `nats`: `outbox::nats`, a JetStream publisher and consumer.
 //! - `amqp`: `outbox::amqp`, an AMQP 0.9.1 (RabbitMQ) publisher and consumer.
+//! - `console`: `idem::console`, an operator's console (an axum router) to mount behind the
+//!   service's authentication.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
@@ -169,6 +171,9 @@
 
 #[doc(hidden)]
 pub mod __private;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 mod deployment;
 mod distribution;
 mod engine;
@@ -185,6 +190,7 @@ mod once;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+pub mod operate;
 pub mod outbox;
 mod probe;
 mod spread;

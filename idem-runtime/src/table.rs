@@ -548,7 +548,7 @@ impl PrincipalType {
     }
 
     /// The bound principal ($2) as the column's type: bound as text, cast in SQL.
-    fn parameter(self) -> &'static str {
+    pub(crate) fn parameter(self) -> &'static str {
         match self {
             Self::Text => "$2",
             Self::Uuid => "CAST($2 AS uuid)",
@@ -559,7 +559,7 @@ impl PrincipalType {
     /// The text bound for `principal`: "no principal" (`""`) as the type's zero value.
     /// Any other value is bound as given; one that is not of the type fails its cast
     /// (SQLSTATE 22P02), a resolver's fault.
-    fn bound(self, principal: &str) -> &str {
+    pub(crate) fn bound(self, principal: &str) -> &str {
         match (self, principal) {
             (Self::Uuid, "") => "00000000-0000-0000-0000-000000000000",
             (Self::Bigint, "") => "0",
