@@ -218,11 +218,18 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     );
     assert_eq!(dry["events"], 2, "{dry}");
     assert_eq!(dry["list"].as_array().unwrap().len(), 2, "{dry}");
-    assert_eq!(
-        json(url, flags, &["outbox", "dead"]),
-        reasons,
-        "a dry run moves nothing"
-    );
+    let counts = |reasons: &Value| -> Vec<(String, u64)> {
+        let list = reasons.as_array().unwrap().iter();
+        list.map(|r| {
+            (
+                r["reason"].as_str().unwrap().to_owned(),
+                r["events"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+    };
+    let after = json(url, flags, &["outbox", "dead"]);
+    assert_eq!(counts(&after), counts(&reasons), "a dry run moves nothing");
     assert_eq!(
         json(url, flags, &["outbox", "redrive", "--reason", reason])["redriven"],
         2

@@ -87,7 +87,8 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
             body {
                 header {
                     strong { "idem" }
-                    a href=(format!("{base}/")) { "Overview" }
+                    // Mounted with `Router::nest`, the overview is the base itself.
+                    a href=(if base.is_empty() { "/" } else { base.as_str() }) { "Overview" }
                     a href=(format!("{base}/keys")) { "Keys" }
                     a href=(format!("{base}/outbox")) { "Outbox" }
                     a href=(format!("{base}/dead")) { "Dead events" }
