@@ -352,9 +352,10 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             ..Config::default()
         };
         let store = charges::store(pool.clone(), &config);
+        // Three attempts a second or two apart: long enough to see an event held.
         let delivery = Delivery {
-            max_attempts: 2,
-            first_backoff: Duration::from_millis(100),
+            max_attempts: 3,
+            first_backoff: Duration::from_secs(1),
         };
         let (relay, ledger) = charges::events::start_with(&store, &nats_url(), &prefix, delivery)
             .await
@@ -362,30 +363,37 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         let app = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
         let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
 
-        // The events' stream goes away: the next charge's event is captured by no stream,
-        // fails twice, and is parked.
+        // The events' stream goes away: a charge's event and its refund's, ordered by
+        // the charge, are captured by no stream; the first fails three times and is
+        // parked, the second waits behind it meanwhile, then fails and is parked too.
         js.delete_stream(&prefix).await.expect("delete the stream");
+        let bearer = [("authorization", "Bearer acct_1")];
         let charge = app
             .post_with(
                 "/charges",
                 Some("order-1"),
                 &json!({ "amount": 4200, "currency": "eur", "customer": "cus_7" }),
-                &[("authorization", "Bearer acct_1")],
+                &bearer,
             )
             .await;
         assert_eq!(charge.status, 201);
-        let dead = until("the event to be parked", async || {
-            store.dead_events(10).await.unwrap().into_iter().next()
-        })
-        .await;
-        assert_eq!(dead.topic, format!("{prefix}.charge.created"));
+        let charge_id = charge.json()["id"].as_str().unwrap().to_owned();
+        let refund = app
+            .post_with(
+                &format!("/charges/{charge_id}/refunds"),
+                Some("refund-1"),
+                &json!({ "amount": 1000 }),
+                &bearer,
+            )
+            .await;
+        assert_eq!(refund.status, 201);
 
         let driver = Chromedriver::start();
         let mut capabilities = serde_json::Map::new();
         capabilities.insert(
             "goog:chromeOptions".into(),
             json!({ "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                             "--disable-dev-shm-usage", "--window-size=1000,760"] }),
+                             "--disable-dev-shm-usage", "--window-size=1000,1000"] }),
         );
         let browser = ClientBuilder::new(hyper_connector())
             .capabilities(capabilities)
@@ -403,21 +411,57 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             ))
             .await
             .unwrap();
+        let text = async || {
+            browser
+                .find(Locator::Css("main"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        };
 
-        // The overview shows the dead event's reason.
+        // The outbox page: the charge's event backing off, its refund's blocked behind it.
+        browser.goto(&app.url("/admin/idem/outbox")).await.unwrap();
+        until(
+            "the refund's event blocked behind the charge's",
+            async || {
+                browser.refresh().await.unwrap();
+                let page = text().await;
+                let blocked = !page.contains("No ordering key waits") && page.contains(&charge_id);
+                blocked.then_some(())
+            },
+        )
+        .await;
+        screenshot(&browser, "outbox").await;
+
+        // The overview, watched until both are parked: their reason, two events.
         browser.goto(&app.url("/admin/idem")).await.unwrap();
+        let dead = until("both events to be parked", async || {
+            browser.refresh().await.unwrap();
+            let dead = store.dead_events(10).await.unwrap();
+            (dead.len() == 2).then_some(dead)
+        })
+        .await;
+        browser.refresh().await.unwrap();
         let reasons = browser
             .find(Locator::Css("table.reasons"))
             .await
             .expect("dead events by reason");
-        let text = reasons.text().await.unwrap();
+        let text_of_reasons = reasons.text().await.unwrap();
         assert!(
-            text.contains(&dead.last_error) && text.contains("charge.created"),
-            "{text}"
+            text_of_reasons.contains(&dead[0].last_error),
+            "{text_of_reasons}"
+        );
+        assert!(
+            text_of_reasons.contains("charge.created")
+                && text_of_reasons.contains("charge.refunded"),
+            "{text_of_reasons}"
         );
         screenshot(&browser, "overview").await;
 
-        // The dead list has it; the stream is back; the operator re-drives it.
+        // The dead list has both; the stream is back; the operator re-drives the charge's
+        // event, then the rest of its reason's group.
         browser
             .find(Locator::LinkText("Dead events"))
             .await
@@ -425,7 +469,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             .click()
             .await
             .unwrap();
-        let checkbox = format!("input[name=id][value='{}']", dead.id);
+        let checkbox = format!("input[name=id][value='{}']", dead[0].id);
         browser
             .find(Locator::Css(&checkbox))
             .await
@@ -460,26 +504,42 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             notice.text().await.unwrap(),
             "Re-drove 1 dead event(s): they are pending again."
         );
-
-        // Delivered: in the stream under the event's id; gone from the dead list.
-        let delivered = until("the event in the stream", async || {
-            let mut stream = js.get_stream(&prefix).await.ok()?;
-            let state = stream.info().await.ok()?.state.clone();
-            let message = stream.get_raw_message(state.last_sequence).await.ok()?;
-            Some(message.headers.get(MSG_ID)?.as_str().to_owned())
-        })
-        .await;
-        assert_eq!(delivered, dead.id);
-        browser.refresh().await.unwrap();
-        let empty = browser
-            .find(Locator::Css("main"))
+        browser
+            .find(Locator::XPath("//button[text()='Re-drive these']"))
             .await
             .unwrap()
-            .text()
+            .click()
             .await
             .unwrap();
+        let notice = browser
+            .find(Locator::Css("section.notice"))
+            .await
+            .expect("a notice");
+        assert_eq!(
+            notice.text().await.unwrap(),
+            "Re-drove 1 dead event(s): they are pending again."
+        );
+
+        // Delivered, in order, each under its event's id; gone from the dead list.
+        let delivered = until("both events in the stream", async || {
+            let mut stream = js.get_stream(&prefix).await.ok()?;
+            let state = stream.info().await.ok()?.state.clone();
+            if state.messages < 2 {
+                return None;
+            }
+            let mut ids = Vec::new();
+            for seq in state.first_sequence..=state.last_sequence {
+                let message = stream.get_raw_message(seq).await.ok()?;
+                ids.push(message.headers.get(MSG_ID)?.as_str().to_owned());
+            }
+            Some(ids)
+        })
+        .await;
+        assert_eq!(delivered, [dead[0].id.clone(), dead[1].id.clone()]);
+        browser.refresh().await.unwrap();
+        let empty = text().await;
         assert!(
-            empty.contains("No dead events.") && !empty.contains(&dead.id),
+            empty.contains("No dead events.") && !empty.contains(&dead[0].id),
             "{empty}"
         );
 
@@ -512,15 +572,6 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             "{record}"
         );
         screenshot(&browser, "key").await;
-        browser
-            .find(Locator::LinkText("Outbox"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        browser.find(Locator::Css("h1")).await.unwrap();
-        screenshot(&browser, "outbox").await;
         browser.close().await.ok();
 
         relay.stop();

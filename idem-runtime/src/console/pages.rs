@@ -24,7 +24,7 @@ section{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:.6em 
 h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.05em;margin:.2em 0 .5em}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{font-weight:600;color:#57606a}td.n{text-align:right;font-variant-numeric:tabular-nums}
-code,pre{font:12px ui-monospace,monospace}pre{background:#f6f8fa;padding:.5em;overflow:auto}
+code,pre{font:12px ui-monospace,monospace}td code{word-break:break-all}pre{background:#f6f8fa;padding:.5em;overflow:auto}
 .notice{background:#dafbe1;border-color:#4ac26b}.muted{color:#57606a}
 form.inline{display:inline}button{font:inherit;padding:.15em .7em;cursor:pointer}
 button.danger{color:#cf222e}input[type=text]{font:inherit;width:12em}
@@ -220,7 +220,10 @@ fn reason_table(frame: &Frame, reasons: &[DeadReason]) -> Markup {
                     td { code { (r.reason) } }
                     td.n { (r.events) }
                     td { @for t in &r.topics { code { (t) } " " } }
-                    td { (ago(r.newest)) " to " (ago(r.oldest)) " ago" }
+                    td {
+                        @if ago(r.newest) == ago(r.oldest) { (ago(r.oldest)) " ago" }
+                        @else { (ago(r.newest)) " to " (ago(r.oldest)) " ago" }
+                    }
                     @if frame.token.is_some() {
                         td {
                             (action(frame, "/dead/redrive", &[("reason", &r.reason)], "Re-drive these", false))

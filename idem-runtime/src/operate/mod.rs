@@ -12,12 +12,25 @@
 //!   ([`Store::redrive_dead`]) or discarded ([`Store::discard_dead`]), by id, by reason
 //!   or all ([`DeadSelection`]);
 //! - with the `metrics` feature, what this process counted of its requests
-//!   ([`request_counts`]).
+//!   (`request_counts`).
 //!
 //! Every statement runs as the store's others do outside a request: on a connection of
 //! its own (in a transaction of its own behind a transaction pooler, unnamed there), and
 //! within what a distributed engine runs (no row locks, no session state). Response
 //! bodies and event payloads are read only when asked for: they carry personal data.
+//!
+//! [`Store::key`]: crate::Store::key
+//! [`Store::keys`]: crate::Store::keys
+//! [`Store::key_counts`]: crate::Store::key_counts
+//! [`Store::purge_key`]: crate::Store::purge_key
+//! [`Store::purge_expired`]: crate::Store::purge_expired
+//! [`Store::outbox_pending`]: crate::Store::outbox_pending
+//! [`Store::outbox_leases`]: crate::Store::outbox_leases
+//! [`Store::outbox_blocked`]: crate::Store::outbox_blocked
+//! [`Store::dead_reasons`]: crate::Store::dead_reasons
+//! [`Store::dead_events_in`]: crate::Store::dead_events_in
+//! [`Store::redrive_dead`]: crate::Store::redrive_dead
+//! [`Store::discard_dead`]: crate::Store::discard_dead
 
 mod keys;
 mod outbox;
