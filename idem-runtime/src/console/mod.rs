@@ -195,17 +195,11 @@ impl Shared {
         }
     }
 
-    /// The operator of a POST whose token is right, else the answer to send.
-    fn check(&self, headers: &HeaderMap, token: &str) -> Result<String, Response> {
+    /// The operator of a POST whose token is right; `None` for a missing or wrong
+    /// token ([`refused`]).
+    fn check(&self, headers: &HeaderMap, token: &str) -> Option<String> {
         let operator = self.operator(headers);
-        if self.csrf.verify(&operator, token) {
-            Ok(operator)
-        } else {
-            Err(page_error(
-                StatusCode::FORBIDDEN,
-                "The form's CSRF token is missing or not this operator's: reload the page and try again.",
-            ))
-        }
+        self.csrf.verify(&operator, token).then_some(operator)
     }
 }
 
@@ -234,6 +228,14 @@ fn html(status: StatusCode, markup: Markup) -> Response {
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
+}
+
+/// A POST whose CSRF token is missing or not its operator's.
+fn refused() -> Response {
+    page_error(
+        StatusCode::FORBIDDEN,
+        "The form's CSRF token is missing or not this operator's: reload the page and try again.",
+    )
 }
 
 fn page_error(status: StatusCode, message: &str) -> Response {
@@ -521,9 +523,8 @@ async fn dead_action(
     fields: &[(String, String)],
     redrive: bool,
 ) -> Response {
-    let operator = match console.check(headers, field(fields, "csrf").unwrap_or("")) {
-        Ok(operator) => operator,
-        Err(refused) => return refused,
+    let Some(operator) = console.check(headers, field(fields, "csrf").unwrap_or("")) else {
+        return refused();
     };
     let Some(selection) = selection(fields) else {
         return back(base, "/dead", "Nothing was selected.");
@@ -560,9 +561,8 @@ async fn purge_key(
     headers: HeaderMap,
     Form(fields): Fields,
 ) -> Response {
-    let operator = match console.check(&headers, field(&fields, "csrf").unwrap_or("")) {
-        Ok(operator) => operator,
-        Err(refused) => return refused,
+    let Some(operator) = console.check(&headers, field(&fields, "csrf").unwrap_or("")) else {
+        return refused();
     };
     let (Some(scope), Some(key)) = (field(&fields, "scope"), field(&fields, "key")) else {
         return page_error(StatusCode::BAD_REQUEST, "A purge names a scope and a key.");
@@ -593,9 +593,8 @@ async fn sweep(
     headers: HeaderMap,
     Form(fields): Fields,
 ) -> Response {
-    let operator = match console.check(&headers, field(&fields, "csrf").unwrap_or("")) {
-        Ok(operator) => operator,
-        Err(refused) => return refused,
+    let Some(operator) = console.check(&headers, field(&fields, "csrf").unwrap_or("")) else {
+        return refused();
     };
     let n = match console.store.purge_expired(1_000).await {
         Ok(n) => n,
