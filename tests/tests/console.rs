@@ -220,8 +220,40 @@ async fn every_page_on_postgresql() {
         assert_eq!(get(&bare, "/admin/idem", Some(TOKEN)).await.0, 404);
         let config = config(Pooler::Session, false);
         let store = charges::store(pool.clone(), &config);
-        let app = TestApp::serve(pool.clone(), charges::app(pool, config)).await;
+        let app = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
         every_page(&app, &store).await;
+
+        // Read-only by default (no form, no action route), bodies and payloads shown
+        // only when the service turns them on.
+        let console = idem::console::Console::new(store.clone())
+            .show_bodies(true)
+            .router();
+        let open = TestApp::serve(pool, axum::Router::new().nest("/ops", console)).await;
+        let (status, key) = get(&open, "/ops/key?scope=jobs&key=job-1", None).await;
+        assert_eq!(status, 200, "{key}");
+        assert!(
+            key.contains("&quot;done&quot;") && !key.contains("<form method=\"post\""),
+            "{key}"
+        );
+        seed(&store).await;
+        let parked = store.dead_events(10).await.unwrap();
+        let (status, event) =
+            get(&open, &format!("/ops/dead/event?id={}", parked[0].id), None).await;
+        assert_eq!(status, 200, "{event}");
+        assert!(event.contains("4111 1111 1111 1111"), "{event}");
+        let refused = open
+            .client
+            .post(open.url("/ops/dead/redrive"))
+            .form(&[("all", "1")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            refused.status().as_u16(),
+            404,
+            "no action without .actions(true)"
+        );
+        assert_eq!(store.dead_events(10).await.unwrap().len(), parked.len());
     })
     .await;
 }
@@ -330,7 +362,7 @@ async fn screenshot(browser: &Client, name: &str) {
 }
 
 async fn until<T, F: AsyncFnMut() -> Option<T>>(what: &str, mut probe: F) -> T {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(found) = probe().await {
             return found;
@@ -352,10 +384,10 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             ..Config::default()
         };
         let store = charges::store(pool.clone(), &config);
-        // Three attempts a second or two apart: long enough to see an event held.
+        // Three attempts, 2 s then 4 s apart: long enough to see an event held.
         let delivery = Delivery {
             max_attempts: 3,
-            first_backoff: Duration::from_secs(1),
+            first_backoff: Duration::from_secs(2),
         };
         let (relay, ledger) = charges::events::start_with(&store, &nats_url(), &prefix, delivery)
             .await
@@ -363,6 +395,29 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         let app = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
         let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
 
+        let driver = Chromedriver::start();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({ "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                             "--disable-dev-shm-usage", "--window-size=1000,1000"] }),
+        );
+        let browser = ClientBuilder::new(hyper_connector())
+            .capabilities(capabilities)
+            .connect(&format!("http://127.0.0.1:{}", driver.port))
+            .await
+            .expect("start headless Chromium");
+        browser
+            .issue_cmd(DevTools("Network.enable", json!({})))
+            .await
+            .unwrap();
+        browser
+            .issue_cmd(DevTools(
+                "Network.setExtraHTTPHeaders",
+                json!({ "headers": { "Authorization": format!("Bearer {TOKEN}") } }),
+            ))
+            .await
+            .unwrap();
         // The events' stream goes away: a charge's event and its refund's, ordered by
         // the charge, are captured by no stream; the first fails three times and is
         // parked, the second waits behind it meanwhile, then fails and is parked too.
@@ -388,29 +443,6 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             .await;
         assert_eq!(refund.status, 201);
 
-        let driver = Chromedriver::start();
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            json!({ "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                             "--disable-dev-shm-usage", "--window-size=1000,1000"] }),
-        );
-        let browser = ClientBuilder::new(hyper_connector())
-            .capabilities(capabilities)
-            .connect(&format!("http://127.0.0.1:{}", driver.port))
-            .await
-            .expect("start headless Chromium");
-        browser
-            .issue_cmd(DevTools("Network.enable", json!({})))
-            .await
-            .unwrap();
-        browser
-            .issue_cmd(DevTools(
-                "Network.setExtraHTTPHeaders",
-                json!({ "headers": { "Authorization": format!("Bearer {TOKEN}") } }),
-            ))
-            .await
-            .unwrap();
         let text = async || {
             browser
                 .find(Locator::Css("main"))

@@ -47,7 +47,7 @@ pub(crate) fn record(console: &Arc<Shared>, lag: Option<Duration>) {
 
 /// The chart of `samples` (oldest first) over the hour before `now`: a polyline on a
 /// 600 × 120 canvas, the highest lag on the top line.
-pub(crate) fn chart(samples: &[(SystemTime, f64)], now: SystemTime) -> Markup {
+pub(crate) fn chart(samples: &[(SystemTime, f64)], now: SystemTime, every: Duration) -> Markup {
     const W: f64 = 600.0;
     const H: f64 = 120.0;
     let top = samples.iter().map(|(_, l)| *l).fold(1.0_f64, f64::max);
@@ -76,6 +76,10 @@ pub(crate) fn chart(samples: &[(SystemTime, f64)], now: SystemTime) -> Markup {
                 polyline points=(points.join(" ")) fill="none" stroke="#1f6feb" stroke-width="2" {}
             }
         }
+        p.muted {
+            "The age of the oldest pending event, sampled by this console every "
+            (super::pages::seconds(every.as_secs_f64())) " and at each view of this page."
+        }
     }
 }
 
@@ -91,7 +95,7 @@ mod tests {
             (now - Duration::from_secs(1_800), 4.0),
             (now, 2.0),
         ];
-        let svg = chart(&samples, now).into_string();
+        let svg = chart(&samples, now, Duration::from_secs(30)).into_string();
         assert!(
             svg.contains("points=\"0.0,120.0 300.0,0.0 600.0,60.0\""),
             "{svg}"

@@ -129,6 +129,7 @@ impl Console {
             show_bodies: self.show_bodies,
             operator_header: self.operator_header,
             csrf: csrf::Key::random(),
+            lag_every: self.lag_every,
             lag: Mutex::new(VecDeque::new()),
         });
         tokio::spawn(lag::sample(Arc::downgrade(&shared), self.lag_every));
@@ -157,6 +158,8 @@ pub(crate) struct Shared {
     show_bodies: bool,
     operator_header: Option<HeaderName>,
     csrf: csrf::Key,
+    /// How often the sampler samples the lag.
+    lag_every: Duration,
     /// The lag samples of the last hour: when, and the age of the oldest pending event
     /// in seconds (0 when none was pending), oldest first.
     lag: Mutex<VecDeque<(SystemTime, f64)>>,
@@ -295,7 +298,7 @@ async fn overview(
         .copied()
         .collect();
     let frame = console.frame(&base, &headers, notice.done);
-    let chart = lag::chart(&samples, SystemTime::now());
+    let chart = lag::chart(&samples, SystemTime::now(), console.lag_every);
     html(
         StatusCode::OK,
         pages::overview(&frame, &counts, &outcomes(), &reasons, &pending, lag, chart),
