@@ -185,7 +185,9 @@ impl Store {
         }
     }
 
-    fn query(
+    /// A statement of this module as the store sends it: unnamed behind a transaction
+    /// pooler.
+    fn operator_query(
         &self,
         sql: SqlStr,
     ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
@@ -211,7 +213,7 @@ impl Store {
         for (stored, place) in &places {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let row = self
-                .query(sql.clone())
+                .operator_query(sql.clone())
                 .bind(stored.as_ref())
                 .bind(principal_type.bound(place))
                 .bind(key)
@@ -242,7 +244,7 @@ impl Store {
         };
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let rows = self
-            .query(self.key_statements().list)
+            .operator_query(self.key_statements().list)
             .bind(filter.scope.as_deref())
             .bind(principal)
             .bind(filter.older_than.map(|d| d.as_secs_f64()))
@@ -260,7 +262,7 @@ impl Store {
     pub async fn key_counts(&self, within: Duration) -> Result<Vec<KeyCounts>, sqlx::Error> {
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let rows = self
-            .query(self.key_statements().counts)
+            .operator_query(self.key_statements().counts)
             .bind(within.as_secs_f64())
             .fetch_all(&mut *conn)
             .await?;
@@ -283,7 +285,8 @@ impl Store {
     /// Deletes the committed record of `key` for `principal` in `scope` in every place
     /// [`Store::inspect`] looks, so that the next request with the key runs afresh.
     /// Returns how many records went (0: none was there). A request in flight with the
-    /// key is not touched.
+    /// key is not touched (in the portable mode, where such a request holds the key's
+    /// row, the delete waits for it to end).
     pub async fn purge_key(
         &self,
         scope: &str,
@@ -299,7 +302,7 @@ impl Store {
         for (stored, place) in &places {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let done = self
-                .query(sql.clone())
+                .operator_query(sql.clone())
                 .bind(stored.as_ref())
                 .bind(principal_type.bound(place))
                 .bind(key)
