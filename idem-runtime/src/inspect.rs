@@ -46,24 +46,8 @@ impl Store {
         principal: &str,
         key: &str,
     ) -> Result<Option<KeyRecord>, sqlx::Error> {
-        let dialect = self.inner.dialect;
-        let places: Vec<(Cow<'_, str>, String)> = if principal.is_empty() {
-            let (_, hashed) = Spread::Key.place(dialect, key);
-            let hashed = (stored_scope(scope, Place::Hashed), hashed);
-            let nobody = (Cow::Borrowed(scope), String::new());
-            if dialect.portable {
-                vec![hashed, nobody]
-            } else {
-                vec![nobody, hashed]
-            }
-        } else {
-            let Some(principal) = dialect.principal_type.canonical(principal) else {
-                return Ok(None);
-            };
-            vec![
-                (Cow::Borrowed(scope), principal.clone()),
-                (stored_scope(scope, Place::Tenant), principal),
-            ]
+        let Some(places) = self.places(scope, principal, key) else {
+            return Ok(None);
         };
         // The first live record, else the first expired one.
         let mut found = None;
@@ -100,5 +84,33 @@ impl Store {
             status,
             body_bytes: row.body_bytes,
         }))
+    }
+
+    /// Where the record of `key` for `principal` in `scope` may be kept, as (stored
+    /// scope, principal column value), in the order [`Store::inspect`] looks (see its
+    /// docs); `None` when `principal` is not of the principal column's type.
+    pub(crate) fn places<'a>(
+        &self,
+        scope: &'a str,
+        principal: &str,
+        key: &str,
+    ) -> Option<Vec<(Cow<'a, str>, String)>> {
+        let dialect = self.inner.dialect;
+        Some(if principal.is_empty() {
+            let (_, hashed) = Spread::Key.place(dialect, key);
+            let hashed = (stored_scope(scope, Place::Hashed), hashed);
+            let nobody = (Cow::Borrowed(scope), String::new());
+            if dialect.portable {
+                vec![hashed, nobody]
+            } else {
+                vec![nobody, hashed]
+            }
+        } else {
+            let principal = dialect.principal_type.canonical(principal)?;
+            vec![
+                (Cow::Borrowed(scope), principal.clone()),
+                (stored_scope(scope, Place::Tenant), principal),
+            ]
+        })
     }
 }

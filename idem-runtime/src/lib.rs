@@ -159,16 +159,23 @@
 //! - `metrics`: the counters and histogram above.
 //! - `nats`: `outbox::nats`, a JetStream publisher and consumer.
 //! - `amqp`: `outbox::amqp`, an AMQP 0.9.1 (RabbitMQ) publisher and consumer.
+//! - `console`: `idem::console`, an operator's console (an axum router) to mount behind the
+//!   service's authentication.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
 // knows no HTTP; it runs on `table`, which owns the DDL and every statement with its
 // binds. Above the engine: the HTTP adapter `web` (with `webhook`, and `probe` for the
-// generated code) and `once` (`Store::run_once`). Nothing imports upward: `header_hash`,
-// which `probe` and `webhook` share, sits below both.
+// generated code) and `once` (`Store::run_once`). The operators' queries, `operate`, sit
+// on the store and the outbox's table with their own statements, and `console` (beside
+// `web`) and the `idem-cli` binary on them. Nothing imports upward: `header_hash`, which
+// `probe` and `webhook` share, sits below both; nothing but `console` imports `operate`.
 
 #[doc(hidden)]
 pub mod __private;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 mod deployment;
 mod distribution;
 mod engine;
@@ -185,6 +192,7 @@ mod once;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+pub mod operate;
 pub mod outbox;
 mod probe;
 mod spread;

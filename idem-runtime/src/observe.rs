@@ -178,7 +178,7 @@ fn millis(d: Duration) -> f64 {
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics {
     use std::borrow::Cow;
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
     use std::sync::{Mutex, OnceLock};
     use std::time::Duration;
 
@@ -187,9 +187,33 @@ pub(crate) mod metrics {
     /// How many distinct scopes made at run time get a label of their own.
     const RUNTIME_SCOPE_LABELS: usize = 64;
 
+    /// The requests this process counted, by label, as [`counted`] reads them.
+    type Counts = HashMap<(String, Outcome), u64>;
+
+    fn counts() -> std::sync::MutexGuard<'static, Counts> {
+        static COUNTS: OnceLock<Mutex<Counts>> = OnceLock::new();
+        COUNTS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What `idem_requests_total` counted in this process, per scope label and outcome,
+    /// sorted (the console's overview, `crate::operate::request_counts`).
+    pub(crate) fn counted() -> Vec<(String, Outcome, u64)> {
+        let mut all: Vec<_> = counts()
+            .iter()
+            .map(|((scope, outcome), n)| (scope.clone(), *outcome, *n))
+            .collect();
+        all.sort_by(|a, b| (&a.0, a.1.as_str()).cmp(&(&b.0, b.1.as_str())));
+        all
+    }
+
     pub(crate) fn request(scope: Cow<'static, str>, outcome: Outcome, duration: Duration) {
+        let scope = label(scope);
+        *counts().entry((scope.to_string(), outcome)).or_default() += 1;
         let labels = vec![
-            ::metrics::Label::new("scope", label(scope)),
+            ::metrics::Label::new("scope", scope),
             ::metrics::Label::new("outcome", outcome.as_str()),
         ];
         ::metrics::counter!("idem_requests_total", labels.clone()).increment(1);

@@ -367,3 +367,52 @@ mod snippets {
         Ok(())
     }
 }
+
+/// "The console": mounted behind a bearer-token layer.
+mod console {
+    use std::sync::Arc;
+
+    use axum::extract::{Request, State};
+    use axum::http::{HeaderName, HeaderValue, StatusCode};
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    use axum::Router;
+    use idem::console::Console;
+    use idem::Store;
+
+    /// `Authorization: Bearer <token>`, or 401; the token's holder is the operator `admin`.
+    async fn admin_only(
+        State(token): State<Arc<str>>,
+        mut request: Request,
+        next: Next,
+    ) -> Response {
+        let expected = format!("Bearer {token}");
+        let sent = request
+            .headers()
+            .get("authorization")
+            .map_or(&b""[..], |v| v.as_bytes());
+        // In constant time: how long a refusal takes must not tell how much of a guess was right.
+        let same = sent.len() == expected.len()
+            && sent
+                .iter()
+                .zip(expected.as_bytes())
+                .fold(0, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        request
+            .headers_mut()
+            .insert("x-operator", HeaderValue::from_static("admin"));
+        next.run(request).await
+    }
+
+    fn with_console(app: Router, store: Store, token: Arc<str>) -> Router {
+        let console = Console::new(store)
+            .actions(true)
+            .operator_header(HeaderName::from_static("x-operator"))
+            .router()
+            .layer(middleware::from_fn_with_state(token, admin_only));
+        app.nest("/admin/idem", console)
+    }
+}

@@ -87,11 +87,43 @@ pub fn dead_letters(prefix: &str) -> (String, String) {
     (stream, subject)
 }
 
-/// Starts the relay of the outbox to JetStream and the ledger consumer.
+/// How the relay retries a publish that failed (`OUTBOX_MAX_ATTEMPTS`,
+/// `OUTBOX_BACKOFF_MS`): after `max_attempts` failed attempts an event is parked as
+/// dead (idem's console and `idem outbox dead` show it); the first wait is
+/// `first_backoff`, doubling up to a minute.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    /// Attempts before an event is parked (default 10).
+    pub max_attempts: u32,
+    /// The wait after the first failure (default 500 ms).
+    pub first_backoff: Duration,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Self {
+            max_attempts: 10,
+            first_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Starts the relay of the outbox to JetStream and the ledger consumer, with the default
+/// [`Delivery`].
 pub async fn start(
     store: &Store,
     nats_url: &str,
     prefix: &str,
+) -> Result<(Relay, tokio::task::JoinHandle<()>), async_nats::Error> {
+    start_with(store, nats_url, prefix, Delivery::default()).await
+}
+
+/// [`start`], retrying as `delivery` says.
+pub async fn start_with(
+    store: &Store,
+    nats_url: &str,
+    prefix: &str,
+    delivery: Delivery,
 ) -> Result<(Relay, tokio::task::JoinHandle<()>), async_nats::Error> {
     let client = async_nats::connect(nats_url).await?;
     let js = jetstream::new(client);
@@ -99,7 +131,11 @@ pub async fn start(
     // Named, the stream's duplicate window is checked against the relay's lease and
     // backoff when the relay starts.
     let publisher = JetStreamPublisher::new(js.clone()).stream(prefix);
-    let relay = store.relay(publisher).spawn()?;
+    let relay = store
+        .relay(publisher)
+        .max_attempts(delivery.max_attempts)
+        .backoff(delivery.first_backoff, Duration::from_secs(60))
+        .spawn()?;
     let store = store.clone();
     let (_, dead_subject) = dead_letters(prefix);
     let ledger = tokio::spawn(async move {

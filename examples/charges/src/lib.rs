@@ -91,6 +91,9 @@ pub struct Config {
     /// Whether each event NOTIFYs the relay (`StoreBuilder::outbox_notify`; default
     /// true). Off, the relay polls.
     pub events_notify: bool,
+    /// The bearer token of idem's console at `/admin/idem` (`ADMIN_TOKEN`); `None`
+    /// mounts nothing there.
+    pub admin_token: Option<String>,
 }
 
 impl Default for Config {
@@ -106,6 +109,7 @@ impl Default for Config {
             portable: false,
             events: None,
             events_notify: true,
+            admin_token: None,
         }
     }
 }
@@ -133,6 +137,22 @@ fn pooler_from_env(value: Option<&str>) -> Result<Pooler, String> {
              or \"transaction\" (a pooler in transaction mode, such as PgBouncer's \
              pool_mode = transaction), not {other:?}"
         )),
+    }
+}
+
+/// Reads `ADMIN_TOKEN`: unset or empty, no console; else at least 16 characters, so that
+/// a placeholder such as `admin` does not guard the console.
+fn admin_token_from_env(value: Option<String>) -> Result<Option<String>, String> {
+    match value.filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(token) if token.len() >= 16 && token.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(token))
+        }
+        Some(_) => Err(
+            "ADMIN_TOKEN must be at least 16 visible ASCII characters (it guards idem's console \
+             at /admin/idem), or unset"
+                .into(),
+        ),
     }
 }
 
@@ -319,6 +339,12 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())
         .map_err(ServiceError::setting)?;
     let nats_url = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty());
+    let admin_token =
+        admin_token_from_env(std::env::var("ADMIN_TOKEN").ok()).map_err(ServiceError::setting)?;
+    let delivery = events::Delivery {
+        max_attempts: within("OUTBOX_MAX_ATTEMPTS", 10, 1..=1_000)?,
+        first_backoff: Duration::from_millis(number("OUTBOX_BACKOFF_MS", 500)?),
+    };
     let subject_prefix = std::env::var("NATS_SUBJECT_PREFIX").unwrap_or_else(|_| "charges".into());
     if !subject_prefix
         .bytes()
@@ -374,6 +400,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         portable,
         events: nats_url.as_ref().map(|_| subject_prefix.clone()),
         events_notify: true,
+        admin_token,
     };
     let store = store(pool.clone(), &config);
     if portable {
@@ -399,7 +426,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     // Charge events: relayed from the outbox to JetStream, booked by the ledger consumer.
     let _events = match &nats_url {
         Some(url) => Some(doing(
-            events::start(&store, url, &subject_prefix).await,
+            events::start_with(&store, url, &subject_prefix, delivery).await,
             || format!("cannot start the charge events on NATS at {url}"),
         )?),
         None => None,
@@ -508,6 +535,10 @@ pub fn store(pool: PgPool, config: &Config) -> Store {
 /// The service's router: the store keys requests per account.
 pub fn app(pool: PgPool, config: Config) -> Router {
     let idempotency = store(pool.clone(), &config);
+    let admin = config
+        .admin_token
+        .clone()
+        .map(|token| admin(idempotency.clone(), token));
     let state = AppState {
         idempotency,
         pool,
@@ -526,9 +557,64 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .route("/webhooks/payments", post(webhook::payment_event))
         .route("/webhooks/stripe", post(webhook::stripe_event))
         .route("/webhooks/github", post(webhook::github_event));
-    api.merge(webhooks)
+    let app = api
+        .merge(webhooks)
         .route("/openapi.json", get(openapi::document))
-        .with_state(state)
+        .with_state(state);
+    match admin {
+        Some(admin) => app.nest("/admin/idem", admin),
+        None => app,
+    }
+}
+
+/// The header the admin layer names the operator in, for idem's console's action log.
+pub const OPERATOR_HEADER: &str = "x-operator";
+
+/// idem's console, actions on, behind [`admin_auth`] with `token`.
+fn admin(store: Store, token: String) -> Router {
+    idem::console::Console::new(store)
+        .actions(true)
+        .operator_header(axum::http::HeaderName::from_static(OPERATOR_HEADER))
+        .router()
+        .layer(middleware::from_fn_with_state(Arc::new(token), admin_auth))
+}
+
+/// `Authorization: Bearer <ADMIN_TOKEN>`, or 401: the console has no authentication of
+/// its own. The one token holder is the operator `admin` (a service with several
+/// operators names each from its own identity provider here); whatever a client sent as
+/// the operator header is replaced.
+async fn admin_auth(
+    axum::extract::State(token): axum::extract::State<Arc<String>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let sent = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !same(sent.as_bytes(), token.as_bytes()) {
+        let mut response = (
+            StatusCode::UNAUTHORIZED,
+            "send `Authorization: Bearer <ADMIN_TOKEN>`\n",
+        )
+            .into_response();
+        response.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"idem console\""),
+        );
+        return response;
+    }
+    request
+        .headers_mut()
+        .insert(OPERATOR_HEADER, HeaderValue::from_static("admin"));
+    next.run(request).await
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `Authorization: Bearer <account>`, or 401. Runs before idem, so idem's principal
@@ -722,6 +808,21 @@ mod tests {
         assert!(error.contains("no TLS"), "{error}");
         let error = processor_from_env(Some("http://127.0.0.1:9000"), 0).unwrap_err();
         assert!(error.starts_with("PROCESSOR_TIMEOUT_MS"), "{error}");
+    }
+
+    #[test]
+    fn admin_token_is_long_or_unset() {
+        assert_eq!(admin_token_from_env(None), Ok(None));
+        assert_eq!(admin_token_from_env(Some(String::new())), Ok(None));
+        let token = "0123456789abcdef".to_owned();
+        assert_eq!(admin_token_from_env(Some(token.clone())), Ok(Some(token)));
+        for wrong in ["admin", "0123456789 abcdef"] {
+            let error = admin_token_from_env(Some(wrong.into())).unwrap_err();
+            assert!(error.starts_with("ADMIN_TOKEN must be"), "{error}");
+        }
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
     }
 
     #[test]

@@ -19,6 +19,10 @@
 //! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
 //! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects; the ledger's
 //! dead letters go to the stream `<prefix>_dead`),
+//! `ADMIN_TOKEN` (unset by default: nothing at `/admin/idem`; set, at least 16 characters,
+//! idem's console is mounted there behind `Authorization: Bearer <ADMIN_TOKEN>`),
+//! `OUTBOX_MAX_ATTEMPTS` (default 10: failed publishes before an event is parked as dead),
+//! `OUTBOX_BACKOFF_MS` (default 500: the first wait after a failed publish, doubling),
 //! `RUST_LOG` (default `info`, with PostgreSQL's notices such as "relation already exists,
 //! skipping" from `warn` only).
 

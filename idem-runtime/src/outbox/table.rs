@@ -237,6 +237,8 @@ UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_own
 pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
+    /// The table as written in SQL, for the operators' statements ([`crate::operate`]).
+    qualified: String,
     channel: String,
     ddl: SqlStr,
     write: SqlStr,
@@ -323,7 +325,13 @@ impl OutboxTable {
             dead: render(DEAD),
             redrive: render(REDRIVE),
             channel,
+            qualified: table,
         }
+    }
+
+    /// The table as written in SQL (`"schema"."name"`).
+    pub(crate) fn qualified(&self) -> &str {
+        &self.qualified
     }
 
     /// The channel its writes notify and relays listen on.

@@ -1,0 +1,194 @@
+//! The command line, as clap reads it.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Operate idem's tables: migrate and verify them, look at idempotency keys, watch the
+/// outbox, re-drive or discard dead events.
+///
+/// Exit codes: 0 done; 1 the database failed otherwise; 2 wrong usage (or an action
+/// refused without --yes); 3 not found; 4 the tables are missing or wrong; 5 the
+/// database cannot be reached; 6 permission denied.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, long_about)]
+pub(crate) struct Cli {
+    /// The PostgreSQL to work on.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// The idempotency table, `name` or `schema.name`.
+    #[arg(long, default_value = idem::DEFAULT_TABLE, global = true)]
+    pub(crate) table: String,
+    /// The outbox table (default: `idem_outbox` in the idempotency table's schema).
+    #[arg(long, global = true)]
+    pub(crate) outbox_table: Option<String>,
+    /// What sits in front of PostgreSQL: nothing or a pooler in session mode, or a
+    /// pooler in transaction mode (PgBouncer `pool_mode = transaction`).
+    #[arg(long, value_enum, default_value_t = PoolerArg::Session, global = true)]
+    pub(crate) pooler: PoolerArg,
+    /// The store's portable mode (distributed PostgreSQL, such as Citus).
+    #[arg(long, global = true)]
+    pub(crate) portable: bool,
+    /// The type of the principal column, for `migrate`.
+    #[arg(long, value_enum, default_value_t = PrincipalArg::Text, global = true)]
+    pub(crate) principal_type: PrincipalArg,
+    /// Print JSON, for scripts, instead of tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PoolerArg {
+    Session,
+    Transaction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrincipalArg {
+    Text,
+    Uuid,
+    Bigint,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create idem's tables if they are missing (in portable mode on Citus, distribute
+    /// the idempotency table by principal too).
+    Migrate {
+        /// Print the DDL instead of running it.
+        #[arg(long)]
+        print: bool,
+        /// Portable mode on Citus: the tenant table to colocate the idempotency table
+        /// with.
+        #[arg(long)]
+        colocate_with: Option<String>,
+    },
+    /// Check that the tables suit the store as configured (`Store::verify`).
+    Verify,
+    /// Idempotency keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// The outbox.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum KeyCommand {
+    /// One key's record: status, created, expires, fingerprint, response size.
+    Status {
+        scope: String,
+        key: String,
+        /// Its principal (none by default).
+        #[arg(long, default_value = "")]
+        principal: String,
+        /// Show the stored response body too (it may carry personal data).
+        #[arg(long)]
+        body: bool,
+    },
+    /// Records, newest first.
+    List {
+        #[arg(long)]
+        scope: Option<String>,
+        #[arg(long)]
+        principal: Option<String>,
+        /// Only records at least this old: 90s, 30m, 24h, 7d.
+        #[arg(long, value_parser = age)]
+        older_than: Option<Duration>,
+        /// Expired records too.
+        #[arg(long)]
+        expired: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Records per scope: live, expiring soon, expired.
+    Counts {
+        /// What "expiring soon" means.
+        #[arg(long, value_parser = age, default_value = "1h")]
+        expiring_within: Duration,
+    },
+    /// Delete one key's record, so that its next request runs afresh.
+    Purge {
+        scope: String,
+        key: String,
+        #[arg(long, default_value = "")]
+        principal: String,
+        /// Do not ask first.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Delete expired records now.
+    Sweep {
+        #[arg(long, default_value_t = 1_000)]
+        batch: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// Pending events per topic, with their lag.
+    Pending,
+    /// The age of the oldest pending event.
+    Lag,
+    /// Events a relay leases, or that back off after a failure, and until when.
+    Leases {
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Ordering keys whose events wait behind another, and the event that blocks each.
+    Blocked {
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Dead events grouped by reason, with counts; `--list` lists them.
+    Dead {
+        #[arg(long)]
+        list: bool,
+        /// Only this reason's (with --list).
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Make dead events pending again, their attempts reset.
+    Redrive {
+        #[command(flatten)]
+        which: Which,
+        /// Say what would move, and move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete dead events: they are never published.
+    Discard {
+        #[command(flatten)]
+        which: Which,
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask first.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Which dead events: by id, by reason, or all.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct Which {
+    /// These events (repeat, or separate with commas).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) id: Vec<String>,
+    /// Those whose last error is exactly this (as `idem outbox dead` prints it).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// All of them.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+fn age(text: &str) -> Result<Duration, String> {
+    idem::operate::parse_age(text).ok_or_else(|| {
+        format!("{text:?} is not an age: use a whole number and s, m, h or d (90s, 30m, 24h, 7d)")
+    })
+}

@@ -1,0 +1,394 @@
+//! `idem`: idem's tables from a terminal or a script, over the same queries as the
+//! console (`idem::operate`). `idem --help` lists the commands; the README's "The
+//! command line" shows them at work.
+
+mod args;
+mod output;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use idem::operate::{DeadJson, DeadSelection, KeyFilter};
+use idem::{PrincipalType, Store, VerifyError};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use args::{Cli, Command, KeyCommand, OutboxCommand, PoolerArg, PrincipalArg, Which};
+use output::Out;
+
+/// The exit codes scripts can rely on (also in `idem --help`).
+mod exit {
+    /// The database failed in another way.
+    pub(crate) const FAILED: u8 = 1;
+    /// Wrong usage, or an action refused without `--yes`.
+    pub(crate) const USAGE: u8 = 2;
+    /// What was asked for is not there.
+    pub(crate) const NOT_FOUND: u8 = 3;
+    /// idem's tables are missing or not as the store is configured.
+    pub(crate) const TABLES: u8 = 4;
+    /// The database cannot be reached.
+    pub(crate) const UNREACHABLE: u8 = 5;
+    /// The database refused: permission denied, or authentication failed.
+    pub(crate) const PERMISSION: u8 = 6;
+}
+
+/// Why the command stopped: an exit code and one line.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Where the command connects, without the password, for messages.
+struct Target {
+    server: String,
+    user: String,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("idem: {}", failure.message.replace('\n', " "));
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let out = Out { json: cli.json };
+    let url = cli.database_url.clone().ok_or_else(|| {
+        Failure::new(
+            exit::USAGE,
+            "no database: set DATABASE_URL or pass --database-url",
+        )
+    })?;
+    let options: PgConnectOptions = url.parse().map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            format!("DATABASE_URL is not a PostgreSQL URL: {e}"),
+        )
+    })?;
+    let target = Target {
+        server: format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        ),
+        user: options.get_username().to_owned(),
+    };
+    let options = match cli.pooler {
+        PoolerArg::Transaction => options.statement_cache_capacity(0),
+        PoolerArg::Session => options,
+    };
+    let store = |pool| {
+        let mut builder = Store::builder(pool)
+            .table(&cli.table)
+            .pooler(match cli.pooler {
+                PoolerArg::Session => idem::Pooler::Session,
+                PoolerArg::Transaction => idem::Pooler::Transaction,
+            })
+            .principal_type(match cli.principal_type {
+                PrincipalArg::Text => PrincipalType::Text,
+                PrincipalArg::Uuid => PrincipalType::Uuid,
+                PrincipalArg::Bigint => PrincipalType::Bigint,
+            });
+        if let Some(outbox) = &cli.outbox_table {
+            builder = builder.outbox_table(outbox);
+        }
+        if cli.portable {
+            builder = builder.portable();
+        }
+        builder
+            .build()
+            .map_err(|e| Failure::new(exit::USAGE, e.to_string()))
+    };
+    if let Command::Migrate { print: true, .. } = cli.command {
+        // Printing the DDL needs no database.
+        let lazy = PgPoolOptions::new().connect_lazy_with(options);
+        let store = store(lazy)?;
+        println!("{}\n{}", store.schema_sql(), store.outbox_schema_sql());
+        return Ok(());
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .map_err(|e| database(&e, &target))?;
+    let store = store(pool)?;
+    let failed = |e: sqlx::Error| database(&e, &target);
+    match cli.command {
+        Command::Migrate { colocate_with, .. } => {
+            store.migrate().await.map_err(failed)?;
+            if cli.portable {
+                store
+                    .distribute(colocate_with.as_deref())
+                    .await
+                    .map_err(|e| verify(e, &target))?;
+            }
+            out.done(&format!("idem's tables are in {}", target.server));
+        }
+        Command::Verify => {
+            store.verify().await.map_err(|e| verify(e, &target))?;
+            out.done(&format!(
+                "idem's tables in {} suit the store as configured",
+                target.server
+            ));
+        }
+        Command::Key(command) => key(&store, &out, command)
+            .await
+            .map_err(|f| f.or(&target))?,
+        Command::Outbox(command) => outbox(&store, &out, command)
+            .await
+            .map_err(|f| f.or(&target))?,
+    }
+    Ok(())
+}
+
+/// A failure of a subcommand: a database error, classified once the target is known,
+/// or a failure of its own.
+enum Fault {
+    Database(sqlx::Error),
+    Own(Failure),
+}
+
+impl From<sqlx::Error> for Fault {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl Fault {
+    fn or(self, target: &Target) -> Failure {
+        match self {
+            Self::Database(e) => database(&e, target),
+            Self::Own(failure) => failure,
+        }
+    }
+}
+
+async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault> {
+    match command {
+        KeyCommand::Status {
+            scope,
+            key,
+            principal,
+            body,
+        } => {
+            let Some(found) = store.key(&scope, &principal, &key, body).await? else {
+                return Err(Fault::Own(Failure::new(
+                    exit::NOT_FOUND,
+                    format!(
+                        "no committed record of key {key:?} in scope {scope:?}{}",
+                        of(&principal)
+                    ),
+                )));
+            };
+            out.key(&found);
+        }
+        KeyCommand::List {
+            scope,
+            principal,
+            older_than,
+            expired,
+            limit,
+        } => {
+            let mut filter = KeyFilter::default();
+            filter.scope = scope;
+            filter.principal = principal;
+            filter.older_than = older_than;
+            filter.include_expired = expired;
+            filter.limit = limit;
+            out.keys(&store.keys(&filter).await?);
+        }
+        KeyCommand::Counts { expiring_within } => {
+            out.counts(&store.key_counts(expiring_within).await?);
+        }
+        KeyCommand::Purge {
+            scope,
+            key,
+            principal,
+            yes,
+        } => {
+            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
+            confirm(yes, &format!("Purge the record of {what}?"))?;
+            let n = store.purge_key(&scope, &principal, &key).await?;
+            if n == 0 {
+                return Err(Fault::Own(Failure::new(
+                    exit::NOT_FOUND,
+                    format!("no committed record of {what}"),
+                )));
+            }
+            out.moved("purged", n, &format!("purged {n} record(s) of {what}"));
+        }
+        KeyCommand::Sweep { batch } => {
+            let n = store.purge_expired(batch).await?;
+            out.moved("swept", n, &format!("swept {n} expired record(s)"));
+        }
+    }
+    Ok(())
+}
+
+async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), Fault> {
+    match command {
+        OutboxCommand::Pending => out.pending(&store.outbox_pending().await?),
+        OutboxCommand::Lag => out.lag(store.outbox_lag().await?),
+        OutboxCommand::Leases { limit } => out.leases(&store.outbox_leases(limit).await?),
+        OutboxCommand::Blocked { limit } => out.blocked(&store.outbox_blocked(limit).await?),
+        OutboxCommand::Dead {
+            list,
+            reason,
+            limit,
+        } => {
+            if list || reason.is_some() {
+                let selection = reason.map_or(DeadSelection::All, DeadSelection::Reason);
+                out.dead(&store.dead_events_in(&selection, limit).await?);
+            } else {
+                out.reasons(&store.dead_reasons().await?);
+            }
+        }
+        OutboxCommand::Redrive { which, dry_run } => {
+            let selection = selection(which);
+            if dry_run {
+                return dry(store, out, &selection, "re-drive").await;
+            }
+            let n = store.redrive_dead(&selection).await?;
+            out.moved(
+                "redriven",
+                n,
+                &format!("re-drove {n} dead event(s): they are pending again"),
+            );
+        }
+        OutboxCommand::Discard {
+            which,
+            dry_run,
+            yes,
+        } => {
+            let selection = selection(which);
+            if dry_run {
+                return dry(store, out, &selection, "discard").await;
+            }
+            let n = store.dead_count(&selection).await?;
+            confirm(
+                yes,
+                &format!("Discard {n} dead event(s)? They will never be published."),
+            )?;
+            let n = store.discard_dead(&selection).await?;
+            out.moved("discarded", n, &format!("discarded {n} dead event(s)"));
+        }
+    }
+    Ok(())
+}
+
+/// What a re-drive or discard of `selection` would move: every event, listed.
+async fn dry(store: &Store, out: &Out, selection: &DeadSelection, verb: &str) -> Result<(), Fault> {
+    let n = store.dead_count(selection).await?;
+    let events = store.dead_events_in(selection, u32::MAX).await?;
+    if out.json {
+        let list: Vec<_> = events.iter().map(DeadJson).collect();
+        out.print_json(&json!({ "dry_run": true, "would": verb, "events": n, "list": list }));
+    } else {
+        println!("would {verb} {n} dead event(s); nothing moved (--dry-run)");
+        out.dead(&events);
+    }
+    Ok(())
+}
+
+fn selection(which: Which) -> DeadSelection {
+    if which.all {
+        DeadSelection::All
+    } else if let Some(reason) = which.reason {
+        DeadSelection::Reason(reason)
+    } else {
+        DeadSelection::Ids(which.id)
+    }
+}
+
+fn of(principal: &str) -> String {
+    if principal.is_empty() {
+        String::new()
+    } else {
+        format!(" of principal {principal:?}")
+    }
+}
+
+/// Asks `question` on the terminal unless `yes`; refuses (exit 2) when stdin is no
+/// terminal to ask on.
+fn confirm(yes: bool, question: &str) -> Result<(), Fault> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Fault::Own(Failure::new(
+            exit::USAGE,
+            "refusing without --yes: standard input is not a terminal to ask on",
+        )));
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer).ok();
+    if matches!(answer.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err(Fault::Own(Failure::new(
+            exit::USAGE,
+            "not confirmed: nothing done",
+        )))
+    }
+}
+
+/// A database error as one line and an exit code.
+fn database(error: &sqlx::Error, target: &Target) -> Failure {
+    let Target { server, user } = target;
+    if idem::is_unavailable(error) {
+        return Failure::new(
+            exit::UNREACHABLE,
+            format!("cannot reach PostgreSQL at {server}: {error}"),
+        );
+    }
+    let (code, message) = match error {
+        sqlx::Error::Database(e) => (e.code().map(|c| c.into_owned()), e.message().to_owned()),
+        other => (None, other.to_string()),
+    };
+    match code.as_deref() {
+        Some("42P01" | "3F000") => Failure::new(
+            exit::TABLES,
+            format!("{message} in {server}: check --table and --outbox-table, or create the tables with `idem migrate`"),
+        ),
+        Some("42703") => Failure::new(
+            exit::TABLES,
+            format!("{message} in {server}: the table is older than this idem; run `idem migrate`"),
+        ),
+        Some("42501") => Failure::new(
+            exit::PERMISSION,
+            format!("{message} (as user {user:?} on {server}): grant it the privileges this command needs"),
+        ),
+        Some("28P01" | "28000") => Failure::new(exit::PERMISSION, format!("{message} (on {server})")),
+        Some("3D000") => Failure::new(exit::UNREACHABLE, format!("{message} (on {server})")),
+        _ => Failure::new(exit::FAILED, format!("{server}: {message}")),
+    }
+}
+
+/// A [`VerifyError`] as one line and an exit code.
+fn verify(error: VerifyError, target: &Target) -> Failure {
+    match error {
+        VerifyError::Database(e) => database(&e, target),
+        other => Failure::new(exit::TABLES, format!("{}: {other}", target.server)),
+    }
+}

@@ -1,0 +1,283 @@
+//! What the command prints: aligned tables for a terminal, JSON (`--json`) for scripts.
+
+use std::time::Duration;
+
+use idem::operate::{
+    format_time, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail, KeySummary, Lease,
+    TopicPending,
+};
+use idem::outbox::DeadEvent;
+use serde::Serialize;
+use serde_json::json;
+
+/// How to print.
+pub(crate) struct Out {
+    pub(crate) json: bool,
+}
+
+/// Seconds to the millisecond.
+fn secs(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64())
+}
+
+/// `rows` under `header`, each column as wide as its widest cell.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+impl Out {
+    pub(crate) fn print_json<T: Serialize + ?Sized>(&self, value: &T) {
+        match serde_json::to_string_pretty(value) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("idem: cannot write JSON: {e}"),
+        }
+    }
+
+    /// A command that changed nothing but says it is done.
+    pub(crate) fn done(&self, message: &str) {
+        if self.json {
+            self.print_json(&json!({ "ok": true, "message": message }));
+        } else {
+            println!("{message}");
+        }
+    }
+
+    /// A command that moved `n` things.
+    pub(crate) fn moved(&self, what: &str, n: u64, message: &str) {
+        if self.json {
+            self.print_json(&json!({ what: n }));
+        } else {
+            println!("{message}");
+        }
+    }
+
+    pub(crate) fn key(&self, k: &KeyDetail) {
+        if self.json {
+            return self.print_json(k);
+        }
+        let expires = if k.expired {
+            format!("{} (expired)", format_time(k.expires_at))
+        } else {
+            format_time(k.expires_at)
+        };
+        let rows = vec![
+            vec!["status".into(), k.status.as_u16().to_string()],
+            vec!["created".into(), format_time(k.created_at)],
+            vec!["expires".into(), expires],
+            vec!["fingerprint".into(), k.fingerprint.clone()],
+            vec!["response bytes".into(), k.body_bytes.to_string()],
+            vec!["headers".into(), k.headers.trim_end().replace('\n', "; ")],
+        ];
+        table(&["", ""], &rows);
+        if let Some(body) = &k.body {
+            println!("body:\n{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    pub(crate) fn keys(&self, keys: &[KeySummary]) {
+        if self.json {
+            return self.print_json(keys);
+        }
+        let rows: Vec<Vec<String>> = keys
+            .iter()
+            .map(|k| {
+                vec![
+                    match &k.spread {
+                        Some(spread) => format!("{} (spread by {spread})", k.scope),
+                        None => k.scope.clone(),
+                    },
+                    k.principal.clone(),
+                    k.key.clone(),
+                    k.status.to_string(),
+                    k.body_bytes.to_string(),
+                    format_time(k.created_at),
+                    format!(
+                        "{}{}",
+                        format_time(k.expires_at),
+                        if k.expired { " (expired)" } else { "" }
+                    ),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "SCOPE",
+                "PRINCIPAL",
+                "KEY",
+                "STATUS",
+                "BYTES",
+                "CREATED",
+                "EXPIRES",
+            ],
+            &rows,
+        );
+    }
+
+    pub(crate) fn counts(&self, counts: &[KeyCounts]) {
+        if self.json {
+            return self.print_json(counts);
+        }
+        let rows: Vec<Vec<String>> = counts
+            .iter()
+            .map(|c| {
+                vec![
+                    c.scope.clone(),
+                    c.live.to_string(),
+                    c.expiring.to_string(),
+                    c.expired.to_string(),
+                ]
+            })
+            .collect();
+        table(&["SCOPE", "LIVE", "EXPIRING", "EXPIRED"], &rows);
+    }
+
+    pub(crate) fn pending(&self, pending: &[TopicPending]) {
+        if self.json {
+            return self.print_json(pending);
+        }
+        let rows: Vec<Vec<String>> = pending
+            .iter()
+            .map(|p| {
+                vec![
+                    p.topic.clone(),
+                    p.events.to_string(),
+                    p.held.to_string(),
+                    secs(p.oldest),
+                ]
+            })
+            .collect();
+        table(&["TOPIC", "PENDING", "HELD", "LAG_SECS"], &rows);
+    }
+
+    pub(crate) fn lag(&self, lag: Option<Duration>) {
+        if self.json {
+            return self.print_json(&json!({ "lag_secs": lag.map(|l| l.as_secs_f64()) }));
+        }
+        match lag {
+            Some(lag) => println!("{} s: the age of the oldest pending event", secs(lag)),
+            None => println!("nothing pending"),
+        }
+    }
+
+    fn lease_row(l: &Lease) -> Vec<String> {
+        vec![
+            l.id.clone(),
+            l.topic.clone(),
+            l.attempts.to_string(),
+            l.owner.map_or("-".into(), |o| format!("relay {o}")),
+            format_time(l.until),
+            l.last_error.clone().unwrap_or_default(),
+        ]
+    }
+
+    pub(crate) fn leases(&self, leases: &[Lease]) {
+        if self.json {
+            return self.print_json(leases);
+        }
+        let rows: Vec<Vec<String>> = leases.iter().map(Self::lease_row).collect();
+        table(
+            &[
+                "EVENT",
+                "TOPIC",
+                "ATTEMPTS",
+                "HELD_BY",
+                "UNTIL",
+                "LAST_ERROR",
+            ],
+            &rows,
+        );
+    }
+
+    pub(crate) fn blocked(&self, blocked: &[BlockedKey]) {
+        if self.json {
+            return self.print_json(blocked);
+        }
+        let rows: Vec<Vec<String>> = blocked
+            .iter()
+            .map(|b| {
+                let mut row = vec![b.ordering_key.clone(), b.waiting.to_string()];
+                row.extend(Self::lease_row(&b.blocking));
+                row
+            })
+            .collect();
+        table(
+            &[
+                "ORDERING_KEY",
+                "WAITING",
+                "BLOCKED_BY",
+                "TOPIC",
+                "ATTEMPTS",
+                "HELD_BY",
+                "UNTIL",
+                "LAST_ERROR",
+            ],
+            &rows,
+        );
+    }
+
+    pub(crate) fn reasons(&self, reasons: &[DeadReason]) {
+        if self.json {
+            return self.print_json(reasons);
+        }
+        let rows: Vec<Vec<String>> = reasons
+            .iter()
+            .map(|r| {
+                vec![
+                    r.events.to_string(),
+                    r.topics.join(","),
+                    secs(r.oldest),
+                    r.reason.clone(),
+                ]
+            })
+            .collect();
+        table(&["EVENTS", "TOPICS", "OLDEST_SECS", "REASON"], &rows);
+    }
+
+    pub(crate) fn dead(&self, events: &[DeadEvent]) {
+        if self.json {
+            let list: Vec<_> = events.iter().map(DeadJson).collect();
+            return self.print_json(&list);
+        }
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                vec![
+                    e.id.clone(),
+                    e.topic.clone(),
+                    e.ordering_key.clone().unwrap_or_default(),
+                    e.attempts.to_string(),
+                    secs(e.dead_for),
+                    e.last_error.clone(),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "EVENT",
+                "TOPIC",
+                "ORDERING_KEY",
+                "ATTEMPTS",
+                "DEAD_SECS",
+                "REASON",
+            ],
+            &rows,
+        );
+    }
+}

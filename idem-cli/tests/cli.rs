@@ -1,0 +1,375 @@
+//! The `idem` binary itself, run as a user runs it, against a real database on the three
+//! topologies: PostgreSQL directly, behind PgBouncer in transaction mode
+//! (`--pooler transaction`) and on a Citus cluster (`--portable`). Its keys and events
+//! are made by idem itself (`run_once`, `Tx::emit`, and a relay whose publisher fails),
+//! then every command reads or moves them; and each way a command can fail says so in one
+//! line with its exit code.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
+use idem::Store;
+use idem_tests::{with_test_db, Citus, Pgbouncer};
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+/// Runs `idem` with `DATABASE_URL=url`, `flags` before `args`, nothing on its stdin.
+fn idem(url: &str, flags: &[&str], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env("DATABASE_URL", url)
+        .args(flags)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem")
+}
+
+/// `idem ... --json`, which must succeed: its JSON.
+fn json(url: &str, flags: &[&str], args: &[&str]) -> Value {
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let out = idem(url, flags, &with_json);
+    assert!(out.status.success(), "idem {args:?}: {}", said(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("idem {args:?}: {e}: {}", said(&out)))
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "exit {:?}, stdout {:?}, stderr {:?}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The exit code, and stderr, which must be one line starting with `idem: `.
+fn failure(out: &Output) -> (i32, String) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(stderr.lines().count(), 1, "one line: {}", said(out));
+    assert!(stderr.starts_with("idem: "), "{}", said(out));
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+/// A publisher that never delivers: `nowhere.*` and `gone.*` fail for good (two
+/// reasons), anything else fails for now.
+struct Refusing;
+
+impl Publisher for Refusing {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        if event.topic.starts_with("nowhere.") {
+            Err(PublishError::permanent("no stream captures the subject"))
+        } else if event.topic.starts_with("gone.") {
+            Err(PublishError::permanent("the stream was deleted"))
+        } else {
+            Err(PublishError::retry("broker unavailable"))
+        }
+    }
+}
+
+/// Two keys of scope `jobs`, whose work emits three events that park (two for one
+/// reason, one for another) and two of ordering key `acct-1` that the relay holds in a
+/// backoff: one leased by the backoff, the other waiting behind it.
+async fn seed(store: &Store) {
+    for (key, topics) in [
+        ("job-1", vec!["nowhere.a", "nowhere.b", "slow.x", "slow.x"]),
+        ("job-2", vec!["gone.a"]),
+    ] {
+        store
+            .run_once("jobs", key)
+            .run(async |mut tx| {
+                for topic in topics {
+                    let mut event = Event::new(topic, &serde_json::json!({ "job": key }));
+                    if topic == "slow.x" {
+                        event = event.ordering_key("acct-1");
+                    }
+                    tx.emit(event).await?;
+                }
+                Ok::<_, sqlx::Error>(format!("done {key}"))
+            })
+            .await
+            .expect("run the job");
+    }
+    store
+        .relay(Refusing)
+        .max_attempts(3)
+        .backoff(Duration::from_secs(3_600), Duration::from_secs(3_600))
+        .run_until_idle()
+        .await
+        .expect("run the relay");
+}
+
+/// Every command on one topology; `flags` say how to reach it (`--pooler transaction`,
+/// `--portable`); `store` writes through a direct connection.
+async fn every_command(url: &str, flags: &[&str], store: &Store) {
+    let printed = idem(url, flags, &["migrate", "--print"]);
+    let ddl = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"idempotency_keys\""),
+        "{ddl}"
+    );
+    assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"idem_outbox\""),
+        "{ddl}"
+    );
+    assert_eq!(json(url, flags, &["migrate"])["ok"], true);
+    assert_eq!(json(url, flags, &["verify"])["ok"], true);
+    seed(store).await;
+
+    // A key: its record, its body only when asked, a missing one (exit 3).
+    let key = json(url, flags, &["key", "status", "jobs", "job-1"]);
+    assert_eq!(key["status"], 200, "{key}");
+    assert_eq!(key["fingerprint"].as_str().unwrap().len(), 64, "{key}");
+    assert!(key["body"].is_null(), "hidden unless asked: {key}");
+    assert!(key["created_at"].as_str().unwrap().ends_with('Z'), "{key}");
+    let with_body = json(url, flags, &["key", "status", "jobs", "job-1", "--body"]);
+    assert!(
+        with_body["body"].as_str().unwrap().contains("done job-1"),
+        "{with_body}"
+    );
+    let missing = idem(url, flags, &["key", "status", "jobs", "job-9"]);
+    let (code, line) = failure(&missing);
+    assert_eq!(code, 3, "{line}");
+    assert!(line.contains("job-9"), "{line}");
+
+    let listed = json(url, flags, &["key", "list", "--scope", "jobs"]);
+    let keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 2, "{listed}");
+    assert!(
+        keys.contains(&"job-1") && keys.contains(&"job-2"),
+        "{listed}"
+    );
+    assert!(json(url, flags, &["key", "list", "--older-than", "1h"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let counts = json(url, flags, &["key", "counts"]);
+    assert_eq!(counts[0]["scope"], "jobs", "{counts}");
+    assert_eq!(counts[0]["live"], 2, "{counts}");
+    assert_eq!(counts[0]["expiring"], 0, "{counts}");
+    let table = idem(url, flags, &["key", "counts"]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout)
+            .starts_with("SCOPE  LIVE  EXPIRING  EXPIRED\njobs   2     0         0"),
+        "{}",
+        said(&table)
+    );
+
+    // Purging asks first: without a terminal and without --yes, nothing happens.
+    let (code, line) = failure(&idem(url, flags, &["key", "purge", "jobs", "job-2"]));
+    assert_eq!(code, 2, "{line}");
+    assert!(line.contains("--yes"), "{line}");
+    assert_eq!(
+        json(url, flags, &["key", "purge", "jobs", "job-2", "--yes"])["purged"],
+        1
+    );
+    assert_eq!(
+        idem(url, flags, &["key", "status", "jobs", "job-2"])
+            .status
+            .code(),
+        Some(3)
+    );
+    assert_eq!(json(url, flags, &["key", "sweep"])["swept"], 0);
+
+    // The outbox: two pending `slow.x` events, the first held in its backoff and
+    // holding the second.
+    let pending = json(url, flags, &["outbox", "pending"]);
+    assert_eq!(pending[0]["topic"], "slow.x", "{pending}");
+    assert_eq!(pending[0]["events"], 2, "{pending}");
+    assert_eq!(pending[0]["held"], 1, "{pending}");
+    assert!(
+        json(url, flags, &["outbox", "lag"])["lag_secs"]
+            .as_f64()
+            .unwrap()
+            >= 0.0
+    );
+    let leases = json(url, flags, &["outbox", "leases"]);
+    assert_eq!(leases.as_array().unwrap().len(), 1, "{leases}");
+    assert_eq!(leases[0]["last_error"], "broker unavailable", "{leases}");
+    let blocked = json(url, flags, &["outbox", "blocked"]);
+    assert_eq!(blocked[0]["ordering_key"], "acct-1", "{blocked}");
+    assert_eq!(blocked[0]["waiting"], 1, "{blocked}");
+    assert_eq!(blocked[0]["blocking"]["id"], leases[0]["id"], "{blocked}");
+
+    // Dead events by reason; a dry run moves nothing; then by reason, and the rest.
+    let reasons = json(url, flags, &["outbox", "dead"]);
+    assert_eq!(
+        reasons[0]["reason"], "no stream captures the subject",
+        "{reasons}"
+    );
+    assert_eq!(reasons[0]["events"], 2, "{reasons}");
+    assert_eq!(
+        reasons[0]["topics"],
+        serde_json::json!(["nowhere.a", "nowhere.b"])
+    );
+    assert_eq!(reasons[1]["reason"], "the stream was deleted", "{reasons}");
+    let reason = "no stream captures the subject";
+    let dry = json(
+        url,
+        flags,
+        &["outbox", "redrive", "--reason", reason, "--dry-run"],
+    );
+    assert_eq!(dry["events"], 2, "{dry}");
+    assert_eq!(dry["list"].as_array().unwrap().len(), 2, "{dry}");
+    let counts = |reasons: &Value| -> Vec<(String, u64)> {
+        let list = reasons.as_array().unwrap().iter();
+        list.map(|r| {
+            (
+                r["reason"].as_str().unwrap().to_owned(),
+                r["events"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+    };
+    let after = json(url, flags, &["outbox", "dead"]);
+    assert_eq!(counts(&after), counts(&reasons), "a dry run moves nothing");
+    assert_eq!(
+        json(url, flags, &["outbox", "redrive", "--reason", reason])["redriven"],
+        2
+    );
+    let pending = json(url, flags, &["outbox", "pending"]);
+    assert_eq!(
+        pending.as_array().unwrap().len(),
+        3,
+        "re-driven, pending again: {pending}"
+    );
+    let dead = json(url, flags, &["outbox", "dead", "--list"]);
+    assert_eq!(dead.as_array().unwrap().len(), 1, "{dead}");
+    assert_eq!(dead[0]["topic"], "gone.a", "{dead}");
+    let (code, _) = failure(&idem(url, flags, &["outbox", "discard", "--all"]));
+    assert_eq!(code, 2);
+    let by_id = dead[0]["id"].as_str().unwrap();
+    assert_eq!(
+        json(url, flags, &["outbox", "discard", "--id", by_id, "--yes"])["discarded"],
+        1
+    );
+    assert!(json(url, flags, &["outbox", "dead"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let table = idem(url, flags, &["outbox", "pending"]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout).starts_with("TOPIC"),
+        "{}",
+        said(&table)
+    );
+}
+
+async fn direct_pool(options: sqlx::postgres::PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(5)
+        .connect_with(options)
+        .await
+        .expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_on_postgresql() {
+    with_test_db(async |db| {
+        let store = Store::new(db.pool(5).await);
+        every_command(&db.url(), &[], &store).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_behind_pgbouncer_in_transaction_mode() {
+    with_test_db(async |db| {
+        let bouncer = Pgbouncer::start(db);
+        let store = Store::new(db.pool(5).await);
+        every_command(&bouncer.url(), &["--pooler", "transaction"], &store).await;
+        // Without the flag, `verify` sees the pooler and says so.
+        let (code, line) = failure(&idem(&bouncer.url(), &[], &["verify"]));
+        assert_eq!(code, 4, "{line}");
+        assert!(line.contains("pooler in transaction mode"), "{line}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_on_citus() {
+    let Some(cluster) = Citus::start("cli::every_command_on_citus", 2).await else {
+        return;
+    };
+    let pool = direct_pool(cluster.options()).await;
+    let store = Store::builder(pool).portable().build().unwrap();
+    every_command(&cluster.url(), &["--portable"], &store).await;
+    let listed = json(&cluster.url(), &["--portable"], &["key", "list"]);
+    assert_eq!(
+        listed[0]["spread"], "key",
+        "a portable store spreads keys by their hash: {listed}"
+    );
+}
+
+/// Each way a command fails: one line, and the exit code scripts rely on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_say_what_is_wrong_in_one_line() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let (code, line) = failure(&idem(&url, &["--table", "nope"], &["key", "list"]));
+        assert_eq!(code, 4, "{line}");
+        assert!(
+            line.contains("\"nope\" does not exist") && line.contains("--table"),
+            "{line}"
+        );
+        let (code, line) = failure(&idem(&url, &["--table", "nope"], &["verify"]));
+        assert_eq!(code, 4, "{line}");
+        assert!(line.contains("`nope` does not exist"), "{line}");
+        let (code, line) = failure(&idem(&url, &["--table", "Bad Name"], &["key", "list"]));
+        assert_eq!(code, 2, "{line}");
+
+        // Nothing listens on port 1.
+        let (code, line) = failure(&idem(
+            "postgres://postgres@127.0.0.1:1/x",
+            &[],
+            &["key", "list"],
+        ));
+        assert_eq!(code, 5, "{line}");
+        assert!(
+            line.contains("cannot reach PostgreSQL at 127.0.0.1:1/x"),
+            "{line}"
+        );
+
+        // A role that may log in and nothing more.
+        assert_eq!(json(&url, &[], &["migrate"])["ok"], true);
+        let pool = db.pool(1).await;
+        let role = format!("idem_cli_{}", std::process::id());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
+        let (code, line) = failure(&idem(&as_role, &[], &["outbox", "dead"]));
+        let (code2, line2) = failure(&idem(&as_role, &[], &["key", "status", "jobs", "k"]));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE {role}")))
+            .execute(&pool)
+            .await
+            .ok();
+        assert_eq!(code, 6, "{line}");
+        assert!(
+            line.contains("permission denied") && line.contains(&role),
+            "{line}"
+        );
+        assert_eq!(code2, 6, "{line2}");
+
+        // No database named at all.
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .env_remove("DATABASE_URL")
+            .args(["key", "list"])
+            .output()
+            .unwrap();
+        let (code, line) = failure(&out);
+        assert_eq!(code, 2, "{line}");
+        assert!(line.contains("DATABASE_URL"), "{line}");
+    })
+    .await;
+}

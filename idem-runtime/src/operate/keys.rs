@@ -1,0 +1,361 @@
+//! The idempotency table as an operator sees it: one key's record, a list of records,
+//! counts per scope, and purging one key.
+
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{Row, SqlStr};
+
+use super::{instant, rfc3339};
+use crate::table::{statement, PrincipalType};
+use crate::Store;
+
+/// A committed record. $1 its stored scope, $2 its principal, $3 the key, $4 whether to
+/// read the body.
+const KEY: &str = "\
+SELECT extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       expires_at <= now() AS expired, status, fingerprint,
+       coalesce(octet_length(body), 0) AS body_bytes, headers,
+       CASE WHEN $4::bool THEN body END AS body
+  FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
+
+/// Committed records, newest first. $1 a scope (its spread places included) or NULL, $2
+/// a principal or NULL, $3 a least age in seconds or NULL, $4 whether expired records
+/// are listed, $5 how many.
+const LIST: &str = "\
+SELECT scope, principal::text AS principal, key,
+       extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       expires_at <= now() AS expired, status,
+       coalesce(octet_length(body), 0) AS body_bytes
+  FROM {table}
+ WHERE status IS NOT NULL
+   AND ($1::text IS NULL OR scope = $1 OR left(scope, length($1) + 1) = $1 || chr(31))
+   AND ($2::text IS NULL OR principal = {p2})
+   AND ($3::float8 IS NULL OR created_at <= now() - $3::float8 * interval '1 second')
+   AND ($4::bool OR expires_at > now())
+ ORDER BY created_at DESC
+ LIMIT $5";
+
+/// Committed records per scope (spread places counted with their scope): live, live
+/// and expiring within $1 seconds, expired.
+const COUNTS: &str = "\
+SELECT split_part(scope, chr(31), 1) AS scope,
+       sum(CASE WHEN expires_at > now() THEN 1 ELSE 0 END)::bigint AS live,
+       sum(CASE WHEN expires_at > now()
+                 AND expires_at <= now() + $1::float8 * interval '1 second'
+                THEN 1 ELSE 0 END)::bigint AS expiring,
+       sum(CASE WHEN expires_at <= now() THEN 1 ELSE 0 END)::bigint AS expired
+  FROM {table}
+ WHERE status IS NOT NULL
+ GROUP BY 1
+ ORDER BY 1";
+
+/// One committed record, by its primary key (binds as [`KEY`]'s first three). A record
+/// whose request is still in flight is not committed, and not touched.
+const PURGE_KEY: &str = "\
+DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
+
+/// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
+const SPREAD_MARK: char = '\u{1f}';
+
+/// One key's committed record, as [`Store::key`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyDetail {
+    /// When the request that ran committed its transaction's start time.
+    #[serde(serialize_with = "rfc3339")]
+    pub created_at: SystemTime,
+    /// When the record stops being replayed.
+    #[serde(serialize_with = "rfc3339")]
+    pub expires_at: SystemTime,
+    /// Whether `expires_at` has passed.
+    pub expired: bool,
+    /// The status of the stored response.
+    #[serde(serialize_with = "status_code")]
+    pub status: StatusCode,
+    /// The request's fingerprint (SHA-256), in hex.
+    pub fingerprint: String,
+    /// The size of the stored response body.
+    pub body_bytes: usize,
+    /// The stored, allow-listed response headers, one `name: value` per line.
+    pub headers: String,
+    /// The stored body, when asked for (as text in JSON, invalid UTF-8 replaced).
+    #[serde(serialize_with = "super::lossy_text")]
+    pub body: Option<Vec<u8>>,
+}
+
+/// A committed record in a list ([`Store::keys`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeySummary {
+    /// The scope.
+    pub scope: String,
+    /// For a key without a principal kept under a spread value: `key` (a hash of the key)
+    /// or `tenant` (the tenant its event concerns); `None` otherwise.
+    pub spread: Option<String>,
+    /// The principal, or the spread value; empty for a key without a principal kept
+    /// under the nobody value.
+    pub principal: String,
+    /// The key.
+    pub key: String,
+    /// When it was created.
+    #[serde(serialize_with = "rfc3339")]
+    pub created_at: SystemTime,
+    /// When it expires.
+    #[serde(serialize_with = "rfc3339")]
+    pub expires_at: SystemTime,
+    /// Whether it has expired.
+    pub expired: bool,
+    /// The status of the stored response.
+    pub status: u16,
+    /// The size of the stored response body.
+    pub body_bytes: usize,
+}
+
+/// Which records [`Store::keys`] lists. The default lists the 50 newest live records
+/// of every scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyFilter {
+    /// Only this scope's records (with its spread keys).
+    pub scope: Option<String>,
+    /// Only this principal's records (or those kept under this spread value).
+    pub principal: Option<String>,
+    /// Only records at least this old.
+    pub older_than: Option<Duration>,
+    /// Expired records too.
+    pub include_expired: bool,
+    /// At most this many.
+    pub limit: u32,
+}
+
+impl Default for KeyFilter {
+    fn default() -> Self {
+        Self {
+            scope: None,
+            principal: None,
+            older_than: None,
+            include_expired: false,
+            limit: 50,
+        }
+    }
+}
+
+/// The records of one scope ([`Store::key_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyCounts {
+    /// The scope.
+    pub scope: String,
+    /// Records still replayed.
+    pub live: u64,
+    /// Live records that expire within the window asked for.
+    pub expiring: u64,
+    /// Expired records a sweep has not deleted yet.
+    pub expired: u64,
+}
+
+fn status_code<S: serde::Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u16(status.as_u16())
+}
+
+/// The statements of this module, rendered for one store's table.
+struct Statements {
+    key: SqlStr,
+    list: SqlStr,
+    counts: SqlStr,
+    purge_key: SqlStr,
+}
+
+impl Store {
+    fn key_statements(&self) -> Statements {
+        let table = self.inner.table_name.qualified();
+        let p2 = self.inner.dialect.principal_type.parameter();
+        let render = |sql: &str| statement(sql.replace("{table}", &table).replace("{p2}", p2));
+        Statements {
+            key: render(KEY),
+            list: render(LIST),
+            counts: render(COUNTS),
+            purge_key: render(PURGE_KEY),
+        }
+    }
+
+    /// A statement of this module as the store sends it: unnamed behind a transaction
+    /// pooler.
+    fn operator_query(
+        &self,
+        sql: SqlStr,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(sql).persistent(self.inner.table.persistent())
+    }
+
+    /// The committed record of `key` for `principal` (`""` for none) in `scope`, found
+    /// where [`Store::inspect`] finds it, with its fingerprint and stored headers, and
+    /// its body when `with_body` (it may carry personal data: ask only when needed).
+    pub async fn key(
+        &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+        with_body: bool,
+    ) -> Result<Option<KeyDetail>, sqlx::Error> {
+        let Some(places) = self.places(scope, principal, key) else {
+            return Ok(None);
+        };
+        let sql = self.key_statements().key;
+        let principal_type = self.inner.dialect.principal_type;
+        let mut found: Option<KeyDetail> = None;
+        for (stored, place) in &places {
+            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let row = self
+                .operator_query(sql.clone())
+                .bind(stored.as_ref())
+                .bind(principal_type.bound(place))
+                .bind(key)
+                .bind(with_body)
+                .fetch_optional(&mut *conn)
+                .await?;
+            conn.finish().await?;
+            let Some(row) = row else { continue };
+            let detail = detail(&row)?;
+            // The first live record, else the first expired one.
+            if !detail.expired {
+                return Ok(Some(detail));
+            }
+            found.get_or_insert(detail);
+        }
+        Ok(found)
+    }
+
+    /// Committed records, newest first, as `filter` selects them.
+    pub async fn keys(&self, filter: &KeyFilter) -> Result<Vec<KeySummary>, sqlx::Error> {
+        let principal_type = self.inner.dialect.principal_type;
+        let principal = match filter.principal.as_deref() {
+            None => None,
+            Some(p) => match principal_type.canonical(p) {
+                Some(p) => Some(p),
+                None => return Ok(Vec::new()),
+            },
+        };
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let rows = self
+            .operator_query(self.key_statements().list)
+            .bind(filter.scope.as_deref())
+            .bind(principal)
+            .bind(filter.older_than.map(|d| d.as_secs_f64()))
+            .bind(filter.include_expired)
+            .bind(i64::from(filter.limit))
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        rows.iter()
+            .map(|row| summary(row, principal_type))
+            .collect()
+    }
+
+    /// Committed records per scope: live, expiring within `within`, and expired.
+    pub async fn key_counts(&self, within: Duration) -> Result<Vec<KeyCounts>, sqlx::Error> {
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let rows = self
+            .operator_query(self.key_statements().counts)
+            .bind(within.as_secs_f64())
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        let count = |row: &PgRow, column: &str| -> Result<u64, sqlx::Error> {
+            Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
+        };
+        rows.iter()
+            .map(|row| {
+                Ok(KeyCounts {
+                    scope: row.try_get("scope")?,
+                    live: count(row, "live")?,
+                    expiring: count(row, "expiring")?,
+                    expired: count(row, "expired")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Deletes the committed record of `key` for `principal` in `scope` in every place
+    /// [`Store::inspect`] looks, so that the next request with the key runs afresh.
+    /// Returns how many records went (0: none was there). A request in flight with the
+    /// key is not touched (in the portable mode, where such a request holds the key's
+    /// row, the delete waits for it to end).
+    pub async fn purge_key(
+        &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let Some(places) = self.places(scope, principal, key) else {
+            return Ok(0);
+        };
+        let sql = self.key_statements().purge_key;
+        let principal_type = self.inner.dialect.principal_type;
+        let mut purged = 0;
+        for (stored, place) in &places {
+            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let done = self
+                .operator_query(sql.clone())
+                .bind(stored.as_ref())
+                .bind(principal_type.bound(place))
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+            conn.finish().await?;
+            purged += done.rows_affected();
+        }
+        Ok(purged)
+    }
+}
+
+fn detail(row: &PgRow) -> Result<KeyDetail, sqlx::Error> {
+    let status: i16 = row.try_get("status")?;
+    let status = u16::try_from(status)
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or_else(|| {
+            sqlx::Error::Decode(format!("stored status {status} is not an HTTP status").into())
+        })?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let headers: Option<Vec<u8>> = row.try_get("headers")?;
+    Ok(KeyDetail {
+        created_at: instant(row.try_get("created_at")?),
+        expires_at: instant(row.try_get("expires_at")?),
+        expired: row.try_get("expired")?,
+        status,
+        fingerprint: fingerprint.iter().map(|b| format!("{b:02x}")).collect(),
+        body_bytes: usize::try_from(row.try_get::<i32, _>("body_bytes")?).unwrap_or(0),
+        headers: String::from_utf8_lossy(&headers.unwrap_or_default()).into_owned(),
+        body: row.try_get("body")?,
+    })
+}
+
+fn summary(row: &PgRow, principal_type: PrincipalType) -> Result<KeySummary, sqlx::Error> {
+    let stored: String = row.try_get("scope")?;
+    let (scope, spread) = match stored.split_once(SPREAD_MARK) {
+        Some((scope, spread)) => (scope.to_owned(), Some(spread.to_owned())),
+        None => (stored, None),
+    };
+    let mut principal: String = row.try_get("principal")?;
+    if spread.is_none() && principal == principal_type.bound("") {
+        principal.clear();
+    }
+    Ok(KeySummary {
+        scope,
+        spread,
+        principal,
+        key: row.try_get("key")?,
+        created_at: instant(row.try_get("created_at")?),
+        expires_at: instant(row.try_get("expires_at")?),
+        expired: row.try_get("expired")?,
+        status: u16::try_from(row.try_get::<i16, _>("status")?).unwrap_or(0),
+        body_bytes: usize::try_from(row.try_get::<i32, _>("body_bytes")?).unwrap_or(0),
+    })
+}

@@ -1,0 +1,148 @@
+//! What an operator asks of idem's tables, answered without HTTP: one module of queries
+//! that the command-line tool (`idem-cli`) and the console (`idem::console`, feature
+//! `console`) both stand on.
+//!
+//! - keys: one key's record ([`Store::key`]), a list by scope, principal or age
+//!   ([`Store::keys`]), counts per scope ([`Store::key_counts`]), purging one key
+//!   ([`Store::purge_key`]); sweeping is [`Store::purge_expired`];
+//! - the outbox: pending events per topic ([`Store::outbox_pending`]), the events that
+//!   are leased or backing off ([`Store::outbox_leases`]), ordering keys held up behind
+//!   an event ([`Store::outbox_blocked`]), dead events grouped by reason
+//!   ([`Store::dead_reasons`]), listed ([`Store::dead_events_in`]), re-driven
+//!   ([`Store::redrive_dead`]) or discarded ([`Store::discard_dead`]), by id, by reason
+//!   or all ([`DeadSelection`]);
+//! - with the `metrics` feature, what this process counted of its requests
+//!   (`request_counts`).
+//!
+//! Every statement runs as the store's others do outside a request: on a connection of
+//! its own (in a transaction of its own behind a transaction pooler, unnamed there), and
+//! within what a distributed engine runs (no row locks, no session state). Response
+//! bodies and event payloads are read only when asked for: they carry personal data.
+//!
+//! [`Store::key`]: crate::Store::key
+//! [`Store::keys`]: crate::Store::keys
+//! [`Store::key_counts`]: crate::Store::key_counts
+//! [`Store::purge_key`]: crate::Store::purge_key
+//! [`Store::purge_expired`]: crate::Store::purge_expired
+//! [`Store::outbox_pending`]: crate::Store::outbox_pending
+//! [`Store::outbox_leases`]: crate::Store::outbox_leases
+//! [`Store::outbox_blocked`]: crate::Store::outbox_blocked
+//! [`Store::dead_reasons`]: crate::Store::dead_reasons
+//! [`Store::dead_events_in`]: crate::Store::dead_events_in
+//! [`Store::redrive_dead`]: crate::Store::redrive_dead
+//! [`Store::discard_dead`]: crate::Store::discard_dead
+
+mod keys;
+mod outbox;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary};
+pub use outbox::{
+    BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, TopicPending,
+};
+
+/// An instant PostgreSQL gave as seconds since the Unix epoch.
+fn instant(epoch: f64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs_f64(epoch.max(0.0))
+}
+
+/// A duration PostgreSQL gave as seconds, negative ones as zero.
+fn seconds(value: f64) -> Duration {
+    Duration::from_secs_f64(value.max(0.0))
+}
+
+/// An age as operators write it: a whole number and a unit, `90s`, `30m`, `24h` or
+/// `7d` (the units of `#[idempotent(ttl = ..)]`); `None` for anything else.
+pub fn parse_age(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let unit = text.chars().last()?;
+    let secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3_600,
+        'd' => 86_400,
+        _ => return None,
+    };
+    let number: u64 = text[..text.len() - 1].parse().ok()?;
+    number.checked_mul(secs).map(Duration::from_secs)
+}
+
+/// `time` in RFC 3339, UTC, to the second (`2026-11-25T10:08:50Z`), as the operators'
+/// tools write instants.
+pub fn format_time(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's `civil_from_days`.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60
+    )
+}
+
+/// Serializes an instant as [`format_time`] writes it.
+fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_time(*time))
+}
+
+/// Serializes bytes as text, invalid UTF-8 replaced.
+fn lossy_text<S: serde::Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    match bytes {
+        Some(bytes) => s.serialize_str(&String::from_utf8_lossy(bytes)),
+        None => s.serialize_none(),
+    }
+}
+
+/// Serializes a duration as seconds.
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
+}
+
+/// How many requests this process answered, per scope and [`Outcome`](crate::Outcome),
+/// since it started: the figures behind `idem_requests_total` (feature `metrics`), kept
+/// in the process as well, for the console's overview. Scopes are labelled as in the
+/// metrics (the 65th and later scopes made at run time count as `other`). Sorted by
+/// scope, then outcome.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn request_counts() -> Vec<(String, crate::Outcome, u64)> {
+    crate::observe::metrics::counted()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_as_ttls_do() {
+        assert_eq!(parse_age("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_age(" 30m"), Some(Duration::from_secs(1_800)));
+        assert_eq!(parse_age("24h"), Some(Duration::from_secs(86_400)));
+        assert_eq!(parse_age("7d"), Some(Duration::from_secs(604_800)));
+        for wrong in ["", "h", "1.5h", "-1h", "10", "1w", "99999999999999999999d"] {
+            assert_eq!(parse_age(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn times_are_written_in_rfc_3339() {
+        assert_eq!(format_time(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_860_530);
+        assert_eq!(format_time(t), "2026-11-28T10:08:50Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(format_time(leap), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,464 @@
+//! The outbox as an operator sees it: what is pending per topic, what is held and by
+//! whom, which ordering keys wait behind which event, and the dead events, grouped by
+//! the reason they failed, re-driven or discarded by id, by reason or all at once.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{Row, SqlStr};
+
+use super::{instant, rfc3339, seconds, secs};
+use crate::outbox::DeadEvent;
+use crate::table::statement;
+use crate::Store;
+
+/// Pending events per topic: how many, the age of the oldest, and how many are held
+/// (under a lease, or waiting out the backoff after a failed attempt).
+const PENDING: &str = "\
+SELECT topic, count(*)::bigint AS events,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest,
+       sum(CASE WHEN available_at > now() THEN 1 ELSE 0 END)::bigint AS held
+  FROM {table}
+ WHERE dead_at IS NULL
+ GROUP BY topic
+ ORDER BY topic";
+
+/// Held events, the soonest free first. $1 how many.
+const HELD: &str = "\
+SELECT id, topic, ordering_key, attempts, lease_owner, last_error,
+       extract(epoch FROM available_at)::float8 AS until
+  FROM {table}
+ WHERE dead_at IS NULL AND available_at > now()
+ ORDER BY available_at
+ LIMIT $1";
+
+/// Ordering keys with pending events waiting behind their first one, when that one has
+/// been taken at least once (it is leased, backing off, or failing): the first is what
+/// holds the others (the relay publishes one event of a key at a time). $1 how many.
+const BLOCKED: &str = "\
+SELECT h.ordering_key, h.id, h.topic, h.attempts, h.lease_owner, h.last_error,
+       extract(epoch FROM h.available_at)::float8 AS until, w.waiting
+  FROM (SELECT ordering_key, min(seq) AS head, count(*) - 1 AS waiting
+          FROM {table}
+         WHERE dead_at IS NULL AND ordering_key IS NOT NULL
+         GROUP BY ordering_key
+        HAVING count(*) > 1) AS w
+  JOIN {table} AS h ON h.seq = w.head
+ WHERE h.attempts > 0
+ ORDER BY h.seq
+ LIMIT $1";
+
+/// Dead events per reason (their last error): how many, their topics, and how long the
+/// oldest and the newest have been parked. The most numerous first.
+const DEAD_REASONS: &str = "\
+SELECT coalesce(last_error, '') AS reason, count(*)::bigint AS events,
+       array_agg(DISTINCT topic) AS topics,
+       extract(epoch FROM now() - min(dead_at))::float8 AS oldest,
+       extract(epoch FROM now() - max(dead_at))::float8 AS newest
+  FROM {table}
+ WHERE dead_at IS NOT NULL
+ GROUP BY 1
+ ORDER BY events DESC, reason";
+
+/// The dead events a selection names: $1 ids or NULL, $2 a reason or NULL (both NULL:
+/// all). Every statement below filters with it.
+const SELECTED: &str = "\
+dead_at IS NOT NULL AND ($1::text[] IS NULL OR id = ANY($1))
+   AND ($2::text IS NULL OR coalesce(last_error, '') = $2)";
+
+/// The selected dead events, oldest first. $3 how many.
+const DEAD_LIST: &str = "\
+SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
+       extract(epoch FROM now() - dead_at)::float8 AS dead_for
+  FROM {table}
+ WHERE {selected}
+ ORDER BY seq
+ LIMIT $3";
+
+/// How many dead events the selection names.
+const DEAD_COUNT: &str = "SELECT count(*)::bigint FROM {table} WHERE {selected}";
+
+/// The selected dead events made pending again, their attempts reset.
+const REDRIVE: &str = "\
+UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
+ WHERE {selected}";
+
+/// The selected dead events deleted.
+const DISCARD: &str = "DELETE FROM {table} WHERE {selected}";
+
+/// One dead event: $1 its id, $2 whether to read its payload.
+const DEAD_ONE: &str = "\
+SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
+       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
+       extract(epoch FROM created_at)::float8 AS created_at, headers,
+       CASE WHEN $2::bool THEN payload END AS payload
+  FROM {table}
+ WHERE id = $1 AND dead_at IS NOT NULL";
+
+/// The age in seconds of the oldest pending event, NULL when none is pending.
+const LAG: &str = "\
+SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {table} WHERE dead_at IS NULL";
+
+/// The pending events of one topic ([`Store::outbox_pending`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TopicPending {
+    /// The topic.
+    pub topic: String,
+    /// How many events are pending.
+    pub events: u64,
+    /// The age of the oldest: the topic's lag.
+    #[serde(rename = "oldest_secs", serialize_with = "secs")]
+    pub oldest: Duration,
+    /// How many of them are held: under a relay's lease, or in the backoff after a
+    /// failed attempt.
+    pub held: u64,
+}
+
+/// A pending event that no relay may take before `until` ([`Store::outbox_leases`]):
+/// a relay leases it, or it waits out the backoff after a failed attempt
+/// (`last_error` then says why).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Lease {
+    /// The event's id.
+    pub id: String,
+    /// Its topic.
+    pub topic: String,
+    /// Its ordering key.
+    pub ordering_key: Option<String>,
+    /// How many times a relay took it.
+    pub attempts: i32,
+    /// The owner number of the relay whose session holds the lease, while it holds it;
+    /// `None` for a lease that only its time ends (portable mode, behind a transaction
+    /// pooler without a direct session) and for a backoff.
+    pub owner: Option<i32>,
+    /// The last failure, if it failed before.
+    pub last_error: Option<String>,
+    /// When it is free again.
+    #[serde(serialize_with = "rfc3339")]
+    pub until: SystemTime,
+}
+
+/// An ordering key whose pending events wait behind its first one
+/// ([`Store::outbox_blocked`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct BlockedKey {
+    /// The ordering key.
+    pub ordering_key: String,
+    /// The event that holds the others: the key's first pending one.
+    pub blocking: Lease,
+    /// How many events wait behind it.
+    pub waiting: u64,
+}
+
+/// The dead events that failed for one reason ([`Store::dead_reasons`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct DeadReason {
+    /// Their last error, as the publisher reported it.
+    pub reason: String,
+    /// How many.
+    pub events: u64,
+    /// Their topics.
+    pub topics: Vec<String>,
+    /// How long the oldest has been parked.
+    #[serde(rename = "oldest_secs", serialize_with = "secs")]
+    pub oldest: Duration,
+    /// How long the newest has been parked.
+    #[serde(rename = "newest_secs", serialize_with = "secs")]
+    pub newest: Duration,
+}
+
+/// A dead event with what it carries ([`Store::dead_event`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadDetail {
+    /// The event as listed.
+    pub event: DeadEvent,
+    /// When it was written.
+    pub created_at: SystemTime,
+    /// Its headers, one `name: value` per line.
+    pub headers: String,
+    /// Its payload, when asked for.
+    pub payload: Option<Vec<u8>>,
+}
+
+impl Serialize for DeadDetail {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Detail<'a> {
+            #[serde(flatten)]
+            event: DeadJson<'a>,
+            created_at: String,
+            headers: &'a str,
+            payload: Option<std::borrow::Cow<'a, str>>,
+        }
+        Detail {
+            event: DeadJson(&self.event),
+            created_at: super::format_time(self.created_at),
+            headers: &self.headers,
+            payload: self.payload.as_deref().map(String::from_utf8_lossy),
+        }
+        .serialize(s)
+    }
+}
+
+/// A [`DeadEvent`] as JSON: its fields, `dead_for` as `dead_for_secs`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadJson<'a>(pub &'a DeadEvent);
+
+impl Serialize for DeadJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Dead<'a> {
+            id: &'a str,
+            topic: &'a str,
+            ordering_key: Option<&'a str>,
+            attempts: i32,
+            last_error: &'a str,
+            #[serde(serialize_with = "secs")]
+            dead_for_secs: Duration,
+        }
+        let e = self.0;
+        Dead {
+            id: &e.id,
+            topic: &e.topic,
+            ordering_key: e.ordering_key.as_deref(),
+            attempts: e.attempts,
+            last_error: &e.last_error,
+            dead_for_secs: e.dead_for,
+        }
+        .serialize(s)
+    }
+}
+
+/// Which dead events an operation acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// Those with these ids.
+    Ids(Vec<String>),
+    /// Those whose last error is exactly this ([`DeadReason::reason`]).
+    Reason(String),
+    /// All of them.
+    All,
+}
+
+impl DeadSelection {
+    fn binds(&self) -> (Option<&[String]>, Option<&str>) {
+        match self {
+            Self::Ids(ids) => (Some(ids), None),
+            Self::Reason(reason) => (None, Some(reason)),
+            Self::All => (None, None),
+        }
+    }
+}
+
+impl Store {
+    fn outbox_statement(&self, sql: &str) -> SqlStr {
+        statement(
+            sql.replace("{selected}", SELECTED)
+                .replace("{table}", self.inner.outbox.qualified()),
+        )
+    }
+
+    async fn outbox_rows(
+        &self,
+        sql: &str,
+        bind: impl FnOnce(
+            sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        )
+            -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        let query =
+            sqlx::query(self.outbox_statement(sql)).persistent(self.inner.table.persistent());
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let rows = bind(query).fetch_all(&mut *conn).await?;
+        conn.finish().await?;
+        Ok(rows)
+    }
+
+    async fn outbox_execute(
+        &self,
+        sql: &str,
+        selection: &DeadSelection,
+    ) -> Result<u64, sqlx::Error> {
+        let (ids, reason) = selection.binds();
+        let query = sqlx::query(self.outbox_statement(sql))
+            .persistent(self.inner.table.persistent())
+            .bind(ids.map(<[String]>::to_vec))
+            .bind(reason.map(str::to_owned));
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let done = query.execute(&mut *conn).await?;
+        conn.finish().await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The age of the oldest pending event (dead ones aside), `None` when none is
+    /// pending: what the relay reports as `idem_outbox_lag_seconds`.
+    pub async fn outbox_lag(&self) -> Result<Option<Duration>, sqlx::Error> {
+        let rows = self.outbox_rows(LAG, |q| q).await?;
+        let age: Option<f64> = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => None,
+        };
+        Ok(age.map(seconds))
+    }
+
+    /// Pending events per topic (dead ones aside), by topic.
+    pub async fn outbox_pending(&self) -> Result<Vec<TopicPending>, sqlx::Error> {
+        let rows = self.outbox_rows(PENDING, |q| q).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(TopicPending {
+                    topic: row.try_get("topic")?,
+                    events: count(row, "events")?,
+                    oldest: seconds(row.try_get("oldest")?),
+                    held: count(row, "held")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Pending events no relay may take now, the soonest free first, at most `limit`:
+    /// which relay leases what until when, and what waits out a backoff.
+    pub async fn outbox_leases(&self, limit: u32) -> Result<Vec<Lease>, sqlx::Error> {
+        let rows = self.outbox_rows(HELD, |q| q.bind(i64::from(limit))).await?;
+        rows.iter().map(lease).collect()
+    }
+
+    /// Ordering keys whose later events wait behind a first one that a relay has taken
+    /// and not yet published (leased, or backing off after failures), oldest first, at
+    /// most `limit`: each with the event that holds it.
+    pub async fn outbox_blocked(&self, limit: u32) -> Result<Vec<BlockedKey>, sqlx::Error> {
+        let rows = self
+            .outbox_rows(BLOCKED, |q| q.bind(i64::from(limit)))
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(BlockedKey {
+                    ordering_key: row.try_get("ordering_key")?,
+                    blocking: lease(row)?,
+                    waiting: count(row, "waiting")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Dead events grouped by the reason they failed (their last error), the most
+    /// numerous first.
+    pub async fn dead_reasons(&self) -> Result<Vec<DeadReason>, sqlx::Error> {
+        let rows = self.outbox_rows(DEAD_REASONS, |q| q).await?;
+        rows.iter()
+            .map(|row| {
+                let mut topics: Vec<String> = row.try_get("topics")?;
+                topics.sort();
+                Ok(DeadReason {
+                    reason: row.try_get("reason")?,
+                    events: count(row, "events")?,
+                    topics,
+                    oldest: seconds(row.try_get("oldest")?),
+                    newest: seconds(row.try_get("newest")?),
+                })
+            })
+            .collect()
+    }
+
+    /// The dead events `selection` names, oldest first, at most `limit`.
+    pub async fn dead_events_in(
+        &self,
+        selection: &DeadSelection,
+        limit: u32,
+    ) -> Result<Vec<DeadEvent>, sqlx::Error> {
+        let (ids, reason) = selection.binds();
+        let rows = self
+            .outbox_rows(DEAD_LIST, |q| {
+                q.bind(ids.map(<[String]>::to_vec))
+                    .bind(reason.map(str::to_owned))
+                    .bind(i64::from(limit))
+            })
+            .await?;
+        rows.iter().map(dead).collect()
+    }
+
+    /// How many dead events `selection` names: what a re-drive or a discard of it would
+    /// move now.
+    pub async fn dead_count(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        let (ids, reason) = selection.binds();
+        let rows = self
+            .outbox_rows(DEAD_COUNT, |q| {
+                q.bind(ids.map(<[String]>::to_vec))
+                    .bind(reason.map(str::to_owned))
+            })
+            .await?;
+        match rows.first() {
+            Some(row) => Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0)),
+            None => Ok(0),
+        }
+    }
+
+    /// One dead event, with its headers, and its payload when `with_payload` (it may
+    /// carry personal data: ask only when needed).
+    pub async fn dead_event(
+        &self,
+        id: &str,
+        with_payload: bool,
+    ) -> Result<Option<DeadDetail>, sqlx::Error> {
+        let id = id.to_owned();
+        let rows = self
+            .outbox_rows(DEAD_ONE, |q| q.bind(id).bind(with_payload))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let headers: Option<Vec<u8>> = row.try_get("headers")?;
+        Ok(Some(DeadDetail {
+            event: dead(row)?,
+            created_at: instant(row.try_get("created_at")?),
+            headers: String::from_utf8_lossy(&headers.unwrap_or_default()).into_owned(),
+            payload: row.try_get("payload")?,
+        }))
+    }
+
+    /// Makes the dead events `selection` names pending again, their attempts reset, and
+    /// returns how many. Their ordering keys' later events, published meanwhile, are not
+    /// held back for them.
+    pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        self.outbox_execute(REDRIVE, selection).await
+    }
+
+    /// Deletes the dead events `selection` names, and returns how many: they are never
+    /// published.
+    pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        self.outbox_execute(DISCARD, selection).await
+    }
+}
+
+fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
+    Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
+}
+
+fn lease(row: &PgRow) -> Result<Lease, sqlx::Error> {
+    Ok(Lease {
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        ordering_key: row.try_get("ordering_key")?,
+        attempts: row.try_get("attempts")?,
+        owner: row.try_get("lease_owner")?,
+        last_error: row.try_get("last_error")?,
+        until: instant(row.try_get("until")?),
+    })
+}
+
+fn dead(row: &PgRow) -> Result<DeadEvent, sqlx::Error> {
+    Ok(DeadEvent {
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        ordering_key: row.try_get("ordering_key")?,
+        attempts: row.try_get("attempts")?,
+        last_error: row.try_get("last_error")?,
+        dead_for: seconds(row.try_get("dead_for")?),
+    })
+}
