@@ -189,16 +189,18 @@ async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault>
             principal,
             body,
         } => {
-            let Some(found) = store.key(&scope, &principal, &key, body).await? else {
+            let found = store.key(&scope, &principal, &key, body).await?;
+            let steps = store.key_steps(&scope, &principal, &key, body).await?;
+            if found.is_none() && steps.is_empty() {
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
                     format!(
-                        "no committed record of key {key:?} in scope {scope:?}{}",
+                        "no committed record of key {key:?} in scope {scope:?}{}, and no recorded step",
                         of(&principal)
                     ),
                 )));
-            };
-            out.key(&found);
+            }
+            out.key(found.as_ref(), &steps);
         }
         KeyCommand::List {
             scope,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use idem::operate::{
     format_time, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail, KeySummary, Lease,
-    TopicPending,
+    StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -68,26 +68,61 @@ impl Out {
         }
     }
 
-    pub(crate) fn key(&self, k: &KeyDetail) {
+    pub(crate) fn key(&self, k: Option<&KeyDetail>, steps: &[StepRecord]) {
         if self.json {
-            return self.print_json(k);
+            /// A key's record (its fields, when it has one) and its recorded steps.
+            #[derive(serde::Serialize)]
+            struct Key<'a> {
+                #[serde(flatten)]
+                record: Option<&'a KeyDetail>,
+                steps: &'a [StepRecord],
+            }
+            return self.print_json(&Key { record: k, steps });
         }
-        let expires = if k.expired {
-            format!("{} (expired)", format_time(k.expires_at))
+        if let Some(k) = k {
+            let expires = if k.expired {
+                format!("{} (expired)", format_time(k.expires_at))
+            } else {
+                format_time(k.expires_at)
+            };
+            let rows = vec![
+                vec!["status".into(), k.status.as_u16().to_string()],
+                vec!["created".into(), format_time(k.created_at)],
+                vec!["expires".into(), expires],
+                vec!["fingerprint".into(), k.fingerprint.clone()],
+                vec!["response bytes".into(), k.body_bytes.to_string()],
+                vec!["headers".into(), k.headers.trim_end().replace('\n', "; ")],
+            ];
+            table(&["", ""], &rows);
+            if let Some(body) = &k.body {
+                println!("body:\n{}", String::from_utf8_lossy(body));
+            }
         } else {
-            format_time(k.expires_at)
-        };
-        let rows = vec![
-            vec!["status".into(), k.status.as_u16().to_string()],
-            vec!["created".into(), format_time(k.created_at)],
-            vec!["expires".into(), expires],
-            vec!["fingerprint".into(), k.fingerprint.clone()],
-            vec!["response bytes".into(), k.body_bytes.to_string()],
-            vec!["headers".into(), k.headers.trim_end().replace('\n', "; ")],
-        ];
-        table(&["", ""], &rows);
-        if let Some(body) = &k.body {
-            println!("body:\n{}", String::from_utf8_lossy(body));
+            println!("no committed record (a request that has not committed recorded these steps)");
+        }
+        if !steps.is_empty() {
+            println!("steps (a retry resumes after them):");
+            let rows: Vec<Vec<String>> = steps
+                .iter()
+                .map(|s| {
+                    let expires = format_time(s.expires_at);
+                    vec![
+                        s.step.clone(),
+                        format_time(s.created_at),
+                        if s.expired {
+                            format!("{expires} (expired)")
+                        } else {
+                            expires
+                        },
+                        s.result_bytes.to_string(),
+                        s.result.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            table(
+                &["step", "recorded", "expires", "result bytes", "result"],
+                &rows,
+            );
         }
     }
 

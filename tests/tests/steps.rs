@@ -179,12 +179,39 @@ async fn the_contract(s: &Service, mode: &str) {
     let failed = s.charge("k1", json!({ "amount": 100, "fail": true })).await;
     assert_eq!(failed.status, 503, "{mode}: {failed:?}");
     assert_eq!(s.steps().await, 1, "{mode}: the step is recorded");
+    // What an operator sees of it (the CLI's `key status`, the console's key page).
+    let seen = s
+        .store
+        .key_steps("charges", "", "k1", true)
+        .await
+        .expect("key_steps");
+    assert_eq!(seen.len(), 1, "{mode}: {seen:?}");
+    assert_eq!(seen[0].step, "processor");
+    assert!(!seen[0].expired);
+    assert_eq!(
+        seen[0].result.as_deref(),
+        Some(r#"{"id":"ch_1"}"#),
+        "{mode}"
+    );
+    let hidden = s
+        .store
+        .key_steps("charges", "", "k1", false)
+        .await
+        .expect("key_steps");
+    assert_eq!(hidden[0].result, None);
+    assert_eq!(hidden[0].result_bytes, 13);
     assert_eq!(s.charges().await, 0, "{mode}: the charge rolled back");
     let retried = s.charge("k1", json!({ "amount": 100 })).await;
     assert_eq!(retried.status, 201, "{mode}: {retried:?}");
     assert_eq!(p.total(), 1, "{mode}: one call across the failure");
     assert_eq!(retried.json()["processor_id"], "ch_1", "{mode}");
     assert_eq!(s.steps().await, 0, "{mode}: COMMIT deleted the key's steps");
+    assert!(s
+        .store
+        .key_steps("charges", "", "k1", true)
+        .await
+        .expect("key_steps")
+        .is_empty());
     let replayed = s.charge("k1", json!({ "amount": 100 })).await;
     assert!(replayed.replayed(), "{mode}");
     assert_eq!(p.total(), 1, "{mode}");

@@ -388,23 +388,30 @@ async fn key(
     headers: HeaderMap,
     Query(q): Query<KeyQuery>,
 ) -> Response {
-    let found = match console
-        .store
-        .key(&q.scope, &q.principal, &q.key, console.show_bodies)
-        .await
-    {
+    let store = &console.store;
+    let (found, steps) = match tokio::try_join!(
+        store.key(&q.scope, &q.principal, &q.key, console.show_bodies),
+        store.key_steps(&q.scope, &q.principal, &q.key, console.show_bodies),
+    ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
     let frame = console.frame(&base, &headers, q.done);
-    let status = if found.is_some() {
+    let status = if found.is_some() || !steps.is_empty() {
         StatusCode::OK
     } else {
         StatusCode::NOT_FOUND
     };
     html(
         status,
-        pages::key(&frame, &q.scope, &q.principal, &q.key, found.as_ref()),
+        pages::key(
+            &frame,
+            &q.scope,
+            &q.principal,
+            &q.key,
+            found.as_ref(),
+            &steps,
+        ),
     )
 }
 

@@ -9,7 +9,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use super::Frame;
 use crate::operate::{
     format_time, BlockedKey, DeadDetail, DeadReason, KeyCounts, KeyDetail, KeyFilter, KeySummary,
-    Lease, TopicPending,
+    Lease, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -304,6 +304,7 @@ pub(crate) fn key(
     principal: &str,
     key: &str,
     found: Option<&KeyDetail>,
+    steps: &[StepRecord],
 ) -> Markup {
     let body = html! {
         section {
@@ -327,8 +328,30 @@ pub(crate) fn key(
                     } }
                 }
             }
-            @if found.is_none() {
+            @if found.is_none() && steps.is_empty() {
                 p { "No committed record of this key. A request in flight is not visible until it commits." }
+            }
+            @if !steps.is_empty() {
+                h2 { "Recorded steps" }
+                p.muted { "Outside calls of a request that has not committed: its retry resumes after them instead of calling again." }
+                table {
+                    tr { th { "step" } th { "recorded" } th { "expires" } th { "result" } }
+                    @for step in steps {
+                        tr {
+                            td { code { (step.step) } }
+                            td { (format_time(step.created_at)) }
+                            td { (until(step.expires_at)) @if step.expired { " " span.muted { "(expired: a retry calls again)" } } }
+                            td {
+                                (step.result_bytes) " bytes"
+                                @if let Some(result) = &step.result {
+                                    pre { (result) }
+                                } @else if !frame.show_bodies {
+                                    " " span.muted { "(hidden)" }
+                                }
+                            }
+                        }
+                    }
+                }
             }
             @if found.is_some() {
                 p { (action(frame, "/key/purge", &[("scope", scope), ("principal", principal), ("key", key)], "Purge this key", true)) }

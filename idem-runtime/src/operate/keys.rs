@@ -60,6 +60,17 @@ SELECT split_part(scope, chr(31), 1) AS scope,
 const PURGE_KEY: &str = "\
 DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
 
+/// The recorded steps (`Tx::step`) of a key whose request has not committed, by name.
+/// $1 its stored scope, $2 its principal, $3 the key, $4 whether to read the results.
+const STEPS: &str = "\
+SELECT step, extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM expires_at)::float8 AS expires_at,
+       expires_at <= now() AS expired, octet_length(result) AS result_bytes,
+       CASE WHEN $4::bool THEN result END AS result
+  FROM {steps}
+ WHERE scope = $1 AND principal = {p2} AND key = $3
+ ORDER BY created_at, step";
+
 /// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
 const SPREAD_MARK: char = '\u{1f}';
 
@@ -87,6 +98,28 @@ pub struct KeyDetail {
     /// The stored body, when asked for (as text in JSON, invalid UTF-8 replaced).
     #[serde(serialize_with = "super::lossy_text")]
     pub body: Option<Vec<u8>>,
+}
+
+/// A recorded step of a request that has not committed ([`Store::key_steps`]): an outside
+/// call its retry will not make again. A committed request's steps are gone with its
+/// COMMIT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StepRecord {
+    /// The step's name.
+    pub step: String,
+    /// When its result was recorded.
+    #[serde(serialize_with = "rfc3339")]
+    pub created_at: SystemTime,
+    /// When it expires with its key.
+    #[serde(serialize_with = "rfc3339")]
+    pub expires_at: SystemTime,
+    /// Whether `expires_at` has passed (a retry calls again).
+    pub expired: bool,
+    /// The size of the recorded result (JSON).
+    pub result_bytes: usize,
+    /// The recorded result, when asked for: it may carry personal data.
+    pub result: Option<String>,
 }
 
 /// A committed record in a list ([`Store::keys`]).
@@ -170,18 +203,27 @@ struct Statements {
     list: SqlStr,
     counts: SqlStr,
     purge_key: SqlStr,
+    steps: SqlStr,
 }
 
 impl Store {
     fn key_statements(&self) -> Statements {
         let table = self.inner.table_name.qualified();
         let p2 = self.inner.dialect.principal_type.parameter();
-        let render = |sql: &str| statement(sql.replace("{table}", &table).replace("{p2}", p2));
+        let steps = self.inner.steps_table.qualified();
+        let render = |sql: &str| {
+            statement(
+                sql.replace("{table}", &table)
+                    .replace("{steps}", &steps)
+                    .replace("{p2}", p2),
+            )
+        };
         Statements {
             key: render(KEY),
             list: render(LIST),
             counts: render(COUNTS),
             purge_key: render(PURGE_KEY),
+            steps: render(STEPS),
         }
     }
 
@@ -230,6 +272,52 @@ impl Store {
             found.get_or_insert(detail);
         }
         Ok(found)
+    }
+
+    /// The recorded steps of `key` for `principal` (`""` for none) in `scope`, found
+    /// where [`Store::key`] looks, oldest first: what a request that has not committed
+    /// (it failed after its steps, or its process died) will not call again on retry.
+    /// Their results only `with_results`.
+    pub async fn key_steps(
+        &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+        with_results: bool,
+    ) -> Result<Vec<StepRecord>, sqlx::Error> {
+        let Some(places) = self.places(scope, principal, key) else {
+            return Ok(Vec::new());
+        };
+        let sql = self.key_statements().steps;
+        let principal_type = self.inner.dialect.principal_type;
+        let mut steps = Vec::new();
+        for (stored, place) in &places {
+            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let rows = self
+                .operator_query(sql.clone())
+                .bind(stored.as_ref())
+                .bind(principal_type.bound(place))
+                .bind(key)
+                .bind(with_results)
+                .fetch_all(&mut *conn)
+                .await?;
+            conn.finish().await?;
+            for row in rows {
+                steps.push(StepRecord {
+                    step: row.try_get("step")?,
+                    created_at: instant(row.try_get("created_at")?),
+                    expires_at: instant(row.try_get("expires_at")?),
+                    expired: row.try_get("expired")?,
+                    result_bytes: usize::try_from(row.try_get::<i32, _>("result_bytes")?)
+                        .unwrap_or(0),
+                    result: row.try_get("result")?,
+                });
+            }
+            if !steps.is_empty() {
+                break;
+            }
+        }
+        Ok(steps)
     }
 
     /// Committed records, newest first, as `filter` selects them.

@@ -37,7 +37,7 @@ mod outbox;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary};
+pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, TopicPending,
 };
