@@ -602,11 +602,12 @@ pub(crate) struct Table {
     spread_live: SqlStr,
 }
 
-/// One of this module's statements (or the outbox's, [`crate::outbox`]) with the table's
-/// name filled in. sqlx takes dynamic SQL only through [`AssertSqlSafe`], and this is the
-/// one place idem asserts it: the text is a constant of this module or the outbox's, the
-/// name a [`TableName`] (lowercase ASCII letters, digits and `_`, quoted) and the
-/// principal's cast a constant; nothing a client sends reaches it, values go as binds.
+/// One of idem's statements (this module's, the outbox's, the steps', the operators'
+/// queries) with the table's name filled in. sqlx takes dynamic SQL only through
+/// [`AssertSqlSafe`], and this is the one place idem asserts it: the text is a constant
+/// of one of those modules, the name a [`TableName`] (lowercase ASCII letters, digits and
+/// `_`, quoted) and the principal's cast a constant; values go as binds, or are written
+/// in by [`crate::literal`], whose encoding no input can change.
 pub(crate) fn statement(sql: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
 }
