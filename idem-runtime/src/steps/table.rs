@@ -100,9 +100,17 @@ DELETE FROM {table}
    AND expires_at <= now()";
 
 /// [`PURGE`] for a distributed engine, which refuses a `LIMIT` in a subquery of a
-/// multi-shard statement: every expired row at once (a step row is written only for a
-/// request that then failed, so there are few).
-const PURGE_PORTABLE: &str = "DELETE FROM {table} WHERE expires_at <= now()";
+/// multi-shard statement and makes a multi-shard delete a two-phase commit: a read of
+/// expired rows (a batch), then [`SWEEP_ONE_PORTABLE`] for each, on its own shard. $1 the
+/// batch size.
+const EXPIRED_PORTABLE: &str = "\
+SELECT scope, principal::text AS principal, key, step FROM {table}
+ WHERE expires_at <= now() ORDER BY expires_at LIMIT $1";
+
+/// One expired step, by its primary key. $1 scope, $2 principal, $3 key, $4 step.
+const SWEEP_ONE_PORTABLE: &str = "\
+DELETE FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND step = $4 AND expires_at <= now()";
 
 /// The steps table of one store. Its statements run by the simple query protocol with
 /// their values written in ([`crate::literal`]): one round trip each, also behind a
@@ -114,6 +122,7 @@ pub(crate) struct StepsTable {
     record: String,
     forget: String,
     purge: SqlStr,
+    sweep_one: SqlStr,
 }
 
 /// A step as [`StepsTable::read`] found it.
@@ -149,7 +158,7 @@ impl StepsTable {
             "\n WHERE s.expires_at <= now()"
         };
         let purge = if dialect.portable {
-            PURGE_PORTABLE
+            EXPIRED_PORTABLE
         } else {
             PURGE
         };
@@ -162,6 +171,7 @@ impl StepsTable {
                 .replace("{keep_live}", keep_live),
             forget: render(FORGET),
             purge: statement(render(purge)),
+            sweep_one: statement(render(SWEEP_ONE_PORTABLE)),
         }
     }
 
@@ -238,20 +248,40 @@ impl StepsTable {
         literal::render(&self.forget, &self.key(key, &scope))
     }
 
-    /// [`PURGE`]: how many rows one batch deleted.
+    /// [`PURGE`]: how many rows one batch deleted (in portable mode [`EXPIRED_PORTABLE`],
+    /// then [`SWEEP_ONE_PORTABLE`] for each row it found).
     pub(crate) async fn purge(
         &self,
         conn: &mut PgConnection,
         batch_size: i64,
     ) -> Result<u64, sqlx::Error> {
-        let query =
-            sqlx::query(self.purge.clone()).persistent(self.dialect.pooler == Pooler::Session);
-        let query = if self.dialect.portable {
-            query
-        } else {
-            query.bind(batch_size)
-        };
-        Ok(query.execute(conn).await?.rows_affected())
+        let persistent = self.dialect.pooler == Pooler::Session;
+        let query = sqlx::query(self.purge.clone())
+            .persistent(persistent)
+            .bind(batch_size);
+        if !self.dialect.portable {
+            return Ok(query.execute(conn).await?.rows_affected());
+        }
+        let expired = query.fetch_all(&mut *conn).await?;
+        let mut deleted = 0;
+        for row in expired {
+            let [scope, principal, key, step]: [String; 4] = [
+                row.try_get("scope")?,
+                row.try_get("principal")?,
+                row.try_get("key")?,
+                row.try_get("step")?,
+            ];
+            deleted += sqlx::query(self.sweep_one.clone())
+                .persistent(persistent)
+                .bind(scope)
+                .bind(principal)
+                .bind(key)
+                .bind(step)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted)
     }
 }
 
