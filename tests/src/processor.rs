@@ -134,8 +134,8 @@ impl Processor {
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
-    /// Ends, through `pool`, the database session a call's body names as `"pid"`, before
-    /// answering it.
+    /// Ends, through `pool`, the database session a call's body names as `"pid"`, and
+    /// waits until it has ended (its transaction aborted), before answering the call.
     pub fn terminate_through(&self, pool: PgPool) {
         *self.terminate.lock().unwrap_or_else(|e| e.into_inner()) = Some(pool);
     }
@@ -171,7 +171,7 @@ async fn charge(
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     if let (Some(pool), Some(pid)) = (terminate, body["pid"].as_i64()) {
-        sqlx::query("SELECT pg_terminate_backend($1::int)")
+        sqlx::query("SELECT pg_terminate_backend($1::int, 10000)")
             .bind(pid)
             .execute(&pool)
             .await
