@@ -589,7 +589,7 @@ impl Attempt {
             claim,
             held,
             isolation,
-            state,
+            mut state,
         } = self;
         let Some(claim) = claim else {
             return tx
@@ -599,6 +599,11 @@ impl Attempt {
                 .map(|()| Committed::Stored);
         };
         let table = &store.inner.table;
+        if state.wakes_relays {
+            if let Some(wake) = store.inner.outbox.wake() {
+                state.rides_commit.push(wake.to_owned());
+            }
+        }
         let written = match held {
             // The key's row rides COMMIT: committed when the message succeeds. If its
             // answer is lost, the caller cannot tell whether COMMIT happened: it answers

@@ -17,6 +17,9 @@ use crate::table::{
     Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
 };
 
+/// At most one NOTIFY per this interval from one store ([`StoreBuilder::outbox_notify_interval`]).
+const DEFAULT_NOTIFY_INTERVAL: Duration = Duration::from_millis(5);
+
 /// How a store finds the principal of a request.
 type PrincipalResolver = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
@@ -92,6 +95,7 @@ impl Store {
             table: DEFAULT_TABLE.to_owned(),
             outbox_table: None,
             outbox_notify: true,
+            outbox_notify_interval: DEFAULT_NOTIFY_INTERVAL,
             steps_table: None,
             step_timeout: Duration::from_secs(30),
             step_pool: None,
@@ -188,6 +192,7 @@ pub struct StoreBuilder {
     table: String,
     outbox_table: Option<String>,
     outbox_notify: bool,
+    outbox_notify_interval: Duration,
     principal: Option<Box<PrincipalResolver>>,
     require_principal: bool,
     acquire_timeout: Duration,
@@ -275,16 +280,28 @@ impl StoreBuilder {
         self
     }
 
-    /// Whether each event written ([`Tx::emit`](crate::Tx::emit)) NOTIFYs the relays, so
-    /// that a listening relay publishes it at once (default on; never in portable mode).
-    /// PostgreSQL serializes the commits of transactions that sent a NOTIFY (one global
-    /// lock, held through the commit's WAL flush), which caps the rate of concurrent
-    /// requests that emit events (BENCHMARKS.md, "The outbox"): turn it off at high write
-    /// concurrency and give the relays a short [`poll_interval`] instead.
+    /// Whether a commit that wrote events ([`Tx::emit`](crate::Tx::emit)) NOTIFYs the
+    /// relays, so that a listening relay publishes them at once (default on; never in
+    /// portable mode). Off, the relays find events at their [`poll_interval`].
     ///
     /// [`poll_interval`]: crate::outbox::RelayBuilder::poll_interval
     pub fn outbox_notify(mut self, notify: bool) -> Self {
         self.outbox_notify = notify;
+        self
+    }
+
+    /// At most one NOTIFY per `every` from this store (default 5 ms; zero for one per
+    /// commit that wrote events). PostgreSQL serializes the commits of the transactions
+    /// that sent a NOTIFY (one lock on the database, held through the commit's WAL
+    /// flush), so a NOTIFY per event makes concurrent emitting requests commit one at a
+    /// time (BENCHMARKS.md, "An event rides COMMIT"). The commits let go without one
+    /// follow the one that carried it within `every`, and a relay it woke keeps looking
+    /// for a while ([`linger`], longer than this interval): an event no relay saw that
+    /// way is published at the next poll, later, never lost.
+    ///
+    /// [`linger`]: crate::outbox::RelayBuilder::linger
+    pub fn outbox_notify_interval(mut self, every: Duration) -> Self {
+        self.outbox_notify_interval = every;
         self
     }
 
@@ -484,7 +501,12 @@ impl StoreBuilder {
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
                 dialect: self.dialect,
-                outbox: OutboxTable::new(outbox, self.dialect, self.outbox_notify),
+                outbox: OutboxTable::new(
+                    outbox,
+                    self.dialect,
+                    self.outbox_notify,
+                    self.outbox_notify_interval,
+                ),
                 earlier: Earlier::default(),
                 steps_table,
                 step_timeout: self.step_timeout,

@@ -85,6 +85,9 @@ pub(crate) struct AttemptState {
     /// Statements that ride the COMMIT message, before COMMIT and after the key's row:
     /// run only when the key's row was written, and in the same round trip.
     pub(crate) rides_commit: Vec<String>,
+    /// Events ride the COMMIT message: it may wake the relays too
+    /// ([`crate::outbox::table::OutboxTable::wake`]).
+    pub(crate) wakes_relays: bool,
     /// The transaction's id (`txid_current()`), once asked: what a write outside the
     /// transaction checks is still in progress (invariant 11).
     pub(crate) txid: Option<i64>,

@@ -715,6 +715,62 @@ async fn without_notify_the_relay_polls() {
     .await;
 }
 
+/// One NOTIFY per interval (`outbox_notify_interval`, issue 28): PostgreSQL serializes the
+/// commits of transactions that notify, so a store lets one through per interval. The
+/// commits let go without one are published by the relay it woke, which keeps looking for
+/// its linger; once that has passed, the relay sleeps until a NOTIFY or its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_notify_per_interval_and_the_woken_relay_lingers() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let store = Store::builder(pool.clone())
+            .outbox_notify_interval(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .unwrap();
+        listener.listen("idem_outbox").await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_secs(60))
+            .linger(Duration::from_secs(2))
+            .spawn()
+            .unwrap();
+        // Let it run its first round and start listening.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        emit_many(&store, "first", 1, |_| None).await;
+        assert_eq!(recorder.wait_for(1, Duration::from_secs(5)).await.len(), 1);
+        // Within the interval: no NOTIFY, taken by the lingering relay.
+        emit_many(&store, "more", 5, |_| None).await;
+        assert_eq!(recorder.wait_for(6, Duration::from_secs(5)).await.len(), 6);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "not the 60 s poll: {:?}",
+            started.elapsed()
+        );
+        let mut notified = 0;
+        while tokio::time::timeout(Duration::from_millis(200), listener.recv())
+            .await
+            .is_ok()
+        {
+            notified += 1;
+        }
+        assert_eq!(notified, 1, "one NOTIFY for six commits");
+        // The linger over, the relay sleeps: an event without a NOTIFY waits for the poll.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        emit_many(&store, "late", 1, |_| None).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(recorder.events().len(), 6, "the relay stopped looking");
+        assert_eq!(count(&pool, "idem_outbox").await, 1);
+        relay.stopped().await;
+    })
+    .await;
+}
+
 /// Regression (issue 27, finding 7): a name the builder accepts (66 characters, each part
 /// under 48) was the NOTIFY channel, which PostgreSQL limits to 63 bytes, and every
 /// `Tx::emit` failed. The channel is derived from the name: writes succeed, and a commit

@@ -242,6 +242,13 @@ async fn main() {
         ..charges::Config::default()
     };
     let quiet = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
+    // A NOTIFY per commit, as before issue 28 let one through per 5 ms.
+    let config = charges::Config {
+        events: Some(prefix.clone()),
+        events_notify_interval: Some(Duration::ZERO),
+        ..charges::Config::default()
+    };
+    let each = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
     fresh_charges(&plain, 1, "warm").await;
     println!("\n1. fresh POST /charges, {CONCURRENCY} concurrent, {seconds} s per cell");
     println!("| round | cell | req/s | p50 ms | p99 ms | / without |");
@@ -254,6 +261,15 @@ async fn main() {
         println!(
             "| {round} | with event, no relay | {r1:.0} | {b50:.1} | {b99:.1} | {:.2} |",
             r1 / r0
+        );
+        sqlx::query("DELETE FROM idem_outbox")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (r4, e50, e99) = fresh_charges(&each, seconds, &format!("each{round}")).await;
+        println!(
+            "| {round} | with event, a NOTIFY per commit, no relay | {r4:.0} | {e50:.1} | {e99:.1} | {:.2} |",
+            r4 / r0
         );
         sqlx::query("DELETE FROM idem_outbox")
             .execute(&pool)
@@ -296,7 +312,7 @@ async fn main() {
             .trim()
     );
     js.delete_stream(&prefix).await.ok();
-    drop((plain, evented, quiet));
+    drop((plain, evented, quiet, each));
     pool.close().await;
     db.drop_database().await.ok();
 }

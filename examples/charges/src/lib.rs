@@ -88,9 +88,12 @@ pub struct Config {
     /// The subject prefix of the charge events written to idem's outbox (`NATS_URL` sets
     /// it, to `NATS_SUBJECT_PREFIX` or `charges`); `None` emits nothing.
     pub events: Option<String>,
-    /// Whether each event NOTIFYs the relay (`StoreBuilder::outbox_notify`; default
-    /// true). Off, the relay polls.
+    /// Whether a commit with events NOTIFYs the relay (`StoreBuilder::outbox_notify`;
+    /// default true). Off, the relay polls.
     pub events_notify: bool,
+    /// At most one NOTIFY per this interval (`StoreBuilder::outbox_notify_interval`);
+    /// `None` for idem's default.
+    pub events_notify_interval: Option<Duration>,
     /// The bearer token of idem's console at `/admin/idem` (`ADMIN_TOKEN`); `None`
     /// mounts nothing there.
     pub admin_token: Option<String>,
@@ -109,6 +112,7 @@ impl Default for Config {
             portable: false,
             events: None,
             events_notify: true,
+            events_notify_interval: None,
             admin_token: None,
         }
     }
@@ -400,6 +404,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         portable,
         events: nats_url.as_ref().map(|_| subject_prefix.clone()),
         events_notify: true,
+        events_notify_interval: None,
         admin_token,
     };
     let store = store(pool.clone(), &config);
@@ -518,6 +523,10 @@ pub fn store(pool: PgPool, config: &Config) -> Store {
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .pooler(config.pooler)
         .outbox_notify(config.events_notify);
+    let store = match config.events_notify_interval {
+        Some(every) => store.outbox_notify_interval(every),
+        None => store,
+    };
     let store = match &config.processor {
         Some(processor) => store.step_timeout(processor.timeout() + Duration::from_secs(1)),
         None => store,

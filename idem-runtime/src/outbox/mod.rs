@@ -184,7 +184,7 @@ impl Tx<'_> {
         let began = self.request().and_then(|request| request.began);
         if let (Some(attempt), Some(began)) = (&attempt, began) {
             let id = table::event_id(attempt, began);
-            let (insert, notify) = outbox.riding(
+            let insert = outbox.riding(
                 &id,
                 &event.topic,
                 event.ordering_key.as_deref(),
@@ -193,9 +193,8 @@ impl Tx<'_> {
             );
             let (_, state) = self.parts();
             state.ride(insert);
-            if let Some(notify) = notify {
-                state.ride(notify.to_owned());
-            }
+            // Whether the COMMIT message also wakes the relays is asked as it is written.
+            state.wakes_relays = true;
             return Ok(id);
         }
         outbox

@@ -152,6 +152,7 @@ pub struct RelayBuilder<P> {
     publisher: Arc<P>,
     batch_size: u32,
     poll_interval: Duration,
+    linger: Duration,
     lease: Duration,
     publish_timeout: Duration,
     max_attempts: u32,
@@ -159,6 +160,11 @@ pub struct RelayBuilder<P> {
     listen: Option<bool>,
     session: Option<PgConnectOptions>,
 }
+
+/// The default linger: 100 ms ([`RelayBuilder::linger`]).
+const DEFAULT_LINGER: Duration = Duration::from_millis(100);
+/// How often a lingering relay looks: every 10 ms ([`RelayBuilder::linger`]).
+const LINGER_TICK: Duration = Duration::from_millis(10);
 
 /// The default lease: 30 s.
 ///
@@ -190,6 +196,7 @@ impl Store {
             publisher: Arc::new(publisher),
             batch_size: 256,
             poll_interval: Duration::from_secs(1),
+            linger: DEFAULT_LINGER,
             lease: DEFAULT_LEASE,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             max_attempts: 10,
@@ -213,6 +220,19 @@ impl<P: Publisher> RelayBuilder<P> {
     /// mode, where the relay polls.
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll_interval = every;
+        self
+    }
+
+    /// How long the relay keeps looking after a NOTIFY woke it or a round found events
+    /// (default 100 ms), a round every 10 ms (or every poll interval if that is
+    /// shorter): the commits that a store lets go without a NOTIFY follow
+    /// the one that carried it closely
+    /// ([`StoreBuilder::outbox_notify_interval`](crate::StoreBuilder::outbox_notify_interval),
+    /// 5 ms by default); keep the linger longer than that interval plus a commit's time.
+    /// Zero: the relay waits for the next NOTIFY or poll as soon as a round finds
+    /// nothing.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
         self
     }
 
@@ -516,6 +536,9 @@ impl<P: Publisher> Running<P> {
         let mut session_warned = false;
         let mut session_retry: Option<Instant> = None;
         let mut last_lag: Option<Instant> = None;
+        // Until when the relay keeps looking every tick ([`RelayBuilder::linger`]).
+        let mut linger_until: Option<Instant> = None;
+        let tick = LINGER_TICK.min(self.builder.poll_interval);
         while !self.stopping.asked() {
             if self.listen && listener.is_none() {
                 listener = self.listener().await;
@@ -540,6 +563,7 @@ impl<P: Publisher> Running<P> {
                 }
             };
             if taken > 0 {
+                linger_until = Some(Instant::now() + self.builder.linger);
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -551,15 +575,24 @@ impl<P: Publisher> Running<P> {
                     }
                 }
             }
-            // Nothing to take: wait for a commit's NOTIFY, or the next poll.
-            let poll = tokio::time::sleep(self.builder.poll_interval);
+            // Nothing to take: look again in a tick while lingering, else wait for a
+            // commit's NOTIFY or the next poll.
+            let lingering = linger_until.is_some_and(|until| Instant::now() < until);
+            let poll = tokio::time::sleep(if lingering {
+                tick
+            } else {
+                self.builder.poll_interval
+            });
             let stop = self.stopping.wake.notified();
             match &mut listener {
                 Some(l) => {
                     tokio::select! {
-                        received = l.recv() => if let Err(error) = received {
-                            tracing::warn!(%error, "idem: the outbox relay lost its LISTEN connection; polling until it is back");
-                            listener = None;
+                        received = l.recv() => match received {
+                            Ok(_) => linger_until = Some(Instant::now() + self.builder.linger),
+                            Err(error) => {
+                                tracing::warn!(%error, "idem: the outbox relay lost its LISTEN connection; polling until it is back");
+                                listener = None;
+                            }
                         },
                         () = poll => {}
                         () = stop => {}

@@ -41,7 +41,8 @@
 //! refuses `pg_locks` beside a distributed table) `lease_owner` stays NULL and the lease
 //! runs out by its time, as before.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgArguments, PgRow};
@@ -237,11 +238,14 @@ UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_own
 pub(crate) struct OutboxTable {
     dialect: Dialect,
     notify: bool,
+    /// Which of this store's commits carry the NOTIFY: at most one per interval.
+    wake: WakeGate,
     /// The table as written in SQL, for the operators' statements ([`crate::operate`]).
     qualified: String,
     channel: String,
     ddl: SqlStr,
     write: SqlStr,
+    write_quiet: SqlStr,
     ride: String,
     ride_notify: String,
     claim: SqlStr,
@@ -288,8 +292,13 @@ pub struct DeadEvent {
 
 impl OutboxTable {
     /// The table `name` in `dialect`; its writes NOTIFY the relays when `notify` (never in
-    /// portable mode).
-    pub(crate) fn new(name: TableName, dialect: Dialect, notify: bool) -> Self {
+    /// portable mode), at most once per `notify_every`.
+    pub(crate) fn new(
+        name: TableName,
+        dialect: Dialect,
+        notify: bool,
+        notify_every: Duration,
+    ) -> Self {
         let notify = notify && !dialect.portable;
         let table = name.qualified();
         let channel = channel(&name);
@@ -313,8 +322,10 @@ impl OutboxTable {
         Self {
             dialect,
             notify,
+            wake: WakeGate::new(notify_every),
             ddl,
             write: render(if notify { WRITE } else { WRITE_QUIET }),
+            write_quiet: render(WRITE_QUIET),
             ride: RIDE.replace("{table}", &table),
             ride_notify: RIDE_NOTIFY.replace("{channel}", &channel),
             claim: render(if dialect.portable { CLAIM } else { CLAIM_TIED }),
@@ -375,8 +386,13 @@ impl OutboxTable {
         headers: &[u8],
         payload: &[u8],
     ) -> Result<String, sqlx::Error> {
+        let sql = if self.wakes() {
+            &self.write
+        } else {
+            &self.write_quiet
+        };
         let row = self
-            .query(&self.write)
+            .query(sql)
             .bind(attempt)
             .bind(topic)
             .bind(ordering_key)
@@ -387,8 +403,8 @@ impl OutboxTable {
         row.try_get("id")
     }
 
-    /// [`RIDE`] (and [`RIDE_NOTIFY`] when writes notify), written for the request's
-    /// COMMIT message.
+    /// [`RIDE`], written for the request's COMMIT message; [`OutboxTable::wake`] says
+    /// whether that message also wakes the relays.
     pub(crate) fn riding(
         &self,
         id: &str,
@@ -396,8 +412,8 @@ impl OutboxTable {
         ordering_key: Option<&str>,
         headers: &[u8],
         payload: &[u8],
-    ) -> (String, Option<&str>) {
-        let insert = literal::render(
+    ) -> String {
+        literal::render(
             &self.ride,
             &[
                 Literal::Text(id),
@@ -410,8 +426,21 @@ impl OutboxTable {
                 },
                 Literal::Bytes(payload),
             ],
-        );
-        (insert, self.notify.then_some(self.ride_notify.as_str()))
+        )
+    }
+
+    /// Whether this commit (or write) of an event is the one that wakes the relays: writes
+    /// notify, and no other of this store's did within its interval.
+    fn wakes(&self) -> bool {
+        self.notify && self.wake.open()
+    }
+
+    /// [`RIDE_NOTIFY`], for a COMMIT message that carries events, when it is the one that
+    /// wakes the relays ([`WakeGate`]). Asked as the message is written, so that the
+    /// commits it lets go without a NOTIFY follow it closely (a relay it woke lingers,
+    /// [`crate::outbox::RelayBuilder::linger`]).
+    pub(crate) fn wake(&self) -> Option<&str> {
+        self.wakes().then_some(self.ride_notify.as_str())
     }
 
     /// [`CLAIM`] (or [`CLAIM_TIED`]), in a short transaction of its own: the rows taken
@@ -556,6 +585,50 @@ impl OutboxTable {
     }
 }
 
+/// At most one NOTIFY per interval from one store (issue 28). PostgreSQL serializes the
+/// commits of the transactions that sent a NOTIFY (one lock on the database, held through
+/// the commit's WAL flush), so a NOTIFY per event made concurrent emitting requests
+/// commit one at a time. One commit per interval carries it; the commits the gate lets go
+/// without one follow it within the interval (and their own commit's time), and a relay
+/// it woke keeps looking for that long ([`crate::outbox::RelayBuilder::linger`]). An
+/// event no relay saw that way is taken at the next poll: later, never lost.
+pub(crate) struct WakeGate {
+    every: Duration,
+    origin: Instant,
+    /// When the last NOTIFY was let through, in nanoseconds after `origin` (at least 1);
+    /// 0 for never.
+    last: AtomicU64,
+}
+
+impl WakeGate {
+    pub(crate) fn new(every: Duration) -> Self {
+        Self {
+            every,
+            origin: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether this NOTIFY goes: the first, and then one per interval. Two callers at the
+    /// same moment do not both get it.
+    pub(crate) fn open(&self) -> bool {
+        if self.every.is_zero() {
+            return true;
+        }
+        let now = u64::try_from(self.origin.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.last.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return false;
+        }
+        self.last
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
 /// The id [`WRITE`] gives an event of `attempt` (its hash) in a transaction that began
 /// at `began` (`extract(epoch FROM now())::float8`): 32 hex digits of a SHA-256.
 pub(crate) fn event_id(attempt: &[u8], began: f64) -> String {
@@ -616,6 +689,7 @@ mod tests {
             TableName::parse(DEFAULT_OUTBOX_TABLE).unwrap(),
             Dialect::default(),
             true,
+            Duration::ZERO,
         );
         assert_eq!(table.ddl().as_str(), OUTBOX_SCHEMA_SQL);
     }
@@ -628,7 +702,12 @@ mod tests {
             portable: true,
             ..Dialect::default()
         };
-        let table = OutboxTable::new(TableName::parse("ops.events").unwrap(), dialect, true);
+        let table = OutboxTable::new(
+            TableName::parse("ops.events").unwrap(),
+            dialect,
+            true,
+            Duration::ZERO,
+        );
         for statement in [
             &table.write,
             &table.claim,
@@ -651,6 +730,7 @@ mod tests {
             TableName::parse("ops.events").unwrap(),
             Dialect::default(),
             true,
+            Duration::ZERO,
         );
         assert!(table.write.as_str().contains("pg_notify('ops.events', '')"));
         assert!(table.can_listen());
@@ -669,6 +749,7 @@ mod tests {
             TableName::parse("ops.events").unwrap(),
             Dialect::default(),
             false,
+            Duration::ZERO,
         );
         assert!(!table.write.as_str().contains("notify"));
         assert!(!table.can_listen());
@@ -694,11 +775,54 @@ mod tests {
         assert_eq!(derived, channel(&TableName::parse(&long_text).unwrap()));
         let other = TableName::parse(&format!("{}.{}", "s".repeat(48), "u".repeat(48))).unwrap();
         assert_ne!(channel(&other), derived);
-        let table = OutboxTable::new(long, Dialect::default(), true);
+        let table = OutboxTable::new(long, Dialect::default(), true, Duration::ZERO);
         assert!(table
             .write
             .as_str()
             .contains(&format!("pg_notify('{derived}', '')")));
         assert_eq!(table.channel(), derived);
+    }
+
+    /// One NOTIFY per interval: the first goes, the ones right after it do not, one goes
+    /// again once the interval has passed; an interval of zero lets every one go.
+    #[test]
+    fn the_wake_gate_lets_one_notify_through_per_interval() {
+        let gate = WakeGate::new(Duration::from_millis(50));
+        assert!(gate.open());
+        assert!(!gate.open());
+        assert!(!gate.open());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(gate.open());
+        assert!(!gate.open());
+        let every = WakeGate::new(Duration::ZERO);
+        assert!((0..5).all(|_| every.open()));
+        // Concurrent callers: exactly one of them.
+        let gate = std::sync::Arc::new(WakeGate::new(Duration::from_secs(60)));
+        let opened: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let gate = std::sync::Arc::clone(&gate);
+                    scope.spawn(move || (0..100).filter(|_| gate.open()).count())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(opened, 1);
+        // No NOTIFY where writes do not notify, whatever the gate says.
+        let quiet = OutboxTable::new(
+            TableName::parse("ops.events").unwrap(),
+            Dialect::default(),
+            false,
+            Duration::ZERO,
+        );
+        assert_eq!(quiet.wake(), None);
+        let table = OutboxTable::new(
+            TableName::parse("ops.events").unwrap(),
+            Dialect::default(),
+            true,
+            Duration::from_secs(60),
+        );
+        assert_eq!(table.wake(), Some("SELECT pg_notify('ops.events', '')"));
+        assert_eq!(table.wake(), None);
     }
 }
