@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use idem_tests::{percentiles, post, tally, TestDb};
+use idem_tests::{percentiles, post, tally, Pgbouncer, TestDb};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, PgPool};
@@ -354,16 +354,17 @@ fn run(
     let budget = client_rt.block_on(connection_budget(db))?;
     // The main server's pool lives the whole run (throughput, storm, peer, growth) and
     // takes at most half the budget; the counting server's 2 close after their section,
-    // the modes' three pools share the other half while they run.
+    // the modes' four pools and PgBouncer's server connections (as many as one of them)
+    // share the other half while they run.
     let main_size = (budget / 2).min(40);
-    let modes_size = ((budget - main_size) / MODES.len() as u32).min(20);
+    let modes_size = ((budget - main_size) / (MODES.len() as u32 + 1)).min(20);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()?;
 
     if options.modes_only {
         let modes = server_rt.block_on(serve_modes(db, modes_size))?;
-        client_rt.block_on(compare_modes(&client, &modes, options));
+        client_rt.block_on(compare_modes(&client, &modes.servers, options));
         server_rt.block_on(close(modes));
         return Ok(());
     }
@@ -428,7 +429,7 @@ fn run(
     client_rt.block_on(peers.clean())?;
 
     let modes = server_rt.block_on(serve_modes(db, modes_size))?;
-    client_rt.block_on(compare_modes(&client, &modes, options));
+    client_rt.block_on(compare_modes(&client, &modes.servers, options));
     server_rt.block_on(close(modes));
     if options.growth {
         client_rt.block_on(growth(&client, &base, &pool, options));
@@ -438,10 +439,11 @@ fn run(
 }
 
 /// Closes the pools of a section that is over, so that the next fits the budget.
-async fn close(servers: Vec<(String, PgPool)>) {
-    for (_, pool) in servers {
+async fn close(modes: Modes) {
+    for (_, pool) in modes.servers {
         pool.close().await;
     }
+    drop(modes.bouncer);
 }
 
 /// The peer's servers, one per cell, each on a Redis database of its own, and the
@@ -605,39 +607,49 @@ impl Peers {
 }
 
 /// The store's production modes, each a server of its own with the same handlers.
-const MODES: [&str; 3] = [
+const MODES: [&str; 4] = [
     "default",
     "transaction pooler (`pooler(Pooler::Transaction)`, statement cache 0)",
+    "transaction pooler behind PgBouncer (`pool_mode = transaction`)",
     "portable (`portable()`)",
 ];
 
+/// The production modes' servers, and the PgBouncer the third one reaches PostgreSQL
+/// through.
+struct Modes {
+    servers: Vec<(String, PgPool)>,
+    bouncer: Pgbouncer,
+}
+
 /// Serves the benchmark once per mode, each on a pool of `size`: the default store, the
 /// transaction-pooler setting (idem's statements unnamed, and the pool's own statement
-/// cache off, as behind PgBouncer), and the portable mode (Citus).
-async fn serve_modes(
-    db: &TestDb,
-    size: u32,
-) -> Result<Vec<(String, PgPool)>, Box<dyn std::error::Error>> {
+/// cache off, as behind PgBouncer) straight to PostgreSQL and through a real PgBouncer in
+/// transaction mode, and the portable mode (Citus).
+async fn serve_modes(db: &TestDb, size: u32) -> Result<Modes, Box<dyn std::error::Error>> {
+    // As many server connections as each mode's pool has: the clients do not queue on
+    // PgBouncer's pool more than on the others'.
+    let bouncer = Pgbouncer::start_sized(db, size);
     let mut servers = Vec::new();
     for (i, _) in MODES.iter().enumerate() {
-        let mut options = db.options.clone();
-        if i == 1 {
-            options = options.statement_cache_capacity(0);
-        }
+        let options = match i {
+            1 => db.options.clone().statement_cache_capacity(0),
+            2 => bouncer.options().statement_cache_capacity(0),
+            _ => db.options.clone(),
+        };
         let pool = PgPoolOptions::new()
             .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
         let addr = server::serve_with(pool.clone(), |store| match i {
-            1 => store.pooler(idem::Pooler::Transaction),
-            2 => store.portable(),
+            1 | 2 => store.pooler(idem::Pooler::Transaction),
+            3 => store.portable(),
             _ => store,
         })
         .await?;
         servers.push((format!("http://{addr}"), pool));
     }
-    Ok(servers)
+    Ok(Modes { servers, bouncer })
 }
 
 /// What each mode costs: the bare handler and idem's fresh and replayed keys on each

@@ -41,6 +41,12 @@ impl Pgbouncer {
     /// refuses to run as root: as root, it is started with `-u postgres` and its
     /// directory is made that user's to read and write.
     pub fn start(db: &TestDb) -> Self {
+        Self::start_sized(db, SERVER_CONNECTIONS)
+    }
+
+    /// [`Pgbouncer::start`] with `server_connections` server connections instead of
+    /// [`SERVER_CONNECTIONS`]: for a benchmark, whose clients should not queue on four.
+    pub fn start_sized(db: &TestDb, server_connections: u32) -> Self {
         let program = find_pgbouncer();
         let version = version(&program);
         let server = &db.options;
@@ -70,7 +76,7 @@ impl Pgbouncer {
              auth_file = {dir}/userlist.txt\n\
              admin_users = {user}\n\
              pool_mode = transaction\n\
-             default_pool_size = {SERVER_CONNECTIONS}\n\
+             default_pool_size = {server_connections}\n\
              min_pool_size = 0\n\
              reserve_pool_size = 0\n\
              max_client_conn = 500\n\
