@@ -652,8 +652,12 @@ async fn a_commit_wakes_the_relay() {
     .await;
 }
 
-/// A destination that is down for a while: the relay retries with backoff, loses
-/// nothing, publishes each event once it is back.
+/// Regression (invariant 10, transient is never final): every failed publish counted
+/// toward `max_attempts`, so a broker down for longer than the attempts' backoffs parked
+/// its events as dead (this test needed `.max_attempts(1000)`). A destination that is
+/// unavailable for many more rounds than `max_attempts` parks nothing, keeps the reason as
+/// `last_error`, does not count the attempts, and every event is published once it is
+/// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_outage_is_retried_until_it_ends() {
     with_test_db(async |db| {
@@ -661,24 +665,100 @@ async fn an_outage_is_retried_until_it_ends() {
         let down = Arc::new(Mutex::new(true));
         let outage = Arc::clone(&down);
         let recorder = Recorder::failing(move |_| {
-            (*outage.lock().unwrap()).then(|| PublishError::retry("connection refused"))
+            (*outage.lock().unwrap()).then(|| PublishError::unavailable("connection refused"))
         });
         let relay = store
             .relay(recorder.clone())
             .poll_interval(Duration::from_millis(20))
             .backoff(Duration::from_millis(20), Duration::from_millis(100))
-            .max_attempts(1000)
+            .max_attempts(2)
             .spawn()
             .unwrap();
         emit_many(&store, "o", 20, |i| Some(format!("k{}", i % 4))).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(recorder.events().is_empty());
-        assert!(relay.stats().retried > 0);
+        let stats = relay.stats();
+        // Far more rounds than `max_attempts`: the first of each key every ~100 ms.
+        assert!(stats.unavailable >= 4 * 4, "{stats:?}");
+        assert_eq!(stats.retried, stats.unavailable);
+        assert_eq!(stats.dead, 0);
+        assert!(store.dead_events(10).await.unwrap().is_empty());
+        let errors: Vec<(i32, Option<String>)> =
+            sqlx::query_as("SELECT attempts, last_error FROM idem_outbox ORDER BY seq")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(errors.len(), 20);
+        for (attempts, last_error) in &errors[..4] {
+            // Given back, unless the relay is publishing it this instant.
+            assert!(*attempts <= 1, "{errors:?}");
+            assert_eq!(last_error.as_deref(), Some("connection refused"));
+        }
         *down.lock().unwrap() = false;
         let events = recorder.wait_for(20, Duration::from_secs(10)).await;
         assert_eq!(events.len(), 20);
-        assert_eq!(relay.stats().dead, 0);
+        let mut ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 20, "each event once");
+        assert!(events.iter().all(|e| e.attempt == 1), "uncounted attempts");
         drained(&pool).await;
+        assert_eq!(relay.stats().dead, 0);
+        relay.stop();
+    })
+    .await;
+}
+
+/// Beside it: an event the destination keeps refusing (`PublishError::retry`) still
+/// counts its attempts and is parked after `max_attempts`, and an outage before its
+/// refusals does not add to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_still_parks_after_max_attempts() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "r", 1, |_| None).await;
+        let answers = Arc::new(Mutex::new(0_u32));
+        let answered = Arc::clone(&answers);
+        // Unavailable for five attempts, then refused.
+        let recorder = Recorder::failing(move |_| {
+            let mut n = answered.lock().unwrap();
+            *n += 1;
+            Some(if *n <= 5 {
+                PublishError::unavailable("connection refused")
+            } else {
+                PublishError::retry("no stream captures the subject")
+            })
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(5), Duration::from_millis(20))
+            .max_attempts(2)
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while relay.stats().dead == 0 && started.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = relay.stats();
+        assert_eq!(
+            (
+                stats.published,
+                stats.retried,
+                stats.unavailable,
+                stats.dead
+            ),
+            (0, 6, 5, 1),
+            "{stats:?}"
+        );
+        assert_eq!(*answers.lock().unwrap(), 7);
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            (dead[0].attempts, dead[0].last_error.as_str()),
+            (2, "no stream captures the subject")
+        );
+        drained_but(&pool, 1).await;
         relay.stop();
     })
     .await;

@@ -97,10 +97,12 @@ impl fmt::Debug for AmqpPublisher {
 
 impl Publisher for AmqpPublisher {
     async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        // No channel says nothing about the event, whatever the cause: the broker
+        // unreachable, or refusing this publisher.
         let channel = self
             .channel()
             .await
-            .map_err(|e| PublishError::retry(format!("AMQP connection: {e}")))?;
+            .map_err(|e| PublishError::unavailable(format!("AMQP connection: {e}")))?;
         let mut headers = FieldTable::default();
         for (name, value) in &event.headers {
             if let Ok(name) = ShortString::try_new(name.as_str()) {
@@ -123,9 +125,9 @@ impl Publisher for AmqpPublisher {
                 properties,
             )
             .await
-            .map_err(|e| PublishError::retry(format!("AMQP publish: {e}")))?
+            .map_err(|e| publish_failure("AMQP publish", &e))?
             .await
-            .map_err(|e| PublishError::retry(format!("AMQP confirm: {e}")))?;
+            .map_err(|e| publish_failure("AMQP confirm", &e))?;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
@@ -139,6 +141,39 @@ impl Publisher for AmqpPublisher {
                 "the channel is not in confirm mode",
             )),
         }
+    }
+}
+
+/// What a failed AMQP publish (`what`: the publish, or its confirm) tells the relay. The
+/// connection or channel lost (an I/O error, no heartbeat, the broker closing the
+/// connection because it shuts down, lacks resources or failed inside) is
+/// [`PublishError::unavailable`]: waited for, never counted. The rest, a channel error
+/// the broker raised for this publish (no such exchange, access refused) first among
+/// them, is [`PublishError::retry`], parked after the relay's attempts.
+fn publish_failure(what: &str, error: &lapin::Error) -> PublishError {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError};
+    use lapin::ErrorKind;
+    let message = format!("{what}: {error}");
+    let unavailable = match error.kind() {
+        ErrorKind::IOError(_)
+        | ErrorKind::MissingHeartbeatError
+        | ErrorKind::InvalidConnectionState(_)
+        | ErrorKind::InvalidChannelState(..)
+        | ErrorKind::InvalidChannel(_) => true,
+        ErrorKind::ProtocolError(error) => matches!(
+            error.kind(),
+            AMQPErrorKind::Hard(
+                AMQPHardError::CONNECTIONFORCED
+                    | AMQPHardError::RESOURCEERROR
+                    | AMQPHardError::INTERNALERROR
+            )
+        ),
+        _ => false,
+    };
+    if unavailable {
+        PublishError::unavailable(message)
+    } else {
+        PublishError::retry(message)
     }
 }
 
@@ -375,7 +410,41 @@ fn count(value: &AMQPValue) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPHardError, AMQPSoftError};
+
     use super::*;
+
+    fn protocol(kind: AMQPErrorKind) -> lapin::Error {
+        lapin::ErrorKind::ProtocolError(AMQPError::new(kind, "closed".into())).into()
+    }
+
+    /// Invariant 10: a lost connection is waited for (uncounted); what the broker refused
+    /// this publish for is counted, and parks after the relay's attempts.
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_refusal_counts() {
+        for error in [
+            lapin::Error::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            lapin::ErrorKind::MissingHeartbeatError.into(),
+            lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed).into(),
+            lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closed, "publish").into(),
+            protocol(AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)),
+            protocol(AMQPErrorKind::Hard(AMQPHardError::INTERNALERROR)),
+        ] {
+            let failure = publish_failure("AMQP confirm", &error);
+            assert!(failure.is_unavailable(), "{error:?}: {failure:?}");
+            assert!(failure.message().starts_with("AMQP confirm: "), "{failure}");
+        }
+        for error in [
+            protocol(AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)),
+            protocol(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)),
+            protocol(AMQPErrorKind::Hard(AMQPHardError::FRAMEERROR)),
+            lapin::ErrorKind::ChannelsLimitReached.into(),
+        ] {
+            let failure = publish_failure("AMQP publish", &error);
+            assert!(!failure.is_unavailable(), "{error:?}: {failure:?}");
+            assert!(!failure.is_permanent(), "{error:?}: {failure:?}");
+        }
+    }
 
     #[test]
     fn failures_are_counted_per_id_and_forgotten_when_settled() {

@@ -101,12 +101,12 @@ impl Publisher for JetStreamPublisher {
             .jetstream
             .publish_with_headers(event.topic.clone(), headers, event.payload.clone().into())
             .await
-            .map_err(|e| PublishError::retry(format!("JetStream publish: {e}")))?;
+            .map_err(|e| publish_failure("JetStream publish", &e))?;
         // The stream's acknowledgement: stored, or dropped as a duplicate of a message
         // stored before. Either way the event is in the stream once.
         ack.await
             .map(drop)
-            .map_err(|e| PublishError::retry(format!("JetStream acknowledgement: {e}")))
+            .map_err(|e| publish_failure("JetStream acknowledgement", &e))
     }
 
     /// The `duplicate_window` of each stream named with [`JetStreamPublisher::stream`].
@@ -124,6 +124,38 @@ impl Publisher for JetStreamPublisher {
             ));
         }
         Ok(windows)
+    }
+}
+
+/// What a failed JetStream publish (`what`: the publish, or its acknowledgement) tells the
+/// relay. The server out of reach (no acknowledgement in time, the connection gone, the
+/// client's acknowledgements all pending, JetStream answering that it is temporarily
+/// unavailable) is [`PublishError::unavailable`]: waited for, never counted. The rest,
+/// "no responders" (no stream captures the subject) first among them, is about where this
+/// event goes: [`PublishError::retry`], parked after the relay's attempts.
+fn publish_failure(
+    what: &str,
+    error: &async_nats::jetstream::context::PublishError,
+) -> PublishError {
+    use async_nats::jetstream::context::PublishErrorKind as Kind;
+    let message = format!("{what}: {error}");
+    let unavailable = match error.kind() {
+        Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending => true,
+        // An error the JetStream API answered with.
+        Kind::Other => std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+            .is_some_and(|api| {
+                api.error_code() == async_nats::jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE
+            }),
+        Kind::StreamNotFound
+        | Kind::WrongLastMessageId
+        | Kind::WrongLastSequence
+        | Kind::MaxPayloadExceeded => false,
+    };
+    if unavailable {
+        PublishError::unavailable(message)
+    } else {
+        PublishError::retry(message)
     }
 }
 
@@ -533,3 +565,55 @@ impl fmt::Display for ConsumeError {
 }
 
 impl std::error::Error for ConsumeError {}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::jetstream::context::{PublishError as NatsError, PublishErrorKind as Kind};
+
+    use super::*;
+
+    /// An error the JetStream API answers with, as the server sends it.
+    fn api(code: usize, err_code: u64, description: &str) -> async_nats::jetstream::Error {
+        serde_json::from_value(serde_json::json!({
+            "code": code, "err_code": err_code, "description": description,
+        }))
+        .unwrap()
+    }
+
+    /// Invariant 10: the server out of reach is waited for (uncounted); a subject no
+    /// stream captures is counted, and parks after the relay's attempts.
+    #[test]
+    fn an_unreachable_server_is_unavailable_and_a_missing_stream_counts() {
+        for kind in [Kind::TimedOut, Kind::BrokenPipe, Kind::MaxAckPending] {
+            let failure = publish_failure("JetStream publish", &NatsError::new(kind));
+            assert!(failure.is_unavailable(), "{kind:?}: {failure:?}");
+            assert!(
+                failure.message().starts_with("JetStream publish: "),
+                "{failure}"
+            );
+        }
+        let down = NatsError::with_source(
+            Kind::Other,
+            api(503, 10008, "JetStream system temporarily unavailable"),
+        );
+        assert!(publish_failure("JetStream acknowledgement", &down).is_unavailable());
+        for error in [
+            NatsError::new(Kind::StreamNotFound),
+            NatsError::new(Kind::MaxPayloadExceeded),
+            NatsError::new(Kind::Other),
+            NatsError::with_source(Kind::Other, api(400, 10077, "maximum messages exceeded")),
+        ] {
+            let failure = publish_failure("JetStream acknowledgement", &error);
+            assert!(!failure.is_unavailable(), "{failure:?}");
+            assert!(!failure.is_permanent(), "{failure:?}");
+        }
+        let missing = publish_failure(
+            "JetStream acknowledgement",
+            &NatsError::new(Kind::StreamNotFound),
+        );
+        assert_eq!(
+            missing.message(),
+            "JetStream acknowledgement: no stream found for given subject"
+        );
+    }
+}

@@ -8,6 +8,15 @@
 //! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
 //! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
 //!
+//! Transient is never final (invariant 10): a destination that is unavailable (a broker
+//! unreachable, a connection lost, no acknowledgement within the publish timeout:
+//! [`PublishError::unavailable`]) says nothing about the event, so such a failure is
+//! tried again, after a backoff that grows while the outage lasts, for as long as it
+//! lasts, and never counts toward `max_attempts`: its mark gives back the attempt its take
+//! counted. Only an event the destination keeps refusing ([`PublishError::retry`]) is
+//! parked after its attempts, and one it can never take ([`PublishError::permanent`]) at
+//! once.
+//!
 //! Whoever marks holds (invariant 11): every mark is conditional on the token of the take
 //! that leased the rows, so a relay that stalled past its lease marks nothing another
 //! relay took since. A relay's leases end with its session: it holds a session advisory
@@ -22,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +39,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use super::table::ClaimedRow;
+use super::table::{ClaimedRow, Failed};
 use crate::store::Store;
 
 /// An event as the relay hands it to a [`Publisher`].
@@ -47,7 +56,8 @@ pub struct OutboxEvent {
     pub headers: Vec<(String, String)>,
     /// The payload, as written (JSON for [`Event::new`](super::Event::new)).
     pub payload: Vec<u8>,
-    /// Which attempt this is, from 1.
+    /// Which counted attempt this is, from 1: attempts that failed because the
+    /// destination was unavailable ([`PublishError::unavailable`]) are not counted.
     pub attempt: u32,
 }
 
@@ -100,20 +110,47 @@ impl DuplicateWindow {
     }
 }
 
-/// Why a publish failed.
+/// Why a publish failed, and so what the relay does with the event: try it again
+/// without counting the attempt ([`unavailable`](Self::unavailable)), try it again and
+/// count the attempt ([`retry`](Self::retry)), or park it at once
+/// ([`permanent`](Self::permanent)). Whichever it is, the message is kept as the event's
+/// `last_error`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishError {
     message: String,
-    permanent: bool,
+    kind: FailureKind,
+}
+
+/// The three kinds of [`PublishError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureKind {
+    Unavailable,
+    Retry,
+    Permanent,
 }
 
 impl PublishError {
-    /// A failure that may pass (the broker unreachable, a timeout): the event is tried
-    /// again after a backoff, and parked after the relay's `max_attempts`.
+    /// The destination is unavailable (the broker unreachable, the connection lost, no
+    /// acknowledgement in time): nothing is wrong with the event. It is tried again after
+    /// the relay's backoff, which grows while the outage lasts, for as long as it lasts;
+    /// the attempt does not count toward the relay's `max_attempts`, so an outage never
+    /// parks an event (invariant 10). A publish that outlives the relay's
+    /// [`publish_timeout`](RelayBuilder::publish_timeout) counts as this.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            kind: FailureKind::Unavailable,
+        }
+    }
+
+    /// This event failed and may pass (the destination refused it, has nowhere to put
+    /// it yet): the event is tried again after a backoff, and parked after the relay's
+    /// `max_attempts`. For a destination that cannot be reached, use
+    /// [`PublishError::unavailable`], which does not count.
     pub fn retry(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            permanent: false,
+            kind: FailureKind::Retry,
         }
     }
 
@@ -122,7 +159,7 @@ impl PublishError {
     pub fn permanent(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            permanent: true,
+            kind: FailureKind::Permanent,
         }
     }
 
@@ -133,7 +170,12 @@ impl PublishError {
 
     /// Whether it was [`PublishError::permanent`].
     pub fn is_permanent(&self) -> bool {
-        self.permanent
+        self.kind == FailureKind::Permanent
+    }
+
+    /// Whether it was [`PublishError::unavailable`].
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == FailureKind::Unavailable
     }
 }
 
@@ -248,22 +290,28 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// How long one publish may wait for the broker's acknowledgement (default 10 s)
-    /// before it counts as failed.
+    /// before it fails as [`PublishError::unavailable`]: tried again, not counted toward
+    /// [`max_attempts`](Self::max_attempts).
     pub fn publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
         self
     }
 
-    /// After how many failed attempts an event is parked as dead (default 10).
+    /// After how many failed attempts an event is parked as dead (default 10). Only the
+    /// failures of the event count ([`PublishError::retry`], a publisher that panicked):
+    /// a destination that is unavailable ([`PublishError::unavailable`], a publish past
+    /// the publish timeout) is waited for as long as it is, and parks nothing.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
     }
 
     /// The wait after a failed attempt: `first`, doubled after each further failure, at
-    /// most `max` (default 500 ms and 1 min). Keep `lease + publish timeout + max` within
-    /// the broker's duplicate window (JetStream's is 2 minutes by default): the relay says
-    /// at its start when it is not.
+    /// most `max` (default 500 ms and 1 min). While the destination is unavailable, the
+    /// wait doubles with each round of the outage instead (the attempts do not grow), up
+    /// to the same `max`, and starts again from `first` once a publish gets through.
+    /// Keep `lease + publish timeout + max` within the broker's duplicate window
+    /// (JetStream's is 2 minutes by default): the relay says at its start when it is not.
     pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
         self.backoff = (first, max.max(first));
         self
@@ -336,6 +384,7 @@ impl<P: Publisher> RelayBuilder<P> {
                 .listen
                 .unwrap_or_else(|| self.store.inner.outbox.can_listen()),
             session_options: self.session_options(),
+            outage: AtomicU32::new(0),
             builder: self,
         };
         let task = tokio::spawn(running.run());
@@ -356,6 +405,7 @@ impl<P: Publisher> RelayBuilder<P> {
             stopping: Arc::new(Stopping::default()),
             listen: false,
             session_options: self.session_options(),
+            outage: AtomicU32::new(0),
             builder: self,
         };
         running.check_windows().await;
@@ -463,6 +513,10 @@ pub struct RelayStats {
     pub published: u64,
     /// Failed attempts that will be tried again.
     pub retried: u64,
+    /// Of [`retried`](Self::retried), the attempts that failed because the destination
+    /// was unavailable ([`PublishError::unavailable`]): not counted toward
+    /// [`RelayBuilder::max_attempts`].
+    pub unavailable: u64,
     /// Events parked as dead.
     pub dead: u64,
     /// Events this relay tried and could not mark because another relay had taken them
@@ -475,6 +529,7 @@ pub struct RelayStats {
 struct Counters {
     published: AtomicU64,
     retried: AtomicU64,
+    unavailable: AtomicU64,
     dead: AtomicU64,
     overtaken: AtomicU64,
 }
@@ -484,6 +539,7 @@ impl Counters {
         RelayStats {
             published: self.published.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
+            unavailable: self.unavailable.load(Ordering::Relaxed),
             dead: self.dead.load(Ordering::Relaxed),
             overtaken: self.overtaken.load(Ordering::Relaxed),
         }
@@ -498,6 +554,9 @@ struct Running<P> {
     /// Where to open the session that ties this relay's leases to its life; `None` where
     /// they end by their time only.
     session_options: Option<PgConnectOptions>,
+    /// How many rounds in a row found the destination unavailable and published nothing:
+    /// the backoff of an unavailable event grows with it, as its attempts do not.
+    outage: AtomicU32,
 }
 
 /// A relay's session: a connection of its own, running nothing but the advisory lock of
@@ -715,7 +774,9 @@ impl<P: Publisher> Running<P> {
             let task = publishing.spawn(async move {
                 match tokio::time::timeout(timeout, publisher.publish(&event)).await {
                     Ok(result) => result,
-                    Err(_) => Err(PublishError::retry(format!(
+                    // No answer says nothing about the event: the destination is
+                    // unreachable or too slow, the outage's case.
+                    Err(_) => Err(PublishError::unavailable(format!(
                         "no acknowledgement within {timeout:?}"
                     ))),
                 }
@@ -767,11 +828,41 @@ impl<P: Publisher> Running<P> {
                 .published
                 .fetch_add(deleted, Ordering::Relaxed);
         }
-        let (mut retried, mut dead) = (0, 0);
+        // The outage's rounds: one more while the destination is unavailable and nothing
+        // got through, none once something did.
+        let outage = if !published.is_empty() {
+            self.outage.store(0, Ordering::Relaxed);
+            0
+        } else if failed.iter().any(|(_, error)| error.is_unavailable()) {
+            let bump = |rounds: u32| Some(rounds.saturating_add(1));
+            let before = self
+                .outage
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, bump);
+            before.map_or(u32::MAX, |rounds| rounds.saturating_add(1))
+        } else {
+            self.outage.load(Ordering::Relaxed)
+        };
+        let (mut retried, mut unavailable, mut dead) = (0, 0, 0);
+        let mut outage_error = None;
         for (row, error) in failed {
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
-            let park = error.is_permanent() || attempts >= builder.max_attempts;
-            let backoff = backoff(builder.backoff, attempts);
+            // Invariant 10: an unavailable destination never parks, and its attempt is
+            // given back; only the event's own failures count.
+            let then = if error.is_unavailable() {
+                Failed::Uncounted
+            } else if error.is_permanent() || attempts >= builder.max_attempts {
+                Failed::Park
+            } else {
+                Failed::Retry
+            };
+            let backoff = backoff(
+                builder.backoff,
+                if then == Failed::Uncounted {
+                    outage
+                } else {
+                    attempts
+                },
+            );
             let marked = self
                 .marked(lease_ends, || async {
                     outbox
@@ -780,7 +871,7 @@ impl<P: Publisher> Running<P> {
                             row.seq,
                             error.message(),
                             backoff,
-                            park,
+                            then,
                             token,
                         )
                         .await
@@ -788,7 +879,20 @@ impl<P: Publisher> Running<P> {
                 .await?;
             if !marked {
                 overtaken += 1;
-            } else if park {
+            } else if then == Failed::Uncounted {
+                retried += 1;
+                unavailable += 1;
+                metrics::retried();
+                tracing::debug!(
+                    parent: &span,
+                    event_id = %row.id,
+                    topic = %row.topic,
+                    error = %error,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "idem: outbox event not published, its destination is unavailable; retrying"
+                );
+                outage_error.get_or_insert((error, backoff));
+            } else if then == Failed::Park {
                 dead += 1;
                 metrics::dead();
                 tracing::error!(
@@ -813,6 +917,17 @@ impl<P: Publisher> Running<P> {
                 );
             }
         }
+        // One line per round for an outage, not one per event of every batch.
+        if let Some((error, backoff)) = outage_error {
+            tracing::warn!(
+                parent: &span,
+                events = unavailable,
+                rounds = outage,
+                error = %error,
+                retry_in_ms = backoff.as_millis() as u64,
+                "idem: the outbox's destination is unavailable; its events are tried again, not counted toward max_attempts"
+            );
+        }
         if overtaken > 0 {
             tracing::warn!(
                 parent: &span,
@@ -821,6 +936,9 @@ impl<P: Publisher> Running<P> {
             );
         }
         self.counters.retried.fetch_add(retried, Ordering::Relaxed);
+        self.counters
+            .unavailable
+            .fetch_add(unavailable, Ordering::Relaxed);
         self.counters.dead.fetch_add(dead, Ordering::Relaxed);
         self.counters
             .overtaken
@@ -949,8 +1067,8 @@ fn to_event(row: &ClaimedRow) -> OutboxEvent {
     }
 }
 
-/// The wait after the `attempts`-th failure: `first` doubled `attempts - 1` times, at
-/// most `max`.
+/// The wait after the `attempts`-th failure (or the `attempts`-th round of an outage):
+/// `first` doubled `attempts - 1` times, at most `max`.
 fn backoff((first, max): (Duration, Duration), attempts: u32) -> Duration {
     let doublings = attempts.saturating_sub(1).min(30);
     first.saturating_mul(1 << doublings).min(max)

@@ -6,7 +6,8 @@
 //! A row is written by a request's (or a `run_once` work's) own transaction, beside the
 //! key's row and the stored response, so it commits with them or not at all. The relay
 //! deletes a row once the broker has acknowledged it, and parks it (`dead_at`) after too
-//! many failed attempts. There is no cursor: every round looks at every pending row, so a
+//! many failed attempts (a take counts one; a failure of an unavailable destination gives
+//! it back, invariant 10). There is no cursor: every round looks at every pending row, so a
 //! row whose transaction commits late (after rows with a higher `seq`) is found all the
 //! same, at the next round.
 //!
@@ -208,15 +209,19 @@ const LOCK: &str = "SELECT pg_try_advisory_lock({lock_class}, $1)";
 const DONE: &str = "DELETE FROM {table} WHERE seq = ANY($1) AND lease_token = $2";
 
 /// Failed: available again after a backoff, or parked, if still under this relay's
-/// lease. $1 seq, $2 the error, $3 the backoff in seconds, $4 whether to park it, $5 the
-/// lease's token. The backoff is no lease: no owner.
+/// lease. $1 seq, $2 the error, $3 the backoff in seconds, $4 whether to park it, $5
+/// whether to give back the attempt the take counted (the destination was unavailable:
+/// invariant 10), $6 the lease's token. The backoff is no lease: no owner. The give-back
+/// is conditional on the token like the rest of the mark: only the take that counted the
+/// attempt gives it back, once.
 const FAILED: &str = "\
 UPDATE {table}
    SET last_error = $2,
        available_at = now() + $3::float8 * interval '1 second',
        dead_at = CASE WHEN $4 THEN now() END,
+       attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END,
        lease_owner = NULL
- WHERE seq = $1 AND lease_token = $5";
+ WHERE seq = $1 AND lease_token = $6";
 
 /// The age in seconds of the oldest pending event, NULL when none is pending.
 const LAG: &str = "\
@@ -255,6 +260,18 @@ pub(crate) struct OutboxTable {
     lag: SqlStr,
     dead: SqlStr,
     redrive: SqlStr,
+}
+
+/// What becomes of an event whose publish failed ([`OutboxTable::failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// Available again after its backoff; the attempt counts.
+    Retry,
+    /// Available again after its backoff; the attempt is given back (the destination was
+    /// unavailable, invariant 10).
+    Uncounted,
+    /// Parked.
+    Park,
 }
 
 /// An event as the relay took it from the table.
@@ -506,7 +523,7 @@ impl OutboxTable {
         seq: i64,
         error: &str,
         backoff: Duration,
-        park: bool,
+        then: Failed,
         token: i64,
     ) -> Result<bool, sqlx::Error> {
         let mut single = single;
@@ -515,7 +532,8 @@ impl OutboxTable {
             .bind(seq)
             .bind(error)
             .bind(backoff.as_secs_f64())
-            .bind(park)
+            .bind(then == Failed::Park)
+            .bind(then == Failed::Uncounted)
             .bind(token)
             .execute(&mut *single)
             .await?;
