@@ -11,9 +11,9 @@ pub use crate::spread::{tenant_of, Spread};
 pub use crate::table::Isolation;
 pub use crate::web::extract::{
     body_of, key_from_header, key_of, key_of_digest, principal_of, Extract, HoldsStore, KeySource,
-    LastExtract,
+    LastExtract, ReadsBody, ReadsHead,
 };
-pub use crate::web::{Answer, Claimed, Fields, Guard, Spec};
+pub use crate::web::{Answer, Claimed, Fields, Fingerprintable, Guard, Spec};
 
 /// What a refused `tx.commit()` or `tx.rollback()` becomes in the function
 /// `#[idempotent]` emits beside its error: the output of sqlx's `Transaction::commit`, so

@@ -165,11 +165,13 @@
 
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and
 // knows no HTTP; it runs on `table`, which owns the DDL and every statement with its
-// binds. Above the engine: the HTTP adapter `web` (with `webhook`, and `probe` for the
-// generated code) and `once` (`Store::run_once`). The operators' queries, `operate`, sit
-// on the store and the outbox's table with their own statements, and `console` (beside
-// `web`) and the `idem-cli` binary on them. Nothing imports upward: `header_hash`, which
-// `probe` and `webhook` share, sits below both; nothing but `console` imports `operate`.
+// binds. Above the engine: the HTTP adapter `web` and `once` (`Store::run_once`). On
+// `web`: `webhook`, which answers with `web`'s problems, and `probe`, the generated
+// code's checks of the handler's types, which hand `web` its `Answer` and `Fields`
+// (`web` names neither). The operators' queries, `operate`, sit on the store and the
+// outbox's table with their own statements, and `console` (beside `web`) and the
+// `idem-cli` binary on them. Nothing imports upward: `header_hash`, which `probe` and
+// `webhook` share, sits below both; nothing but `console` imports `operate`.
 
 #[doc(hidden)]
 pub mod __private;

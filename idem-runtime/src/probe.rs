@@ -16,8 +16,8 @@ use axum::extract::{FromRequest, FromRequestParts};
 use axum::response::IntoResponse;
 use serde::Serialize;
 
-use crate::web::extract::FingerprintBody;
-use crate::web::{Answer, Fields};
+use crate::web::extract::{FingerprintBody, ReadsBody, ReadsHead};
+use crate::web::{Answer, Fields, Fingerprintable};
 
 /// Asserts that the handler's own future is `Send`, so that a value held across an
 /// `.await` that is not is reported on the handler, not as a missing `Handler` impl.
@@ -154,17 +154,6 @@ pub trait NotSerializeLevel {
 
 impl<T: ?Sized> NotSerializeLevel for &Probe<T> {}
 
-/// Adds a named field whose type was probed.
-#[diagnostic::on_unimplemented(
-    message = "`{T}` cannot be fingerprinted: it does not implement `serde::Serialize`",
-    label = "this field's type must implement `Serialize`",
-    note = "derive `serde::Serialize` for it, or leave this field out of `fields = [...]`"
-)]
-pub trait Fingerprintable<T: ?Sized> {
-    /// Adds the field.
-    fn add(self, fields: &mut Fields, name: &'static str, value: &T);
-}
-
 impl<T: Serialize + ?Sized> Fingerprintable<T> for SerializeTag {
     fn add(self, fields: &mut Fields, name: &'static str, value: &T) {
         fields.add(name, value);
@@ -296,12 +285,6 @@ impl<T> OtherLevel for Probe<T> {}
     note = "implement `idem::FingerprintBody` for `{T}`, whatever state its `FromRequest` is written for, so that idem fingerprints its value; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
 )]
 pub trait ExtractsLast<T, M> {}
-
-/// [`ExtractsLast`]'s `M` for a parameter that reads the request's head only.
-pub enum ReadsHead {}
-
-/// [`ExtractsLast`]'s `M` for a parameter that reads the body.
-pub enum ReadsBody {}
 
 impl<S, T: FromRequestParts<S>> ExtractsLast<T, ReadsHead> for S {}
 

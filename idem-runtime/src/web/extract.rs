@@ -13,7 +13,6 @@ use http::request::Parts;
 use http::HeaderMap;
 use serde::Serialize;
 
-use crate::probe::{ReadsBody, ReadsHead};
 use crate::store::Store;
 use crate::web::policy::KeyRead;
 use crate::web::problem::Problems;
@@ -276,9 +275,15 @@ where
 /// `M` says how: from the request's head ([`ReadsHead`]) or from its body
 /// ([`ReadsBody`]), whichever impl holds under the router's state. The generated handler
 /// is generic over `M`, so rustc infers it together with axum's own choice, and bounds
-/// the state by [`ExtractsLast<T, M>`](crate::probe::ExtractsLast): a body idem cannot
-/// fingerprint is refused whatever state its extractor is written for.
+/// the state by the probes' `ExtractsLast<T, M>`: a body idem cannot fingerprint is
+/// refused whatever state its extractor is written for.
 pub struct LastExtract<T, M>(pub T, pub PhantomData<fn() -> M>);
+
+/// [`LastExtract`]'s `M` for a parameter that reads the request's head only.
+pub enum ReadsHead {}
+
+/// [`LastExtract`]'s `M` for a parameter that reads the body.
+pub enum ReadsBody {}
 
 impl<S, T> FromRequestParts<S> for LastExtract<T, ReadsHead>
 where

@@ -28,7 +28,6 @@ use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, 
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::identity::{KeyInScope, Place};
 use crate::observe::{Observation, Outcome};
-use crate::probe::Fingerprintable;
 use crate::spread::Spread;
 use crate::store::Store;
 use crate::table::Isolation;
@@ -301,8 +300,8 @@ pub struct Fields {
 }
 
 impl Fields {
-    /// Adds a named field (`fields = [...]`); `tag`, from a [probe](crate::probe), says
-    /// whether its type is `Serialize`.
+    /// Adds a named field (`fields = [...]`); `tag`, from the probe of the field's type,
+    /// says whether that type is `Serialize`.
     pub fn field<T: ?Sized, Tag: Fingerprintable<T>>(
         &mut self,
         name: &'static str,
@@ -318,6 +317,19 @@ impl Fields {
             self.error = self.builder.field(name, value).err();
         }
     }
+}
+
+/// Adds a named field whose type was probed to [`Fields`]: implemented by the probe's
+/// tag for a `Serialize` type, and by no other, so that a field that cannot be
+/// fingerprinted is a compile error on the user's own token.
+#[diagnostic::on_unimplemented(
+    message = "`{T}` cannot be fingerprinted: it does not implement `serde::Serialize`",
+    label = "this field's type must implement `Serialize`",
+    note = "derive `serde::Serialize` for it, or leave this field out of `fields = [...]`"
+)]
+pub trait Fingerprintable<T: ?Sized> {
+    /// Adds the field.
+    fn add(self, fields: &mut Fields, name: &'static str, value: &T);
 }
 
 /// The open transaction the handler runs in, lent to it as [`Tx`], then finished with

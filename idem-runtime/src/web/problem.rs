@@ -268,43 +268,6 @@ impl<'a> Problems<'a> {
         }
     }
 
-    /// A webhook delivery whose signature was refused: 401 when no secret matches, 400
-    /// when the header is missing, malformed or stale.
-    #[cfg(feature = "webhook")]
-    pub(crate) fn signature(self, error: &crate::webhook::SignatureError) -> Problem {
-        use crate::webhook::SignatureError;
-        let (status, slug, title) = match error {
-            SignatureError::Mismatch => (
-                StatusCode::UNAUTHORIZED,
-                "invalid-signature",
-                "Invalid signature",
-            ),
-            SignatureError::Stale { .. } => (
-                StatusCode::BAD_REQUEST,
-                "stale-signature",
-                "Stale signature",
-            ),
-            _ => (
-                StatusCode::BAD_REQUEST,
-                "malformed-signature",
-                "Malformed signature",
-            ),
-        };
-        self.problem(status, slug, title)
-            .with_detail(error.to_string())
-    }
-
-    /// A request body that its extractor could not read.
-    #[cfg(feature = "webhook")]
-    pub(crate) fn invalid_request(self, detail: String) -> Problem {
-        self.problem(
-            StatusCode::BAD_REQUEST,
-            problem_type::INVALID_REQUEST,
-            "Invalid request",
-        )
-        .with_detail(detail)
-    }
-
     pub(crate) fn problem(
         self,
         status: StatusCode,

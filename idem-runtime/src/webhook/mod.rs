@@ -83,11 +83,11 @@ use base64::Engine as _;
 use hmac::digest::CtOutput;
 use hmac::{Hmac, Mac};
 use http::header::HeaderName;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
-use crate::web::problem::Problems;
+use crate::web::problem::{problem_type, Problem, Problems};
 use crate::{FingerprintBody, Store};
 
 mod custom;
@@ -454,6 +454,33 @@ impl fmt::Display for SignatureError {
 
 impl std::error::Error for SignatureError {}
 
+impl SignatureError {
+    /// The refusal as the delivery's sender sees it: 401 when no secret matches, 400
+    /// when a header is missing, malformed or stale.
+    fn problem(&self, problems: Problems<'_>) -> Problem {
+        let (status, slug, title) = match self {
+            Self::Mismatch => (
+                StatusCode::UNAUTHORIZED,
+                "invalid-signature",
+                "Invalid signature",
+            ),
+            Self::Stale { .. } => (
+                StatusCode::BAD_REQUEST,
+                "stale-signature",
+                "Stale signature",
+            ),
+            Self::Missing | Self::Malformed => (
+                StatusCode::BAD_REQUEST,
+                "malformed-signature",
+                "Malformed signature",
+            ),
+        };
+        problems
+            .problem(status, slug, title)
+            .with_detail(self.to_string())
+    }
+}
+
 /// A signed JSON body, verified with the state's [`Verifier<S>`] (by default Standard
 /// Webhooks): the signature is checked over the raw bytes first, then the JSON is
 /// parsed. Use it as the last parameter of a webhook handler.
@@ -497,7 +524,7 @@ where
         let problems = Problems::of(&store);
         let refuse = |error: SignatureError| {
             tracing::warn!(%error, scheme = S::NAME, "idem: webhook delivery refused");
-            problems.signature(&error).into_response()
+            error.problem(problems).into_response()
         };
         // The headers first: a delivery that cannot verify is refused before its body
         // is read or any MAC is computed.
@@ -512,7 +539,12 @@ where
             .map(|value| Self(value, PhantomData))
             .map_err(|error| {
                 problems
-                    .invalid_request(format!("the delivery's JSON body is invalid: {error}"))
+                    .problem(
+                        StatusCode::BAD_REQUEST,
+                        problem_type::INVALID_REQUEST,
+                        "Invalid request",
+                    )
+                    .with_detail(format!("the delivery's JSON body is invalid: {error}"))
                     .into_response()
             })
     }
