@@ -21,10 +21,12 @@
 //! | after the record, before COMMIT (the handler fails, a crash) | yes | resumes: no call |
 //! | after COMMIT | yes | replays the stored response |
 //!
-//! The third row is the window that remains: milliseconds between the processor's answer
-//! and the record's commit. A processor that honours idempotency keys answers the repeated
-//! call with its first answer (exactly once); one that ignores them is called at most one
-//! more time, and only after a crash in that window.
+//! The second and third rows are what remains: a call that ended without an answer to
+//! record (its `Err`, the timeout, a crash during it), and the milliseconds between the
+//! processor's answer and the record's commit. A processor that honours idempotency keys
+//! answers the repeated call with its first answer (exactly once); one that ignores them
+//! is called once more after each such failure, which is why a definitive answer (a
+//! declined card) belongs in the `Ok`, recorded.
 //!
 //! A step runs only while its request holds the key: a duplicate in flight waits or is
 //! answered 409 before its handler runs, so two copies never run a step at once; and the
