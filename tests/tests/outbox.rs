@@ -694,6 +694,11 @@ async fn an_outage_is_retried_until_it_ends() {
             assert!(*attempts <= 1, "{errors:?}");
             assert_eq!(last_error.as_deref(), Some("connection refused"));
         }
+        // What an operator sees meanwhile: each key held by its first event, whose attempt
+        // was given back.
+        let blocked = store.outbox_blocked(10).await.unwrap();
+        assert_eq!(blocked.len(), 4, "{blocked:?}");
+        assert!(blocked.iter().all(|key| key.waiting == 4), "{blocked:?}");
         *down.lock().unwrap() = false;
         let events = recorder.wait_for(20, Duration::from_secs(10)).await;
         assert_eq!(events.len(), 20);

@@ -35,7 +35,10 @@ SELECT id, topic, ordering_key, attempts, lease_owner, last_error,
 
 /// Ordering keys with pending events waiting behind their first one, when that one has
 /// been taken at least once (it is leased, backing off, or failing): the first is what
-/// holds the others (the relay publishes one event of a key at a time). $1 how many.
+/// holds the others (the relay publishes one event of a key at a time). Its `attempts`
+/// alone does not tell: a destination that was unavailable gives the attempt back
+/// (invariant 10), so a head waiting out an outage has none, a lease or a backoff
+/// (`available_at` ahead) and its error. $1 how many.
 const BLOCKED: &str = "\
 SELECT h.ordering_key, h.id, h.topic, h.attempts, h.lease_owner, h.last_error,
        extract(epoch FROM h.available_at)::float8 AS until, w.waiting
@@ -45,7 +48,7 @@ SELECT h.ordering_key, h.id, h.topic, h.attempts, h.lease_owner, h.last_error,
          GROUP BY ordering_key
         HAVING count(*) > 1) AS w
   JOIN {table} AS h ON h.seq = w.head
- WHERE h.attempts > 0
+ WHERE h.attempts > 0 OR h.available_at > now() OR h.last_error IS NOT NULL
  ORDER BY h.seq
  LIMIT $1";
 
