@@ -148,7 +148,14 @@ fn the_example_service_starts_on_a_throwaway_postgres() {
     let status = child.wait().unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(130), "ended by its Ctrl-C: {stderr}");
+    // 130 when the runner acts on the Ctrl-C itself; 0 when the service, which shuts down
+    // gracefully on it, ended first and bash let its own SIGINT go (a non-interactive
+    // shell does so when its foreground command handled the signal): both are a Ctrl-C
+    // that ended the command. What matters is below: the cluster went with it.
+    assert!(
+        matches!(status.code(), Some(0 | 130)),
+        "ended by its Ctrl-C: {status:?}: {stderr}"
+    );
     let (url, dir) = throwaway(&stderr);
     assert!(!answers(&url), "the throwaway server outlived the service");
     assert!(
