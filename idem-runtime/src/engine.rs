@@ -283,7 +283,7 @@ async fn open_with(
     let settings = &store.inner;
     let begin = async {
         let conn = settings.pool.acquire().await?;
-        OpenTransaction::begin(conn, sql).await
+        OpenTransaction::begin(conn, sql, settings.table.prepared()).await
     };
     match tokio::time::timeout(settings.acquire_timeout + wait, begin).await {
         Ok(begun) => begun,
@@ -617,7 +617,10 @@ impl Attempt {
                     over: held.over,
                 };
                 match tx
-                    .finish(table.inserting_commit(&row, record, &state.rides_commit))
+                    .finish(
+                        table.inserting_commit(&row, record, &state.rides_commit),
+                        table.prepared(),
+                    )
                     .await
                 {
                     Ok(()) => return Ok(Committed::Stored),
@@ -639,7 +642,10 @@ impl Attempt {
             }
             // Portable mode: the response rides COMMIT, into the row the claim inserted.
             None => match tx
-                .finish(table.storing_commit(&claim.key, claim.ttl, record, &state.rides_commit))
+                .finish(
+                    table.storing_commit(&claim.key, claim.ttl, record, &state.rides_commit),
+                    None,
+                )
                 .await
             {
                 Ok(()) => return Ok(Committed::Stored),
@@ -699,7 +705,7 @@ impl Attempt {
         } else {
             "COMMIT"
         };
-        match self.tx.finish(sql.to_owned()).await {
+        match self.tx.finish(sql.to_owned(), None).await {
             Ok(()) => Ok(()),
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
                 Err(CommitError::Aborted(None))
@@ -936,6 +942,87 @@ mod tests {
             _ => panic!("not a replay"),
         }
         assert_eq!(db.notes().await, 1);
+        db.drop_schema().await;
+    }
+
+    /// The default mode's statements are prepared once per connection; a connection
+    /// that lost them (all: a session pooler's `DISCARD ALL`; some: a handler's
+    /// `DEALLOCATE`) prepares what it lacks and goes on. Lost between the claim and the
+    /// commit, the request fails, rolled back and retryable, and the next one commits.
+    #[tokio::test]
+    async fn a_connection_without_the_prepared_statements_prepares_them() {
+        let db = Db::new().await;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        let store = Store::builder(one.clone())
+            .table(format!("{}.keys", db.schema))
+            .build()
+            .unwrap();
+        let begin = |key: &'static str| begin(&store, db.claim(key, "a"), Isolation::ReadCommitted);
+        let held = async || -> Vec<String> {
+            sqlx::query_scalar(
+                "SELECT name FROM pg_prepared_statements WHERE name LIKE 'idem%' ORDER BY name",
+            )
+            .persistent(false)
+            .fetch_all(&one)
+            .await
+            .unwrap()
+        };
+        let deallocate = async |names: &[String]| {
+            for name in names {
+                sqlx::raw_sql(AssertSqlSafe(format!("DEALLOCATE {name}")))
+                    .execute(&one)
+                    .await
+                    .unwrap();
+            }
+        };
+        let fresh = async |key: &'static str| {
+            let mut attempt = run(begin(key).await);
+            let sql = format!("INSERT INTO {}.notes VALUES ('n')", db.schema);
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut *attempt.tx())
+                .await
+                .unwrap();
+            attempt.commit(&record("done")).await
+        };
+
+        fresh("p1").await.unwrap();
+        let set = held().await;
+        assert_eq!(set.len(), 3, "{set:?}");
+        // All gone, then the claim's alone: prepared again, each request commits.
+        deallocate(&set).await;
+        fresh("p2").await.unwrap();
+        let take: Vec<String> = set.iter().filter(|n| n.ends_with("_take")).cloned().collect();
+        deallocate(&take).await;
+        fresh("p3").await.unwrap();
+        assert_eq!(held().await, set);
+        // The key row's insert gone while the request runs: that request fails and
+        // leaves nothing; the next commits, and the failed key runs again.
+        let mut attempt = run(begin("p4").await);
+        let insert: Vec<String> = set.iter().filter(|n| n.ends_with("_insert")).cloned().collect();
+        for name in &insert {
+            sqlx::raw_sql(AssertSqlSafe(format!("DEALLOCATE {name}")))
+                .execute(&mut *attempt.tx())
+                .await
+                .unwrap();
+        }
+        assert!(attempt.commit(&record("done")).await.is_err());
+        assert_eq!(db.notes().await, 3);
+        assert_eq!(held().await, set);
+        fresh("p4").await.unwrap();
+        for key in ["p1", "p2", "p3", "p4"] {
+            match begin(key).await {
+                Ok(Begun::Replay(stored)) => assert_eq!(stored, record("done")),
+                _ => panic!("{key} not replayed"),
+            }
+        }
+        assert_eq!(db.notes().await, 4);
+        one.close().await;
         db.drop_schema().await;
     }
 

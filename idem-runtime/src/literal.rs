@@ -94,6 +94,24 @@ pub(crate) fn render(sql: &str, values: &[Literal<'_>]) -> String {
     out
 }
 
+/// `EXECUTE name(values...)`: a statement prepared with SQL `PREPARE`
+/// ([`crate::transaction::Prepared`]), its parameters written in. `name` is one of
+/// idem's own: letters, digits and `_`.
+pub(crate) fn execute(name: &str, values: &[Literal<'_>]) -> String {
+    let mut out = String::with_capacity(name.len() + 16 + values.len() * 24);
+    out.push_str("EXECUTE ");
+    out.push_str(name);
+    out.push('(');
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        value.write(&mut out);
+    }
+    out.push(')');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -120,6 +138,10 @@ mod tests {
         assert_eq!(
             render("SELECT $1, $2, $10, $3", &[Literal::Int(1), Literal::Null]),
             "SELECT CAST(1 AS bigint), NULL, $10, $3"
+        );
+        assert_eq!(
+            execute("idem_0a_take", &[Literal::Text("k"), Literal::Int(7)]),
+            r"EXECUTE idem_0a_take(E'\U0000006b', CAST(7 AS bigint))"
         );
     }
 

@@ -46,6 +46,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlSt
 use crate::fingerprint::Fingerprint;
 use crate::identity::{stored_scope, KeyInScope, Place};
 use crate::literal::{self, Literal};
+use crate::transaction::Prepared;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -153,6 +154,16 @@ SELECT took.*,
                   CASE WHEN locked IS FALSE THEN '0' ELSE took.statement_timeout END,
                   true) AS bounded
   FROM took";
+
+/// The prepared [`TAKE`]'s role in its set ([`Prepared`]) and its parameters' types.
+const TAKE_ROLE: &str = "take";
+const TAKE_TYPES: &str = "text, text, text, bigint, text";
+
+/// The prepared [`INSERT`]'s and [`OVERWRITE`]'s roles (each with the check of
+/// [`Table::inserting_commit`]) and their parameters' types.
+const INSERT_ROLE: &str = "insert";
+const OVERWRITE_ROLE: &str = "overwrite";
+const INSERT_TYPES: &str = "text, text, text, bytea, bytea, smallint, bytea, bytea, float8, float8";
 
 /// Waits for the key's lock for at most the claim's wait (`concurrency = wait(..)`),
 /// then gives the session's `lock_timeout` back, and the statement timeout [`TAKE`]
@@ -585,6 +596,11 @@ pub(crate) struct Table {
     /// The table as written in SQL: part of every key's lock ([`Self::lock_id`]).
     qualified: String,
     take: SqlStr,
+    /// The default mode's claim and key row, prepared once per connection and executed
+    /// by name ([`crate::transaction::Prepared`]); `None` behind a transaction pooler,
+    /// whose server connections change under the client, and in the portable mode, whose
+    /// claim is a bound statement.
+    prepared: Option<Prepared>,
     wait: SqlStr,
     insert: SqlStr,
     overwrite: SqlStr,
@@ -707,7 +723,20 @@ impl Table {
         );
         let pick =
             |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
+        let prepared = (dialect.pooler == Pooler::Session && !dialect.portable).then(|| {
+            let rendered = |sql: &str| {
+                sql.replace("{table}", &table)
+                    .replace("{p2}", dialect.principal_type.parameter())
+            };
+            let checked = |sql: &str| checked_insert(&rendered(sql), "$10");
+            Prepared::new(&[
+                (TAKE_ROLE, TAKE_TYPES, &rendered(TAKE)),
+                (INSERT_ROLE, INSERT_TYPES, &checked(INSERT)),
+                (OVERWRITE_ROLE, INSERT_TYPES, &checked(OVERWRITE)),
+            ])
+        });
         Self {
+            prepared,
             dialect,
             acquire_timeout,
             ddl,
@@ -729,6 +758,11 @@ impl Table {
             earlier_live: render(EARLIER_LIVE),
             spread_live: render(SPREAD_LIVE),
         }
+    }
+
+    /// The statements this store's messages execute by name, if any.
+    pub(crate) fn prepared(&self) -> Option<&Prepared> {
+        self.prepared.as_ref()
     }
 
     /// Whether this store is in portable mode.
@@ -826,16 +860,17 @@ impl Table {
     ) -> String {
         let scope = key.stored_scope();
         let timeout = statement_timeout.map(lock_timeout);
-        let take = literal::render(
-            self.take.as_str(),
-            &[
-                Literal::Text(&scope),
-                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
-                Literal::Text(key.key.as_str()),
-                Literal::Int(lock),
-                timeout.as_deref().map_or(Literal::Null, Literal::Text),
-            ],
-        );
+        let values = [
+            Literal::Text(&scope),
+            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+            Literal::Text(key.key.as_str()),
+            Literal::Int(lock),
+            timeout.as_deref().map_or(Literal::Null, Literal::Text),
+        ];
+        let take = match &self.prepared {
+            Some(prepared) => literal::execute(prepared.name(TAKE_ROLE), &values),
+            None => literal::render(self.take.as_str(), &values),
+        };
         format!("{begin};\nSELECT pg_try_advisory_xact_lock({lock}) AS locked;\n{take}")
     }
 
@@ -874,39 +909,41 @@ impl Table {
         record: &Record,
         riders: &[String],
     ) -> String {
-        let sql = if claim.over {
-            &self.overwrite
-        } else {
-            &self.insert
-        };
         let scope = claim.key.stored_scope();
         let parts = claim.fingerprint.parts();
-        let insert = literal::render(
-            sql.as_str(),
-            &[
-                Literal::Text(&scope),
-                Literal::Text(self.dialect.principal_type.bound(&claim.key.principal)),
-                Literal::Text(claim.key.key.as_str()),
-                Literal::Bytes(claim.fingerprint.combined().as_slice()),
-                Literal::Bytes(&parts),
-                Literal::Int(i64::from(record.status)),
-                Literal::Bytes(&record.headers),
-                Literal::Bytes(&record.body),
-                Literal::Float(claim.ttl.as_secs_f64()),
-                Literal::Float(claim.began),
-            ],
-        );
-        let mut began = String::new();
-        Literal::Float(claim.began).write(&mut began);
-        // The text is cast, not the CASE's branches: PostgreSQL folds a cast of a
-        // constant when it plans the statement, whatever branch it stands in.
-        format!(
-            "WITH written AS ({insert}\n RETURNING 1)\n\
-             SELECT CAST(CASE WHEN count(*) = 0 THEN \
-             CASE WHEN extract(epoch FROM now())::float8 = {began} THEN '{LOST}' ELSE '{ESCAPED}' END \
-             END AS integer) FROM written;\n{}COMMIT",
-            rides(riders)
-        )
+        let values = [
+            Literal::Text(&scope),
+            Literal::Text(self.dialect.principal_type.bound(&claim.key.principal)),
+            Literal::Text(claim.key.key.as_str()),
+            Literal::Bytes(claim.fingerprint.combined().as_slice()),
+            Literal::Bytes(&parts),
+            Literal::Int(i64::from(record.status)),
+            Literal::Bytes(&record.headers),
+            Literal::Bytes(&record.body),
+            Literal::Float(claim.ttl.as_secs_f64()),
+            Literal::Float(claim.began),
+        ];
+        let checked = match &self.prepared {
+            Some(prepared) => {
+                let role = if claim.over {
+                    OVERWRITE_ROLE
+                } else {
+                    INSERT_ROLE
+                };
+                literal::execute(prepared.name(role), &values)
+            }
+            None => {
+                let sql = if claim.over {
+                    &self.overwrite
+                } else {
+                    &self.insert
+                };
+                let mut began = String::new();
+                Literal::Float(claim.began).write(&mut began);
+                checked_insert(&literal::render(sql.as_str(), &values), &began)
+            }
+        };
+        format!("{checked};\n{}COMMIT", rides(riders))
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -1260,6 +1297,20 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
 /// Statements that ride a COMMIT message after the key's row, each ended by `;` and a
 /// line break: PostgreSQL runs them only when the key's row was written (a failed
 /// statement skips the rest of the message), in the same round trip.
+/// [`INSERT`] or [`OVERWRITE`] (`insert`), and a statement that fails when it wrote
+/// nothing: with [`LOST`] in its message when the transaction's start is `began` (a
+/// literal, or the parameter that carries it), with [`ESCAPED`] otherwise.
+fn checked_insert(insert: &str, began: &str) -> String {
+    // The text is cast, not the CASE's branches: PostgreSQL folds a cast of a constant
+    // when it plans the statement, whatever branch it stands in.
+    format!(
+        "WITH written AS ({insert}\n RETURNING 1)\n\
+         SELECT CAST(CASE WHEN count(*) = 0 THEN \
+         CASE WHEN extract(epoch FROM now())::float8 = {began} THEN '{LOST}' ELSE '{ESCAPED}' END \
+         END AS integer) FROM written"
+    )
+}
+
 fn rides(riders: &[String]) -> String {
     riders.iter().map(|sql| format!("{sql};\n")).collect()
 }

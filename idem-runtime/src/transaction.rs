@@ -6,6 +6,12 @@
 //! row with `COMMIT` in another ([`OpenTransaction::finish`]): idem's work rides the two
 //! round trips the transaction needs anyway.
 //!
+//! In the default mode those statements are prepared once per connection ([`Prepared`],
+//! SQL `PREPARE`) and the messages `EXECUTE` them with their values written in: the
+//! server plans them once per connection instead of once per request. A connection that
+//! has not prepared them (new, or reset by a session pooler's `DISCARD ALL`) answers the
+//! first message with 26000; it is prepared then and the message sent again.
+//!
 //! Invariant 7 (cancellation-safe) holds as with sqlx's `Transaction`: dropped before it
 //! ends (a client gone, a timeout, a panic), it rolls back, in a task of its own so that
 //! no drop waits; the connection returns to the pool only after its `ROLLBACK`, and is
@@ -15,7 +21,95 @@ use std::ops::{Deref, DerefMut};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+use sha2::{Digest, Sha256};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
+
+/// SQLSTATE of an `EXECUTE` of a statement the connection has not prepared.
+const NOT_PREPARED: &str = "26000";
+
+/// A set of statements that messages `EXECUTE` by name on connections that prepare them
+/// the first time they lack them. Their names are `idem_` and a hash of the whole set, so
+/// that two stores whose statements differ (another table, another principal type) never
+/// share a name, and two that are the same share the set.
+pub(crate) struct Prepared {
+    /// The names' common beginning: `idem_`, the set's hash in hex, `_`.
+    prefix: String,
+    /// Each statement's role, name and `PREPARE`.
+    statements: Vec<(String, String, String)>,
+}
+
+impl Prepared {
+    /// The set of `statements`: each a role (the last part of its name), its parameters'
+    /// types and its text. Only idem's own statements, whose text has no request data.
+    pub(crate) fn new(statements: &[(&str, &str, &str)]) -> Self {
+        let mut hasher = Sha256::new();
+        for (role, types, sql) in statements {
+            for part in [role, types, sql] {
+                hasher.update((part.len() as u64).to_be_bytes());
+                hasher.update(part.as_bytes());
+            }
+        }
+        let digest = hasher.finalize();
+        let set: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let prefix = format!("idem_{set}_");
+        Self {
+            statements: statements
+                .iter()
+                .map(|(role, types, sql)| {
+                    let name = format!("{prefix}{role}");
+                    let prepare = format!("PREPARE {name} ({types}) AS\n{sql}");
+                    ((*role).to_owned(), name, prepare)
+                })
+                .collect(),
+            prefix,
+        }
+    }
+
+    /// The name of the statement of `role`.
+    pub(crate) fn name(&self, role: &str) -> &str {
+        self.statements
+            .iter()
+            .find(|(r, _, _)| r == role)
+            .map(|(_, name, _)| name.as_str())
+            .expect("a role of the set")
+    }
+
+    /// Prepares on `conn` those of the set it lacks, after a message that needed them
+    /// failed (its transaction is rolled back first): asked, not assumed, so that a
+    /// connection holding part of the set (another store's, or one whose handler let go
+    /// of some) does not fail on a name it has.
+    async fn prepare(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        // The prefix is letters, digits and `_`.
+        let sql = format!(
+            "ROLLBACK;\nSELECT name FROM pg_prepared_statements WHERE starts_with(name, '{}')",
+            self.prefix
+        );
+        let held: Vec<String> = sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let missing: Vec<&str> = self
+            .statements
+            .iter()
+            .filter(|(_, name, _)| !held.contains(name))
+            .map(|(_, _, prepare)| prepare.as_str())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        sqlx::raw_sql(AssertSqlSafe(missing.join(";\n")))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+}
+
+/// Whether `error` is an `EXECUTE` of a statement the connection has not prepared.
+fn not_prepared(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some(NOT_PREPARED))
+}
 
 /// An open transaction on a connection of the pool; rolled back unless it ends.
 pub(crate) struct OpenTransaction {
@@ -24,16 +118,31 @@ pub(crate) struct OpenTransaction {
 
 impl OpenTransaction {
     /// Sends `sql`, which begins a transaction and may go on with more statements, in one
-    /// message on `conn`, and returns the rows they return. On an error the transaction
-    /// is rolled back (by the drop).
+    /// message on `conn`, and returns the rows they return. When `sql` executes
+    /// statements of `prepared` and the connection lacks them, they are prepared and
+    /// `sql` is sent again (once per connection). On an error the transaction is rolled
+    /// back (by the drop).
     pub(crate) async fn begin(
         conn: PoolConnection<Postgres>,
         sql: String,
+        prepared: Option<&Prepared>,
     ) -> Result<(Self, Vec<PgRow>), sqlx::Error> {
         let mut open = Self { conn: Some(conn) };
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql))
+        let rows = match sqlx::raw_sql(AssertSqlSafe(sql.clone()))
             .fetch_all(&mut *open)
-            .await?;
+            .await
+        {
+            Err(error) if not_prepared(&error) => {
+                let Some(prepared) = prepared else {
+                    return Err(error);
+                };
+                prepared.prepare(&mut open).await?;
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .fetch_all(&mut *open)
+                    .await?
+            }
+            rows => rows?,
+        };
         Ok((open, rows))
     }
 
@@ -41,18 +150,35 @@ impl OpenTransaction {
     /// with it), in one message; the transaction is over whatever it answers: on an
     /// error PostgreSQL skipped the rest of the message, and the drop of what is left
     /// rolls back.
-    pub(crate) async fn finish(mut self, sql: String) -> Result<(), sqlx::Error> {
+    ///
+    /// When `sql` executes a statement of `prepared` that the connection no longer has
+    /// (the handler let go of it: `DEALLOCATE`), this request fails, rolled back and
+    /// retryable, and the connection is prepared again for the next.
+    pub(crate) async fn finish(
+        mut self,
+        sql: String,
+        prepared: Option<&Prepared>,
+    ) -> Result<(), sqlx::Error> {
         let result = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self).await;
-        if result.is_ok() {
+        match &result {
             // Committed: the connection goes back to the pool as it is.
-            self.conn.take();
+            Ok(_) => drop(self.conn.take()),
+            Err(error) if not_prepared(error) => {
+                if let Some(prepared) = prepared {
+                    // Rolled back and prepared: the connection goes back as it is.
+                    if prepared.prepare(&mut self).await.is_ok() {
+                        drop(self.conn.take());
+                    }
+                }
+            }
+            Err(_) => {}
         }
         result.map(drop)
     }
 
     /// `COMMIT`.
     pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.finish("COMMIT".to_owned()).await
+        self.finish("COMMIT".to_owned(), None).await
     }
 
     /// `ROLLBACK`, answered.
