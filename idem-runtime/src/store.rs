@@ -486,10 +486,19 @@ impl StoreBuilder {
         if let Some(pool) = self.step_pool {
             let _ = outside.set(pool);
         }
+        let outbox = OutboxTable::new(
+            outbox,
+            self.dialect,
+            self.outbox_notify,
+            self.outbox_notify_interval,
+        );
+        // An event rides the key row's COMMIT message: its insert is prepared with them.
+        let table = Table::new(&table_name, self.dialect, self.acquire_timeout)
+            .prepare_also(&[outbox.prepared_ride()]);
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,
-                table: Table::new(&table_name, self.dialect, self.acquire_timeout),
+                table,
                 table_name,
                 acquire_timeout: self.acquire_timeout,
                 conflict_wait: self.conflict_wait,
@@ -501,12 +510,7 @@ impl StoreBuilder {
                 replay_headers: self.replay_headers,
                 problem_base: self.problem_base,
                 dialect: self.dialect,
-                outbox: OutboxTable::new(
-                    outbox,
-                    self.dialect,
-                    self.outbox_notify,
-                    self.outbox_notify_interval,
-                ),
+                outbox,
                 earlier: Earlier::default(),
                 steps_table,
                 step_timeout: self.step_timeout,

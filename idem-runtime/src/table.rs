@@ -723,20 +723,8 @@ impl Table {
         );
         let pick =
             |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
-        let prepared = (dialect.pooler == Pooler::Session && !dialect.portable).then(|| {
-            let rendered = |sql: &str| {
-                sql.replace("{table}", &table)
-                    .replace("{p2}", dialect.principal_type.parameter())
-            };
-            let checked = |sql: &str| checked_insert(&rendered(sql), "$10");
-            Prepared::new(&[
-                (TAKE_ROLE, TAKE_TYPES, &rendered(TAKE)),
-                (INSERT_ROLE, INSERT_TYPES, &checked(INSERT)),
-                (OVERWRITE_ROLE, INSERT_TYPES, &checked(OVERWRITE)),
-            ])
-        });
-        Self {
-            prepared,
+        let mut table = Self {
+            prepared: None,
             dialect,
             acquire_timeout,
             ddl,
@@ -757,7 +745,34 @@ impl Table {
             inspect: render(INSPECT),
             earlier_live: render(EARLIER_LIVE),
             spread_live: render(SPREAD_LIVE),
+        };
+        table.prepared = table.preparing(&[]);
+        table
+    }
+
+    /// The table, its prepared statements joined by `more` (role, parameter types, text):
+    /// statements of the store's other tables that ride the same messages, prepared on a
+    /// connection together with the claim's, so that a message that rides a claim
+    /// executed by name finds them too.
+    pub(crate) fn prepare_also(mut self, more: &[(&str, &str, &str)]) -> Self {
+        self.prepared = self.preparing(more);
+        self
+    }
+
+    /// The set of statements executed by name: in the default mode only.
+    fn preparing(&self, more: &[(&str, &str, &str)]) -> Option<Prepared> {
+        if self.dialect.pooler != Pooler::Session || self.dialect.portable {
+            return None;
         }
+        let insert = checked_insert(self.insert.as_str(), "$10");
+        let overwrite = checked_insert(self.overwrite.as_str(), "$10");
+        let mut set = vec![
+            (TAKE_ROLE, TAKE_TYPES, self.take.as_str()),
+            (INSERT_ROLE, INSERT_TYPES, insert.as_str()),
+            (OVERWRITE_ROLE, INSERT_TYPES, overwrite.as_str()),
+        ];
+        set.extend_from_slice(more);
+        Some(Prepared::new(&set))
     }
 
     /// The statements this store's messages execute by name, if any.

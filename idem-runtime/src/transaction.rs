@@ -19,9 +19,9 @@
 
 use std::ops::{Deref, DerefMut};
 
+use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
-use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 
 /// SQLSTATE of an `EXECUTE` of a statement the connection has not prepared.
@@ -65,13 +65,17 @@ impl Prepared {
         }
     }
 
-    /// The name of the statement of `role`.
-    pub(crate) fn name(&self, role: &str) -> &str {
+    /// The name of the statement of `role`, if the set has one.
+    pub(crate) fn get(&self, role: &str) -> Option<&str> {
         self.statements
             .iter()
             .find(|(r, _, _)| r == role)
             .map(|(_, name, _)| name.as_str())
-            .expect("a role of the set")
+    }
+
+    /// The name of the statement of `role`, one of the roles the set was made with.
+    pub(crate) fn name(&self, role: &str) -> &str {
+        self.get(role).expect("a role of the set")
     }
 
     /// Prepares on `conn` those of the set it lacks, after a message that needed them
@@ -229,5 +233,35 @@ impl Drop for OpenTransaction {
             }
             Err(_) => conn.close_on_drop(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_is_named_by_its_text() {
+        let a = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")]);
+        let same = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")]);
+        let other = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 3")]);
+        let take = a.name("take");
+        assert!(
+            take.starts_with("idem_") && take.ends_with("_take"),
+            "{take}"
+        );
+        assert!(take.len() <= 63, "an identifier PostgreSQL keeps whole");
+        assert!(take
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+        assert_eq!(take, same.name("take"));
+        // Another statement anywhere in the set: every name changes, so that a
+        // connection never holds half of one set under the other's names.
+        assert_ne!(take, other.name("take"));
+        assert_eq!(a.get("insert"), None);
+        assert_eq!(
+            a.statements[0].2,
+            format!("PREPARE {take} (text) AS\nSELECT $1")
+        );
     }
 }

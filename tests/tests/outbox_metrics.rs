@@ -32,6 +32,30 @@ impl Publisher for Picky {
     }
 }
 
+/// Publishes each event after a pause: a relay kept busy by a backlog.
+struct Slow;
+
+impl Publisher for Slow {
+    async fn publish(&self, _event: &OutboxEvent) -> Result<(), PublishError> {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(())
+    }
+}
+
+/// The lag gauge's last value.
+fn lag_gauge(snapshotter: &metrics_util::debugging::Snapshotter) -> Option<f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(v) if key.key().name() == "idem_outbox_lag_seconds" => {
+                Some(v.into_inner())
+            }
+            _ => None,
+        })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_counts_and_traces_what_it_does() {
     let seen = ClosedSpans::named("idem.relay");
@@ -141,6 +165,34 @@ async fn the_relay_counts_and_traces_what_it_does() {
         assert_eq!(parked.len(), 1, "{errors:?}");
         assert_eq!(parked[0].get("error"), Some("no such destination"));
         assert!(parked[0].get("event_id").is_some_and(|id| id.len() == 32));
+
+        // Regression: the gauge was only set in rounds that found nothing, so under a
+        // steady backlog it kept its last idle value (0) until the backlog was gone.
+        for i in 0..30 {
+            store
+                .run_once("backlog", &format!("b{i}"))
+                .run(async |mut tx| {
+                    tx.emit(Event::new("t.e", &i)).await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+                .await
+                .unwrap();
+        }
+        let busy = store
+            .relay(Slow)
+            .batch_size(1)
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        let during = lag_gauge(&snapshotter);
+        let published = busy.stats().published;
+        busy.abort();
+        assert!(published < 30, "the backlog was gone: {published}");
+        assert!(
+            during.is_some_and(|lag| lag >= 0.5),
+            "lag during a backlog: {during:?}"
+        );
     })
     .await;
 }

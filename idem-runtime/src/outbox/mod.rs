@@ -185,6 +185,7 @@ impl Tx<'_> {
         if let (Some(attempt), Some(began)) = (&attempt, began) {
             let id = table::event_id(attempt, began);
             let insert = outbox.riding(
+                self.store().inner.table.prepared(),
                 &id,
                 &event.topic,
                 event.ordering_key.as_deref(),

@@ -621,11 +621,8 @@ impl<P: Publisher> Running<P> {
                     0
                 }
             };
-            if taken > 0 {
-                linger_until = Some(Instant::now() + self.builder.linger);
-                tokio::task::yield_now().await;
-                continue;
-            }
+            // Once a second, busy or idle: under a steady backlog the lag is what an
+            // operator most needs to see move.
             if last_lag.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                 last_lag = Some(Instant::now());
                 if let Ok(single) = store.inner.table.single(&store.inner.pool).await {
@@ -633,6 +630,11 @@ impl<P: Publisher> Running<P> {
                         metrics::lag(lag.unwrap_or_default());
                     }
                 }
+            }
+            if taken > 0 {
+                linger_until = Some(Instant::now() + self.builder.linger);
+                tokio::task::yield_now().await;
+                continue;
             }
             // Nothing to take: look again in a tick while lingering, else wait for a
             // commit's NOTIFY or the next poll.

@@ -52,6 +52,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Row, SqlStr};
 
 use crate::literal::{self, Literal};
 use crate::table::{statement, Dialect, Pooler, Single, TableName};
+use crate::transaction::Prepared;
 
 /// The default name of the outbox table, in the schema of the store's idempotency table.
 pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
@@ -139,6 +140,9 @@ RETURNING id";
 /// needs anyway. $1 id, $2 topic, $3 ordering key, $4 headers, $5 payload.
 const RIDE: &str = "\
 INSERT INTO {table} (id, topic, ordering_key, headers, payload) VALUES ($1, $2, $3, $4, $5)";
+
+/// [`RIDE`]'s role in the store's prepared set ([`crate::transaction::Prepared`]).
+const RIDE_ROLE: &str = "ride";
 
 /// The relays' wake-up, riding the COMMIT message after [`RIDE`]: sent by PostgreSQL at
 /// the commit, not at all on rollback.
@@ -422,28 +426,39 @@ impl OutboxTable {
 
     /// [`RIDE`], written for the request's COMMIT message; [`OutboxTable::wake`] says
     /// whether that message also wakes the relays.
+    ///
+    /// Executed by name where the store prepares [`Self::prepared_ride`] with its claim
+    /// (the default mode: an event rides only a message whose claim ran on the same
+    /// connection, which prepared the set).
     pub(crate) fn riding(
         &self,
+        prepared: Option<&Prepared>,
         id: &str,
         topic: &str,
         ordering_key: Option<&str>,
         headers: &[u8],
         payload: &[u8],
     ) -> String {
-        literal::render(
-            &self.ride,
-            &[
-                Literal::Text(id),
-                Literal::Text(topic),
-                ordering_key.map_or(Literal::Null, Literal::Text),
-                if headers.is_empty() {
-                    Literal::Null
-                } else {
-                    Literal::Bytes(headers)
-                },
-                Literal::Bytes(payload),
-            ],
-        )
+        let values = [
+            Literal::Text(id),
+            Literal::Text(topic),
+            ordering_key.map_or(Literal::Null, Literal::Text),
+            if headers.is_empty() {
+                Literal::Null
+            } else {
+                Literal::Bytes(headers)
+            },
+            Literal::Bytes(payload),
+        ];
+        match prepared.and_then(|p| p.get(RIDE_ROLE)) {
+            Some(name) => literal::execute(name, &values),
+            None => literal::render(&self.ride, &values),
+        }
+    }
+
+    /// [`RIDE`] as the store prepares it with its claim: role, parameter types, text.
+    pub(crate) fn prepared_ride(&self) -> (&'static str, &'static str, &str) {
+        (RIDE_ROLE, "text, text, text, bytea, bytea", &self.ride)
     }
 
     /// Whether this commit (or write) of an event is the one that wakes the relays: writes
