@@ -363,6 +363,17 @@ fn run(
         .build()?;
 
     if options.modes_only {
+        // The tables the full run's main server would have made (the modes' handlers
+        // write the same charges).
+        server_rt.block_on(async {
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(db.options.clone())
+                .await?;
+            server::migrate(&pool).await?;
+            pool.close().await;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
         let modes = server_rt.block_on(serve_modes(db, modes_size))?;
         client_rt.block_on(compare_modes(&client, &modes.servers, options));
         server_rt.block_on(close(modes));
