@@ -11,8 +11,10 @@
 //! and a busy one. A round trip that executes nothing is counted apart
 //! ([`Gate::idle_trips`]): the preparation of a named statement (Parse with a name,
 //! Describe, Sync), a connection's one-time cost, which depends on which of a pool's
-//! connections a request got; and sqlx's ping of a connection given back to its pool (a
-//! Sync alone), which happens after the answer. Parsing an unnamed statement is every
+//! connections a request got; a connection's opening (its startup and authentication),
+//! which depends on whether the pool had one idle at that moment (a connection given back
+//! in a task of its own may not be yet, on a busy machine); and sqlx's ping of a
+//! connection given back to its pool (a Sync alone), which happens after the answer. Parsing an unnamed statement is every
 //! execution's cost (behind a transaction pooler), and counts as a round trip.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -245,7 +247,8 @@ struct Messages {
 
 impl Messages {
     /// Reads `bytes`; whether a complete message among them executes something: any
-    /// message but the preparation of a named statement (Parse with a name, Describe,
+    /// message but a connection's opening (the startup message, a password or SASL
+    /// answer) and the preparation of a named statement (Parse with a name, Describe,
     /// Sync, Flush, Close).
     fn read(&mut self, bytes: &[u8]) -> bool {
         self.pending.extend_from_slice(bytes);
@@ -265,12 +268,11 @@ impl Messages {
                 // SSLRequest and GSSENCRequest come before the StartupMessage (3.0).
                 let code = u32::from_be_bytes(message[4..8].try_into().unwrap_or_default());
                 self.started = code == 196_608;
-                executes = true;
                 continue;
             }
             executes |= match message[0] {
                 b'P' => message.get(5) == Some(&0),
-                b'D' | b'S' | b'H' | b'C' => false,
+                b'p' | b'D' | b'S' | b'H' | b'C' => false,
                 _ => true,
             };
         }
