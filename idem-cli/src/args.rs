@@ -22,6 +22,9 @@ pub(crate) struct Cli {
     /// The outbox table (default: `idem_outbox` in the idempotency table's schema).
     #[arg(long, global = true)]
     pub(crate) outbox_table: Option<String>,
+    /// The steps table (default: `idempotency_steps` in the idempotency table's schema).
+    #[arg(long, global = true)]
+    pub(crate) steps_table: Option<String>,
     /// What sits in front of PostgreSQL: nothing or a pooler in session mode, or a
     /// pooler in transaction mode (PgBouncer `pool_mode = transaction`).
     #[arg(long, value_enum, default_value_t = PoolerArg::Session, global = true)]

@@ -109,6 +109,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         if let Some(outbox) = &cli.outbox_table {
             builder = builder.outbox_table(outbox);
         }
+        if let Some(steps) = &cli.steps_table {
+            builder = builder.steps_table(steps);
+        }
         if cli.portable {
             builder = builder.portable();
         }
@@ -120,7 +123,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         // Printing the DDL needs no database.
         let lazy = PgPoolOptions::new().connect_lazy_with(options);
         let store = store(lazy)?;
-        println!("{}\n{}", store.schema_sql(), store.outbox_schema_sql());
+        println!(
+            "{}\n{}\n{}",
+            store.schema_sql(),
+            store.outbox_schema_sql(),
+            store.steps_schema_sql()
+        );
         return Ok(());
     }
     let pool = PgPoolOptions::new()

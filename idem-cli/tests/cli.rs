@@ -114,6 +114,10 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         ddl.contains("CREATE TABLE IF NOT EXISTS \"idem_outbox\""),
         "{ddl}"
     );
+    assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"idempotency_steps\""),
+        "{ddl}"
+    );
     assert_eq!(json(url, flags, &["migrate"])["ok"], true);
     assert_eq!(json(url, flags, &["verify"])["ok"], true);
     seed(store).await;
@@ -324,6 +328,20 @@ async fn failures_say_what_is_wrong_in_one_line() {
         assert!(line.contains("`nope` does not exist"), "{line}");
         let (code, line) = failure(&idem(&url, &["--table", "Bad Name"], &["key", "list"]));
         assert_eq!(code, 2, "{line}");
+        // A renamed steps table: its DDL printed under its name, made by `migrate`.
+        let flags = ["--steps-table", "ops.call_log"];
+        let printed = idem(&url, &flags, &["migrate", "--print"]);
+        let ddl = String::from_utf8_lossy(&printed.stdout);
+        assert!(
+            ddl.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"call_log\""),
+            "{ddl}"
+        );
+        assert_eq!(json(&url, &flags, &["migrate"])["ok"], true);
+        let made: bool = sqlx::query_scalar("SELECT to_regclass('ops.call_log') IS NOT NULL")
+            .fetch_one(&db.pool(1).await)
+            .await
+            .unwrap();
+        assert!(made);
 
         // Nothing listens on port 1.
         let (code, line) = failure(&idem(
