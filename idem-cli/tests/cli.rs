@@ -312,6 +312,30 @@ async fn every_command_on_citus() {
     );
 }
 
+/// A `run_once` id that is stored hashed (it has spaces) is found, and purged, by the id
+/// the operator knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_found_by_the_text_it_was_given() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let store = Store::new(db.pool(2).await);
+        store.migrate().await.unwrap();
+        let id = "order 42 from acme";
+        store
+            .run_once("inbox", id)
+            .run(async |_tx| Ok::<_, sqlx::Error>("booked".to_owned()))
+            .await
+            .unwrap();
+        let key = json(&url, &[], &["key", "status", "inbox", id]);
+        assert_eq!(key["status"], 200, "{key}");
+        let purged = json(&url, &[], &["key", "purge", "inbox", id, "--yes"]);
+        assert_eq!(purged["purged"], 1, "{purged}");
+        let (code, line) = failure(&idem(&url, &[], &["key", "status", "inbox", id]));
+        assert_eq!(code, 3, "{line}");
+    })
+    .await;
+}
+
 /// Each way a command fails: one line, and the exit code scripts rely on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_say_what_is_wrong_in_one_line() {

@@ -10,7 +10,7 @@ use sqlx::{Row, SqlStr};
 
 use super::{instant, rfc3339};
 use crate::table::{statement, PrincipalType};
-use crate::Store;
+use crate::{IdempotencyKey, Store};
 
 /// A committed record. $1 its stored scope, $2 its principal, $3 the key, $4 whether to
 /// read the body.
@@ -227,6 +227,34 @@ impl Store {
         }
     }
 
+    /// Where `key` may be kept, under each spelling it may be stored with: as given (a
+    /// header's key, or a plain text of visible ASCII), and hashed where a plain-text key
+    /// is ([`IdempotencyKey::from_text`]: a `run_once` id or a body field's value that is
+    /// long or has spaces, control characters or non-ASCII), so that an operator finds a
+    /// record by the id they know. Each: the stored key, the stored scope, the principal.
+    fn spelled_places(
+        &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+    ) -> Vec<(String, String, String)> {
+        let mut spellings = vec![key.to_owned()];
+        if let Ok(text) = IdempotencyKey::from_text(key) {
+            if text.as_str() != key {
+                spellings.push(text.as_str().to_owned());
+            }
+        }
+        spellings
+            .into_iter()
+            .flat_map(|spelling| {
+                self.places(scope, principal, &spelling)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |(stored, place)| (spelling.clone(), stored.into_owned(), place))
+            })
+            .collect()
+    }
+
     /// A statement of this module as the store sends it: unnamed behind a transaction
     /// pooler.
     fn operator_query(
@@ -239,6 +267,8 @@ impl Store {
     /// The committed record of `key` for `principal` (`""` for none) in `scope`, found
     /// where [`Store::inspect`] finds it, with its fingerprint and stored headers, and
     /// its body when `with_body` (it may carry personal data: ask only when needed).
+    /// `key` as the request or the caller of `run_once` gave it: a plain-text key that
+    /// is stored hashed (long, or not visible ASCII) is found by its text too.
     pub async fn key(
         &self,
         scope: &str,
@@ -246,18 +276,15 @@ impl Store {
         key: &str,
         with_body: bool,
     ) -> Result<Option<KeyDetail>, sqlx::Error> {
-        let Some(places) = self.places(scope, principal, key) else {
-            return Ok(None);
-        };
         let sql = self.key_statements().key;
         let principal_type = self.inner.dialect.principal_type;
         let mut found: Option<KeyDetail> = None;
-        for (stored, place) in &places {
+        for (key, stored, place) in self.spelled_places(scope, principal, key) {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let row = self
                 .operator_query(sql.clone())
-                .bind(stored.as_ref())
-                .bind(principal_type.bound(place))
+                .bind(stored)
+                .bind(principal_type.bound(&place))
                 .bind(key)
                 .bind(with_body)
                 .fetch_optional(&mut *conn)
@@ -285,18 +312,15 @@ impl Store {
         key: &str,
         with_results: bool,
     ) -> Result<Vec<StepRecord>, sqlx::Error> {
-        let Some(places) = self.places(scope, principal, key) else {
-            return Ok(Vec::new());
-        };
         let sql = self.key_statements().steps;
         let principal_type = self.inner.dialect.principal_type;
         let mut steps = Vec::new();
-        for (stored, place) in &places {
+        for (key, stored, place) in self.spelled_places(scope, principal, key) {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let rows = self
                 .operator_query(sql.clone())
-                .bind(stored.as_ref())
-                .bind(principal_type.bound(place))
+                .bind(stored)
+                .bind(principal_type.bound(&place))
                 .bind(key)
                 .bind(with_results)
                 .fetch_all(&mut *conn)
@@ -381,18 +405,15 @@ impl Store {
         principal: &str,
         key: &str,
     ) -> Result<u64, sqlx::Error> {
-        let Some(places) = self.places(scope, principal, key) else {
-            return Ok(0);
-        };
         let sql = self.key_statements().purge_key;
         let principal_type = self.inner.dialect.principal_type;
         let mut purged = 0;
-        for (stored, place) in &places {
+        for (key, stored, place) in self.spelled_places(scope, principal, key) {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let done = self
                 .operator_query(sql.clone())
-                .bind(stored.as_ref())
-                .bind(principal_type.bound(place))
+                .bind(stored)
+                .bind(principal_type.bound(&place))
                 .bind(key)
                 .execute(&mut *conn)
                 .await?;
