@@ -1155,6 +1155,47 @@ async fn behind_a_pooler_a_direct_session_ends_a_dead_relays_leases() {
     .await;
 }
 
+/// Behind a transaction pooler `LISTEN` does not work through the pooler, so relays only
+/// polled, and the NOTIFY each commit of an event carries went unheard. A relay given a
+/// direct connection for its session listens on one of its own: an event committed
+/// through the pooler is published at once, long before the relay's next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn behind_a_pooler_a_relay_with_a_direct_session_is_woken() {
+    with_test_db(async |db| {
+        let bouncer = Pgbouncer::start(db);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .unwrap();
+        let store = Store::builder(pool)
+            .pooler(Pooler::Transaction)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        let recorder = Recorder::default();
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_secs(60))
+            .session(db.options.clone())
+            .spawn()
+            .unwrap();
+        // Past the relay's first round, which finds nothing, and its LISTEN.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let committed = Instant::now();
+        emit_many(&store, "w", 1, |_| None).await;
+        let events = recorder.wait_for(1, Duration::from_secs(10)).await;
+        assert_eq!(events.len(), 1, "woken, not left for the 60 s poll");
+        assert!(
+            committed.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            committed.elapsed()
+        );
+        relay.stop();
+    })
+    .await;
+}
+
 /// Regression (issue 27, finding 12): a publisher that panicked left its event leased:
 /// taken again at every lease, panicking again, never parked, and the later events of its
 /// ordering key held back for ever. A panic is a failure of its event: retried after a

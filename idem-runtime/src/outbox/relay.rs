@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
@@ -318,11 +318,14 @@ impl<P: Publisher> RelayBuilder<P> {
     }
 
     /// Whether to wake on the outbox's `NOTIFY` (default: yes, unless the store is behind
-    /// a transaction pooler, where `LISTEN` does not work, or portable, whose writes do
-    /// not notify). Without it the relay polls. A listening relay keeps one connection of
-    /// the store's pool for `LISTEN` (it runs nothing else on it, so it holds no snapshot
-    /// back); size the pool for it. (Its session, [`RelayBuilder::session`], is one more
-    /// connection, outside the pool.)
+    /// a transaction pooler, where `LISTEN` does not work through the pooler, or
+    /// portable, whose writes do not notify). Without it the relay polls. A listening
+    /// relay keeps one connection of the store's pool for `LISTEN` (it runs nothing else
+    /// on it, so it holds no snapshot back); size the pool for it. (Its session,
+    /// [`RelayBuilder::session`], is one more connection, outside the pool.) Behind a
+    /// transaction pooler, a relay given a direct connection for its session listens on
+    /// a direct connection of its own too (the commits' `NOTIFY` goes through the pooler
+    /// to PostgreSQL, which delivers it to every listener).
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = Some(listen);
         self
@@ -364,6 +367,18 @@ impl<P: Publisher> RelayBuilder<P> {
         }
     }
 
+    /// Where the relay listens when not on the store's pool: behind a transaction pooler,
+    /// on the direct connection options given for its session.
+    fn listen_options(&self) -> Option<PgConnectOptions> {
+        let store = &self.store.inner;
+        match (&self.session, store.dialect.pooler) {
+            (Some(options), crate::Pooler::Transaction) if store.outbox.notifies() => {
+                Some(options.clone())
+            }
+            _ => None,
+        }
+    }
+
     /// Starts the relay in a tokio task, until [`Relay::stop`]. Database and broker
     /// failures are logged and retried; they never stop it. The task first asks the
     /// publisher for its destinations' duplicate windows ([`Publisher::duplicate_windows`])
@@ -380,9 +395,10 @@ impl<P: Publisher> RelayBuilder<P> {
         let running = Running {
             counters: Arc::clone(&counters),
             stopping: Arc::clone(&stopping),
-            listen: self
-                .listen
-                .unwrap_or_else(|| self.store.inner.outbox.can_listen()),
+            listen: self.listen.unwrap_or_else(|| {
+                self.store.inner.outbox.can_listen() || self.listen_options().is_some()
+            }),
+            listen_options: self.listen_options(),
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
             builder: self,
@@ -404,6 +420,7 @@ impl<P: Publisher> RelayBuilder<P> {
             counters: Arc::new(Counters::default()),
             stopping: Arc::new(Stopping::default()),
             listen: false,
+            listen_options: None,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
             builder: self,
@@ -551,6 +568,9 @@ struct Running<P> {
     counters: Arc<Counters>,
     stopping: Arc<Stopping>,
     listen: bool,
+    /// Where to open the `LISTEN` connection when not on the store's pool
+    /// ([`RelayBuilder::listen`]).
+    listen_options: Option<PgConnectOptions>,
     /// Where to open the session that ties this relay's leases to its life; `None` where
     /// they end by their time only.
     session_options: Option<PgConnectOptions>,
@@ -676,7 +696,15 @@ impl<P: Publisher> Running<P> {
         let store = &self.builder.store;
         let channel = store.inner.outbox.channel();
         let connect = async {
-            let mut listener = PgListener::connect_with(&store.inner.pool).await?;
+            let mut listener = match &self.listen_options {
+                Some(options) => {
+                    let direct = PgPoolOptions::new()
+                        .max_connections(1)
+                        .connect_lazy_with(options.clone());
+                    PgListener::connect_with(&direct).await?
+                }
+                None => PgListener::connect_with(&store.inner.pool).await?,
+            };
             listener.listen(channel).await?;
             Ok::<_, sqlx::Error>(listener)
         };
