@@ -1035,6 +1035,28 @@ mod tests {
         db.drop_schema().await;
     }
 
+    /// A store that never writes an event need not have an outbox table (its owner ran
+    /// only the keys' DDL): the event's insert is left out of what a connection prepares,
+    /// and the claim on a connection that prepares goes on. (Prepared with the rest, its
+    /// missing table failed the first claim on every connection.)
+    #[tokio::test]
+    async fn a_store_without_an_outbox_table_prepares_its_own_statements() {
+        let db = Db::new().await;
+        let drop_outbox = format!("DROP TABLE {}.idem_outbox", db.schema);
+        sqlx::raw_sql(AssertSqlSafe(drop_outbox))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let mut attempt = run(db.begin("o1", "a").await);
+        db.write(&mut attempt).await;
+        attempt.commit(&record("done")).await.unwrap();
+        match db.begin("o1", "a").await {
+            Ok(Begun::Replay(stored)) => assert_eq!(stored, record("done")),
+            _ => panic!("not a replay"),
+        }
+        db.drop_schema().await;
+    }
+
     /// Regression: a table named like a keyword passed validation and then failed in
     /// every statement (unqualified names were not quoted).
     #[tokio::test]

@@ -752,8 +752,8 @@ impl Table {
 
     /// The table, its prepared statements joined by `more` (role, parameter types, text):
     /// statements of the store's other tables that ride the same messages, prepared on a
-    /// connection together with the claim's, so that a message that rides a claim
-    /// executed by name finds them too.
+    /// connection when the claim's are, so that a message that rides a claim executed by
+    /// name finds them too; each only where its table exists.
     pub(crate) fn prepare_also(mut self, more: &[(&str, &str, &str)]) -> Self {
         self.prepared = self.preparing(more);
         self
@@ -771,8 +771,10 @@ impl Table {
             (INSERT_ROLE, INSERT_TYPES, insert.as_str()),
             (OVERWRITE_ROLE, INSERT_TYPES, overwrite.as_str()),
         ];
+        let own = set.len();
         set.extend_from_slice(more);
-        Some(Prepared::new(&set))
+        // The other tables' statements are prepared where their tables exist.
+        Some(Prepared::new(&set, own))
     }
 
     /// The statements this store's messages execute by name, if any.

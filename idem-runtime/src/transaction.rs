@@ -36,12 +36,19 @@ pub(crate) struct Prepared {
     prefix: String,
     /// Each statement's role, name and `PREPARE`.
     statements: Vec<(String, String, String)>,
+    /// How many of `statements`, from the first, the messages cannot do without; the
+    /// others are prepared each on its own, and one that cannot be (its table is not
+    /// there: a store that never writes an event need not have an outbox table) is left
+    /// out, as its first use would fail anyway.
+    required: usize,
 }
 
 impl Prepared {
     /// The set of `statements`: each a role (the last part of its name), its parameters'
     /// types and its text. Only idem's own statements, whose text has no request data.
-    pub(crate) fn new(statements: &[(&str, &str, &str)]) -> Self {
+    /// The first `required` are prepared together; a failure to prepare them fails the
+    /// message that needed them.
+    pub(crate) fn new(statements: &[(&str, &str, &str)], required: usize) -> Self {
         let mut hasher = Sha256::new();
         for (role, types, sql) in statements {
             for part in [role, types, sql] {
@@ -62,6 +69,7 @@ impl Prepared {
                 })
                 .collect(),
             prefix,
+            required,
         }
     }
 
@@ -94,19 +102,31 @@ impl Prepared {
             .iter()
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
-        let missing: Vec<&str> = self
+        let missing = |statements: &[(String, String, String)]| -> Vec<String> {
+            statements
+                .iter()
+                .filter(|(_, name, _)| !held.contains(name))
+                .map(|(_, _, prepare)| prepare.clone())
+                .collect()
+        };
+        let (required, optional) = self
             .statements
-            .iter()
-            .filter(|(_, name, _)| !held.contains(name))
-            .map(|(_, _, prepare)| prepare.as_str())
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
+            .split_at(self.required.min(self.statements.len()));
+        let required = missing(required);
+        if !required.is_empty() {
+            sqlx::raw_sql(AssertSqlSafe(required.join(";\n")))
+                .execute(&mut *conn)
+                .await?;
         }
-        sqlx::raw_sql(AssertSqlSafe(missing.join(";\n")))
-            .execute(conn)
-            .await
-            .map(drop)
+        for prepare in missing(optional) {
+            if let Err(error) = sqlx::raw_sql(AssertSqlSafe(prepare))
+                .execute(&mut *conn)
+                .await
+            {
+                tracing::debug!(%error, "idem: a statement riding the claim's messages was not prepared");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -242,9 +262,18 @@ mod tests {
 
     #[test]
     fn a_set_is_named_by_its_text() {
-        let a = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")]);
-        let same = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")]);
-        let other = Prepared::new(&[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 3")]);
+        let a = Prepared::new(
+            &[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")],
+            1,
+        );
+        let same = Prepared::new(
+            &[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 2")],
+            1,
+        );
+        let other = Prepared::new(
+            &[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 3")],
+            1,
+        );
         let take = a.name("take");
         assert!(
             take.starts_with("idem_") && take.ends_with("_take"),
