@@ -14,6 +14,8 @@
 
 use std::fmt::Write;
 
+use crate::transaction::Prepared;
+
 /// One value written into a statement.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Literal<'a> {
@@ -92,6 +94,17 @@ pub(crate) fn render(sql: &str, values: &[Literal<'_>]) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// `EXECUTE` of the statement of `role` with `values` written in ([`execute`]), where
+/// `prepared` holds it; `None` where the statement is to be written whole ([`render`]).
+pub(crate) fn executed(
+    prepared: Option<&Prepared>,
+    role: &str,
+    values: &[Literal<'_>],
+) -> Option<String> {
+    let name = prepared?.get(role)?;
+    Some(execute(name, values))
 }
 
 /// `EXECUTE name(values...)`: a statement prepared with SQL `PREPARE`

@@ -764,8 +764,8 @@ impl Table {
         if self.dialect.pooler != Pooler::Session || self.dialect.portable {
             return None;
         }
-        let insert = checked_insert(self.insert.as_str(), "$10");
-        let overwrite = checked_insert(self.overwrite.as_str(), "$10");
+        let insert = checked_insert(self.insert.as_str());
+        let overwrite = checked_insert(self.overwrite.as_str());
         let mut set = vec![
             (TAKE_ROLE, TAKE_TYPES, self.take.as_str()),
             (INSERT_ROLE, INSERT_TYPES, insert.as_str()),
@@ -884,10 +884,8 @@ impl Table {
             Literal::Int(lock),
             timeout.as_deref().map_or(Literal::Null, Literal::Text),
         ];
-        let take = match &self.prepared {
-            Some(prepared) => literal::execute(prepared.name(TAKE_ROLE), &values),
-            None => literal::render(self.take.as_str(), &values),
-        };
+        let take = literal::executed(self.prepared(), TAKE_ROLE, &values)
+            .unwrap_or_else(|| literal::render(self.take.as_str(), &values));
         format!("{begin};\nSELECT pg_try_advisory_xact_lock({lock}) AS locked;\n{take}")
     }
 
@@ -940,26 +938,13 @@ impl Table {
             Literal::Float(claim.ttl.as_secs_f64()),
             Literal::Float(claim.began),
         ];
-        let checked = match &self.prepared {
-            Some(prepared) => {
-                let role = if claim.over {
-                    OVERWRITE_ROLE
-                } else {
-                    INSERT_ROLE
-                };
-                literal::execute(prepared.name(role), &values)
-            }
-            None => {
-                let sql = if claim.over {
-                    &self.overwrite
-                } else {
-                    &self.insert
-                };
-                let mut began = String::new();
-                Literal::Float(claim.began).write(&mut began);
-                checked_insert(&literal::render(sql.as_str(), &values), &began)
-            }
+        let (role, sql) = if claim.over {
+            (OVERWRITE_ROLE, &self.overwrite)
+        } else {
+            (INSERT_ROLE, &self.insert)
         };
+        let checked = literal::executed(self.prepared(), role, &values)
+            .unwrap_or_else(|| literal::render(&checked_insert(sql.as_str()), &values));
         format!("{checked};\n{}COMMIT", rides(riders))
     }
 
@@ -1311,23 +1296,23 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
     }
 }
 
-/// Statements that ride a COMMIT message after the key's row, each ended by `;` and a
-/// line break: PostgreSQL runs them only when the key's row was written (a failed
-/// statement skips the rest of the message), in the same round trip.
 /// [`INSERT`] or [`OVERWRITE`] (`insert`), and a statement that fails when it wrote
-/// nothing: with [`LOST`] in its message when the transaction's start is `began` (a
-/// literal, or the parameter that carries it), with [`ESCAPED`] otherwise.
-fn checked_insert(insert: &str, began: &str) -> String {
+/// nothing: with [`LOST`] in its message when the transaction's start is `$10` (the
+/// claim's `began`), with [`ESCAPED`] otherwise.
+fn checked_insert(insert: &str) -> String {
     // The text is cast, not the CASE's branches: PostgreSQL folds a cast of a constant
     // when it plans the statement, whatever branch it stands in.
     format!(
         "WITH written AS ({insert}\n RETURNING 1)\n\
          SELECT CAST(CASE WHEN count(*) = 0 THEN \
-         CASE WHEN extract(epoch FROM now())::float8 = {began} THEN '{LOST}' ELSE '{ESCAPED}' END \
+         CASE WHEN extract(epoch FROM now())::float8 = $10 THEN '{LOST}' ELSE '{ESCAPED}' END \
          END AS integer) FROM written"
     )
 }
 
+/// Statements that ride a COMMIT message after the key's row, each ended by `;` and a
+/// line break: PostgreSQL runs them only when the key's row was written (a failed
+/// statement skips the rest of the message), in the same round trip.
 fn rides(riders: &[String]) -> String {
     riders.iter().map(|sql| format!("{sql};\n")).collect()
 }

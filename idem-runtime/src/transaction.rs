@@ -18,6 +18,7 @@
 //! closed instead when that fails or no runtime is left to send it.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
@@ -79,11 +80,6 @@ impl Prepared {
             .iter()
             .find(|(r, _, _)| r == role)
             .map(|(_, name, _)| name.as_str())
-    }
-
-    /// The name of the statement of `role`, one of the roles the set was made with.
-    pub(crate) fn name(&self, role: &str) -> &str {
-        self.get(role).expect("a role of the set")
     }
 
     /// Prepares on `conn` those of the set it lacks, after a message that needed them
@@ -152,7 +148,9 @@ impl OpenTransaction {
         prepared: Option<&Prepared>,
     ) -> Result<(Self, Vec<PgRow>), sqlx::Error> {
         let mut open = Self { conn: Some(conn) };
-        let rows = match sqlx::raw_sql(AssertSqlSafe(sql.clone()))
+        // Shared, not copied: sent again only when the connection lacked the statements.
+        let sql = Arc::new(sql);
+        let rows = match sqlx::raw_sql(AssertSqlSafe(Arc::clone(&sql)))
             .fetch_all(&mut *open)
             .await
         {
@@ -274,7 +272,7 @@ mod tests {
             &[("take", "text", "SELECT $1"), ("ride", "text", "SELECT 3")],
             1,
         );
-        let take = a.name("take");
+        let take = a.get("take").unwrap();
         assert!(
             take.starts_with("idem_") && take.ends_with("_take"),
             "{take}"
@@ -283,10 +281,10 @@ mod tests {
         assert!(take
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-        assert_eq!(take, same.name("take"));
+        assert_eq!(Some(take), same.get("take"));
         // Another statement anywhere in the set: every name changes, so that a
         // connection never holds half of one set under the other's names.
-        assert_ne!(take, other.name("take"));
+        assert_ne!(Some(take), other.get("take"));
         assert_eq!(a.get("insert"), None);
         assert_eq!(
             a.statements[0].2,

@@ -392,13 +392,14 @@ impl<P: Publisher> RelayBuilder<P> {
         tokio::spawn(async move { check_windows(&*publisher, lease, timeout, longest).await });
         let counters = Arc::new(Counters::default());
         let stopping = Arc::new(Stopping::default());
+        let listen_options = self.listen_options();
         let running = Running {
             counters: Arc::clone(&counters),
             stopping: Arc::clone(&stopping),
             listen: self.listen.unwrap_or_else(|| {
-                self.store.inner.outbox.can_listen() || self.listen_options().is_some()
+                self.store.inner.outbox.can_listen() || listen_options.is_some()
             }),
-            listen_options: self.listen_options(),
+            listen_options,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
             builder: self,

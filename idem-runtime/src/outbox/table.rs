@@ -450,10 +450,8 @@ impl OutboxTable {
             },
             Literal::Bytes(payload),
         ];
-        match prepared.and_then(|p| p.get(RIDE_ROLE)) {
-            Some(name) => literal::execute(name, &values),
-            None => literal::render(&self.ride, &values),
-        }
+        literal::executed(prepared, RIDE_ROLE, &values)
+            .unwrap_or_else(|| literal::render(&self.ride, &values))
     }
 
     /// [`RIDE`] as the store prepares it with its claim: role, parameter types, text.
