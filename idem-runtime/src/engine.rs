@@ -820,13 +820,7 @@ mod tests {
     impl Db {
         async fn new() -> Self {
             static NEXT: AtomicU32 = AtomicU32::new(0);
-            let url = std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(4)
-                .connect(&url)
-                .await
-                .expect("PostgreSQL at DATABASE_URL");
+            let pool = pool(4).await;
             let schema = format!(
                 "idem_engine_{}_{}",
                 std::process::id(),
@@ -915,6 +909,17 @@ mod tests {
         }
     }
 
+    /// A pool of `size` connections to the PostgreSQL of `DATABASE_URL`.
+    async fn pool(size: u32) -> PgPool {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .connect(&url)
+            .await
+            .expect("PostgreSQL at DATABASE_URL")
+    }
+
     fn record(body: &'static str) -> Record {
         Record {
             status: 201,
@@ -952,13 +957,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_without_the_prepared_statements_prepares_them() {
         let db = Db::new().await;
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let one = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .unwrap();
+        let one = pool(1).await;
         let store = Store::builder(one.clone())
             .table(format!("{}.keys", db.schema))
             .build()

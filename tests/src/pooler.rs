@@ -141,6 +141,20 @@ impl Pgbouncer {
             .disable_statement_logging()
     }
 
+    /// A store through this PgBouncer, as its README section says to build one: a pool of
+    /// `connections` with no statement cache, `Pooler::Transaction`. Not migrated.
+    pub async fn store(&self, connections: u32) -> idem::Store {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .connect_with(self.options().statement_cache_capacity(0))
+            .await
+            .expect("connect through PgBouncer");
+        idem::Store::builder(pool)
+            .pooler(idem::Pooler::Transaction)
+            .build()
+            .expect("a store behind a transaction pooler")
+    }
+
     /// A URL of the test database through PgBouncer, for processes of their own (trust
     /// authentication: no password).
     pub fn url(&self) -> String {

@@ -16,7 +16,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
-use idem::{idempotent, Pooler, Store, Tx};
+use idem::{idempotent, Store, Tx};
 use idem_tests::{count, with_test_db, Pgbouncer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -598,15 +598,7 @@ async fn two_relays_behind_a_transaction_pooler_poll() {
     with_test_db(async |db| {
         let direct = db.pool(2).await;
         let bouncer = Pgbouncer::start(db);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(12)
-            .connect_with(bouncer.options().statement_cache_capacity(0))
-            .await
-            .unwrap();
-        let store = Store::builder(pool.clone())
-            .pooler(Pooler::Transaction)
-            .build()
-            .unwrap();
+        let store = bouncer.store(12).await;
         store.migrate().await.unwrap();
         // Left to its default, the relay does not LISTEN here.
         let recorder = Recorder::default();
@@ -1140,15 +1132,7 @@ async fn behind_a_pooler_a_direct_session_ends_a_dead_relays_leases() {
     with_test_db(async |db| {
         let direct = db.pool(2).await;
         let bouncer = Pgbouncer::start(db);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(bouncer.options().statement_cache_capacity(0))
-            .await
-            .unwrap();
-        let store = Store::builder(pool)
-            .pooler(Pooler::Transaction)
-            .build()
-            .unwrap();
+        let store = bouncer.store(8).await;
         store.migrate().await.unwrap();
         a_dead_relays_leases_end_with_it(&store, &direct, Some(db.options.clone())).await;
     })
@@ -1163,15 +1147,7 @@ async fn behind_a_pooler_a_direct_session_ends_a_dead_relays_leases() {
 async fn behind_a_pooler_a_relay_with_a_direct_session_is_woken() {
     with_test_db(async |db| {
         let bouncer = Pgbouncer::start(db);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(bouncer.options().statement_cache_capacity(0))
-            .await
-            .unwrap();
-        let store = Store::builder(pool)
-            .pooler(Pooler::Transaction)
-            .build()
-            .unwrap();
+        let store = bouncer.store(4).await;
         store.migrate().await.unwrap();
         let recorder = Recorder::default();
         let relay = store

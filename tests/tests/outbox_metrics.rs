@@ -42,6 +42,21 @@ impl Publisher for Slow {
     }
 }
 
+/// Emits `n` events on `t.e` (payload `i`), each through `run_once` in `scope` with the
+/// key `prefix` and `i`.
+async fn emit(store: &Store, scope: &str, prefix: &str, n: u32) {
+    for i in 0..n {
+        store
+            .run_once(scope, &format!("{prefix}{i}"))
+            .run(async |mut tx| {
+                tx.emit(Event::new("t.e", &i)).await?;
+                Ok::<_, sqlx::Error>(())
+            })
+            .await
+            .unwrap();
+    }
+}
+
 /// The lag gauge's last value.
 fn lag_gauge(snapshotter: &metrics_util::debugging::Snapshotter) -> Option<f64> {
     snapshotter
@@ -68,16 +83,7 @@ async fn the_relay_counts_and_traces_what_it_does() {
         let pool = db.pool(6).await;
         let store = Store::new(pool.clone());
         store.migrate().await.unwrap();
-        for i in 0..5 {
-            store
-                .run_once("emit", &format!("m{i}"))
-                .run(async |mut tx| {
-                    tx.emit(Event::new("t.e", &i)).await?;
-                    Ok::<_, sqlx::Error>(())
-                })
-                .await
-                .unwrap();
-        }
+        emit(&store, "emit", "m", 5).await;
         let relay = store
             .relay(Picky::default())
             .poll_interval(Duration::from_millis(20))
@@ -168,16 +174,7 @@ async fn the_relay_counts_and_traces_what_it_does() {
 
         // Regression: the gauge was only set in rounds that found nothing, so under a
         // steady backlog it kept its last idle value (0) until the backlog was gone.
-        for i in 0..30 {
-            store
-                .run_once("backlog", &format!("b{i}"))
-                .run(async |mut tx| {
-                    tx.emit(Event::new("t.e", &i)).await?;
-                    Ok::<_, sqlx::Error>(())
-                })
-                .await
-                .unwrap();
-        }
+        emit(&store, "backlog", "b", 30).await;
         let busy = store
             .relay(Slow)
             .batch_size(1)

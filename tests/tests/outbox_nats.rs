@@ -18,7 +18,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
-use idem::{Pooler, Store};
+use idem::Store;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{
     count, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats, TestDb,
@@ -866,15 +866,7 @@ async fn two_relays_and_two_consumers_behind_pgbouncer() {
     with_test_db(async |db| {
         let (direct, _) = ledger(db).await;
         let bouncer = Pgbouncer::start(db);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(12)
-            .connect_with(bouncer.options().statement_cache_capacity(0))
-            .await
-            .unwrap();
-        let store = Store::builder(pool)
-            .pooler(Pooler::Transaction)
-            .build()
-            .unwrap();
+        let store = bouncer.store(12).await;
         two_relays_and_two_consumers(&store, &direct).await;
     })
     .await;
