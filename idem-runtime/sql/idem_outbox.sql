@@ -33,7 +33,11 @@ CREATE TABLE IF NOT EXISTS "idem_outbox" (
     CONSTRAINT "idem_outbox_id_key" UNIQUE (id)
 );
 
--- The relay's scan: pending rows in order, and the earlier rows of one ordering key.
+-- Pending rows in order (the lag, the portable mode's relay).
 CREATE INDEX IF NOT EXISTS "idem_outbox_pending_idx" ON "idem_outbox" (seq) WHERE dead_at IS NULL;
-CREATE INDEX IF NOT EXISTS "idem_outbox_ordering_idx" ON "idem_outbox" (ordering_key, seq)
-    WHERE dead_at IS NULL AND ordering_key IS NOT NULL;
+-- The relay's walk: the first pending row of each ordering key, key after key, and the
+-- rows without a key (NULL, last) in order. It replaced `idem_outbox_ordering_idx`
+-- (without those rows), which the relay's take read for every pending row.
+CREATE INDEX IF NOT EXISTS "idem_outbox_heads_idx" ON "idem_outbox" (ordering_key, seq)
+    WHERE dead_at IS NULL;
+DROP INDEX IF EXISTS "idem_outbox_ordering_idx";

@@ -283,6 +283,23 @@ fn domain(kind: u8) -> Sha256 {
     hasher
 }
 
+/// The bytes `text` spells in hex digits (either case), two a byte; `None` when it
+/// spells none.
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    let text = text.as_bytes();
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    text.chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
     bytes

@@ -5,7 +5,8 @@
 //!
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
-//!   [`MIGRATIONS`]: the idempotency table, the outbox table, then the steps table) into your own
+//!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, then the
+//!   outbox's walk index) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
@@ -51,6 +52,12 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     (
         "20261125000000_idempotency_steps.sql",
         include_str!("../migrations/20261125000000_idempotency_steps.sql"),
+    ),
+    // The outbox's walk index (issue 36): the relay's take reads as much at a backlog of
+    // a million events as at a thousand.
+    (
+        "20261127000000_idem_outbox_heads.sql",
+        include_str!("../migrations/20261127000000_idem_outbox_heads.sql"),
     ),
 ];
 
@@ -340,12 +347,19 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox), (_, steps)] = MIGRATIONS else {
-            panic!("three migrations so far")
+        let [(_, keys), (_, outbox), (_, steps), (_, heads)] = MIGRATIONS else {
+            panic!("four migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
-        assert_eq!(*outbox, crate::outbox::OUTBOX_SCHEMA_SQL);
         assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
+        // The outbox's schema is its first file with the later one's index in place of
+        // the index it replaced.
+        let first_index = outbox
+            .find("-- The relay's scan")
+            .expect("the first file's indexes");
+        let upgrade = heads.find("CREATE INDEX").expect("the later file's index");
+        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.starts_with(&outbox[..first_index]));
+        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.ends_with(&heads[upgrade..]));
     }
 
     #[test]

@@ -129,8 +129,14 @@ impl Isolation {
 ///
 /// $1..$3 the key, $4 the lock, $5 the request's statement timeout (NULL: the
 /// session's own), which stays set for the rest of the transaction: it bounds the
-/// handler's statements. `began` is the transaction's start (`now()`), which [`INSERT`]
-/// checks.
+/// handler's statements. `began_us` is the transaction's start (`now()`, in microseconds
+/// since the epoch), which [`INSERT`] checks.
+///
+/// Invariant 12: the statement rides BEGIN, so its row comes back as text, in the formats
+/// of the session: the columns are written so that no setting changes them. Its bytea
+/// columns as hex (`encode`, whatever `bytea_output`), its start as an integer (a float's
+/// text depends on `extra_float_digits`: rounded, it no longer matched [`INSERT`]'s
+/// check, and every keyed request on the connection failed).
 ///
 /// When another request holds the key (`locked` false), a [`WAIT`] may follow, bounded
 /// by the endpoint's conflict wait alone: so the statement timeout (the request's, or
@@ -140,10 +146,11 @@ impl Isolation {
 /// or a 409. The lock is taken in a materialized CTE, so that it is tried once.
 const TAKE: &str = "\
 WITH took AS MATERIALIZED (
-SELECT extract(epoch FROM now())::float8 AS began,
+SELECT (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
        CASE WHEN k.status IS NOT NULL AND k.expires_at > now() THEN NULL
             ELSE pg_try_advisory_xact_lock($4) END AS locked,
-       k.fingerprint, k.field_hashes, k.status, k.headers, k.body,
+       encode(k.fingerprint, 'hex') AS fingerprint, encode(k.field_hashes, 'hex') AS field_hashes,
+       k.status, encode(k.headers, 'hex') AS headers, encode(k.body, 'hex') AS body,
        k.expires_at <= now() AS expired,
        coalesce($5, current_setting('statement_timeout')) AS statement_timeout
   FROM (VALUES (1)) AS one (x)
@@ -1373,23 +1380,36 @@ impl std::ops::DerefMut for Single {
 
 /// A row of [`TAKE`].
 pub(crate) fn taken(row: &PgRow) -> Result<Taken, sqlx::Error> {
-    let stored = match row.try_get::<Option<Vec<u8>>, _>("fingerprint")? {
+    let stored = match unhex(row.try_get("fingerprint")?)? {
         Some(fingerprint) => Some(StoredRow {
             fingerprint,
-            field_hashes: row.try_get("field_hashes")?,
+            field_hashes: unhex(row.try_get("field_hashes")?)?.unwrap_or_default(),
             status: row.try_get("status")?,
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
+            headers: unhex(row.try_get("headers")?)?,
+            body: unhex(row.try_get("body")?)?,
             expired: row.try_get("expired")?,
         }),
         None => None,
     };
     Ok(Taken {
-        began: row.try_get("began")?,
+        // Exact: both sides of the division are exact doubles (under 2^53), and the
+        // quotient is rounded once, as PostgreSQL rounds `extract(epoch FROM now())`'s
+        // decimal to the float8 that [`INSERT`] and the event ids read.
+        began: row.try_get::<i64, _>("began_us")? as f64 / 1e6,
         locked: row.try_get("locked")?,
         stored,
         statement_timeout: row.try_get("statement_timeout")?,
     })
+}
+
+/// A bytea column written as hex by the statement (`encode(.., 'hex')`): its bytes.
+pub(crate) fn unhex<T: From<Vec<u8>>>(hex: Option<String>) -> Result<Option<T>, sqlx::Error> {
+    hex.map(|hex| {
+        crate::fingerprint::unhex(&hex)
+            .map(T::from)
+            .ok_or_else(|| sqlx::Error::Decode(format!("not hex: {hex:.16}").into()))
+    })
+    .transpose()
 }
 
 fn decode_found(row: Option<PgRow>) -> Result<Option<Found>, sqlx::Error> {

@@ -70,8 +70,8 @@ async fn idems_file_in_a_users_migrations_directory() {
             .await
             .expect("count");
         assert_eq!(
-            applied, 4,
-            "the user's, idem's table, idem's outbox and idem's steps"
+            applied, 5,
+            "the user's, idem's table, idem's outbox, idem's steps and the outbox's walk index"
         );
         for table in ["idem_outbox", "idempotency_steps"] {
             let rows: i64 =

@@ -4,11 +4,14 @@
 //! 1. the cost of one event on a fresh request: the charges example over HTTP, fresh
 //!    keys at a fixed concurrency, without events and with `charge.created` written to
 //!    the outbox (a relay to JetStream running, as in production);
-//! 2. relay throughput to JetStream: a pre-filled outbox drained by one relay;
+//! 2. the drain's cost curve: a pre-filled outbox drained by one relay to JetStream, at
+//!    each backlog and spread of ordering keys;
 //! 3. commit-to-consumer-commit latency: events written one by one at a steady rate, the
 //!    relay woken by LISTEN/NOTIFY, the ledger consumer's `run_once` commit timed.
 //!
-//! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--events N]`
+//! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--batch N]
+//! [--backlogs 5000,50000,500000] [--keys 1000,1,100000,0]` (keys 0: events without an
+//! ordering key; one key's curve stops at 50 000, a round per event) [--drain-only].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -41,6 +44,36 @@ fn arg(name: &str, default: u64) -> u64 {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// A comma-separated list of numbers after `name`, else `default`.
+fn list(name: &str, default: &[i64]) -> Vec<i64> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+/// Writes `events` pending events to the outbox in one statement, over `keys` ordering
+/// keys round-robin (`None`: without one), after emptying it.
+async fn fill(pool: &sqlx::PgPool, topic: &str, events: i64, keys: Option<i64>) {
+    sqlx::query("DELETE FROM idem_outbox")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO idem_outbox (id, topic, ordering_key, payload)
+         SELECT md5(random()::text || g), $1, 'k' || (g % $3), convert_to('{\"n\":' || g || '}', 'UTF8')
+           FROM generate_series(1, $2) AS g",
+    )
+    .bind(topic)
+    .bind(events)
+    .bind(keys)
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 const CONCURRENCY: usize = 16;
@@ -89,7 +122,13 @@ async fn fresh_charges(app: &TestApp, seconds: u64, tag: &str) -> (f64, f64, f64
 #[tokio::main]
 async fn main() {
     let seconds = arg("--seconds", 5);
-    let events = arg("--events", 20_000) as i64;
+    let batch = arg("--batch", 256) as u32;
+    let backlogs = list("--backlogs", &[5_000, 50_000]);
+    // Ordering keys: 0 stands for none.
+    let spreads: Vec<Option<i64>> = list("--keys", &[1_000, 1, 100_000, 0])
+        .into_iter()
+        .map(|n| (n > 0).then_some(n))
+        .collect();
     let db = TestDb::create().await;
     let pool = db.pool(24).await;
     charges::migrate(&pool).await.expect("migrate");
@@ -110,48 +149,46 @@ async fn main() {
             .trim()
     );
 
-    // 2. Relay throughput: `events` rows written by one statement, drained by one relay.
-    sqlx::query("DELETE FROM idem_outbox")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO idem_outbox (id, topic, ordering_key, payload)
-         SELECT md5(random()::text || g), $1, 'k' || (g % 1000), convert_to('{\"n\":' || g || '}', 'UTF8')
-           FROM generate_series(1, $2) AS g",
-    )
-    .bind(format!("{prefix}.throughput"))
-    .bind(events)
-    .execute(&pool)
-    .await
-    .unwrap();
-    for batch in [256_u32, 1024] {
-        if batch == 1024 {
-            // Refill for the second cell.
-            sqlx::query(
-                "INSERT INTO idem_outbox (id, topic, ordering_key, payload)
-                 SELECT md5(random()::text || g), $1, 'k' || (g % 1000), convert_to('{\"n\":' || g || '}', 'UTF8')
-                   FROM generate_series(1, $2) AS g",
-            )
-            .bind(format!("{prefix}.throughput"))
-            .bind(events)
-            .execute(&pool)
-            .await
-            .unwrap();
+    // 2. The drain's cost curve: a backlog written by one statement, drained by one relay,
+    //    at each size and spread of ordering keys (invariant 13: the rate is the same at
+    //    every size).
+    println!("\n2. relay to JetStream, batch {batch}: the drain at each backlog");
+    println!("| ordering keys | backlog | events/s | µs per event | / smallest |");
+    println!("|---|---|---|---|---|");
+    for keys in spreads.iter().copied() {
+        let mut smallest = None;
+        for &size in &backlogs {
+            // One ordering key drains one event per round (per-key order): its curve
+            // stops at 50 000.
+            if keys == Some(1) && size > 50_000 {
+                continue;
+            }
+            fill(&pool, &format!("{prefix}.throughput"), size, keys).await;
+            let started = Instant::now();
+            let stats = store
+                .relay(JetStreamPublisher::new(js.clone()))
+                .batch_size(batch)
+                .run_until_idle()
+                .await
+                .unwrap();
+            let elapsed = started.elapsed().as_secs_f64();
+            let per_event = elapsed * 1e6 / stats.published.max(1) as f64;
+            let first = *smallest.get_or_insert(per_event);
+            println!(
+                "| {} | {size} | {:.0} | {per_event:.1} | {:.2} |",
+                keys.map_or("none".to_string(), |n| n.to_string()),
+                stats.published as f64 / elapsed,
+                per_event / first
+            );
+            assert_eq!(stats.published, size as u64, "every event published");
         }
-        let started = Instant::now();
-        let stats = store
-            .relay(JetStreamPublisher::new(js.clone()))
-            .batch_size(batch)
-            .run_until_idle()
-            .await
-            .unwrap();
-        let elapsed = started.elapsed().as_secs_f64();
-        println!(
-            "2. relay to JetStream, batch {batch}: {} events in {elapsed:.2} s = {:.0} events/s (1 000 ordering keys)",
-            stats.published,
-            stats.published as f64 / elapsed
-        );
+    }
+
+    if std::env::args().any(|a| a == "--drain-only") {
+        js.delete_stream(&prefix).await.ok();
+        pool.close().await;
+        db.drop_database().await.ok();
+        return;
     }
 
     // 3. Commit to consumer commit, 100 events/s for `seconds` s.

@@ -39,7 +39,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use super::table::{ClaimedRow, Failed};
+use super::table::{ClaimedRow, Failed, Walk};
 use crate::store::Store;
 
 /// An event as the relay hands it to a [`Publisher`].
@@ -402,6 +402,7 @@ impl<P: Publisher> RelayBuilder<P> {
             listen_options,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
+            walk: std::sync::Mutex::default(),
             builder: self,
         };
         let task = tokio::spawn(running.run());
@@ -424,6 +425,7 @@ impl<P: Publisher> RelayBuilder<P> {
             listen_options: None,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
+            walk: std::sync::Mutex::default(),
             builder: self,
         };
         running.check_windows().await;
@@ -436,7 +438,7 @@ impl<P: Publisher> RelayBuilder<P> {
             if round.untied {
                 session = None;
             }
-            if round.taken == 0 {
+            if round.taken == 0 && round.went_round {
                 break;
             }
         }
@@ -578,6 +580,9 @@ struct Running<P> {
     /// How many rounds in a row found the destination unavailable and published nothing:
     /// the backoff of an unavailable event grows with it, as its attempts do not.
     outage: AtomicU32,
+    /// Where the last take's walk of ordering keys stopped: the next starts there, so
+    /// that takes go round the keys ([`crate::outbox::table`]'s `CLAIM_TIED`).
+    walk: std::sync::Mutex<Walk>,
 }
 
 /// A relay's session: a connection of its own, running nothing but the advisory lock of
@@ -605,6 +610,10 @@ struct Round {
     taken: usize,
     /// Whether it took events without its session lock held: the session is gone.
     untied: bool,
+    /// Whether its walks went all the way round: nothing it did not look at is waiting.
+    /// A take that stopped short (it looked at as many rows as it may, all of them held
+    /// back) is followed by the next at once, from where it stopped.
+    went_round: bool,
 }
 
 impl<P: Publisher> Running<P> {
@@ -629,17 +638,17 @@ impl<P: Publisher> Running<P> {
                 session = self.open_session(&mut session_warned).await;
                 session_retry = Some(Instant::now() + SESSION_RETRY);
             }
-            let taken = match self.round(session.as_ref().map(|s| s.owner)).await {
+            let (taken, went_round) = match self.round(session.as_ref().map(|s| s.owner)).await {
                 Ok(round) => {
                     if round.untied {
                         tracing::warn!("idem: the outbox relay's session lock is gone (its connection ended); opening another, its leases end by their time meanwhile");
                         session = None;
                     }
-                    round.taken
+                    (round.taken, round.went_round)
                 }
                 Err(error) => {
                     tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
-                    0
+                    (0, true)
                 }
             };
             // Once a second, busy or idle: under a steady backlog the lag is what an
@@ -654,6 +663,10 @@ impl<P: Publisher> Running<P> {
             }
             if taken > 0 {
                 linger_until = Some(Instant::now() + self.builder.linger);
+                tokio::task::yield_now().await;
+                continue;
+            }
+            if !went_round {
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -773,18 +786,32 @@ impl<P: Publisher> Running<P> {
         let token = random_u64() as i64;
         // The lease the database starts when the take runs ends no earlier than this.
         let lease_ends = Instant::now() + builder.lease;
-        let rows = outbox
+        let after = self
+            .walk
+            .lock()
+            .map(|walk| walk.clone())
+            .unwrap_or_default();
+        let (rows, walk) = outbox
             .claim(
                 table.single(pool).await?,
                 i64::from(builder.batch_size),
                 builder.lease,
                 token,
                 owner,
+                &after,
             )
             .await?;
+        let went_round = walk.round();
+        if let Ok(mut next) = self.walk.lock() {
+            *next = walk;
+        }
         let untied = owner.is_some() && rows.iter().any(|row| !row.tied);
         if rows.is_empty() {
-            return Ok(Round { taken: 0, untied });
+            return Ok(Round {
+                taken: 0,
+                untied,
+                went_round,
+            });
         }
         let started = Instant::now();
         let span = tracing::debug_span!(
@@ -978,7 +1005,11 @@ impl<P: Publisher> Running<P> {
         span.record("retried", retried);
         span.record("dead", dead);
         span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
-        Ok(Round { taken, untied })
+        Ok(Round {
+            taken,
+            untied,
+            went_round,
+        })
     }
 
     /// Runs `mark` (the statement that records what became of events this relay holds

@@ -56,9 +56,10 @@ CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
 /// engine it runs on the coordinator, which owns the request's transaction.
 const FENCE: &str = "SELECT txid_current()";
 
-/// The live steps of a key. $1 scope, $2 principal, $3 key.
+/// The live steps of a key. $1 scope, $2 principal, $3 key. Sent as a simple query, its
+/// row comes back as text: the fingerprint as hex, whatever `bytea_output` (invariant 12).
 const READ: &str = "\
-SELECT step, fingerprint, result FROM {table}
+SELECT step, encode(fingerprint, 'hex') AS fingerprint, result FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at > now()";
 
 /// What [`RECORD`] raises when the request's transaction has ended: text that no integer
@@ -299,7 +300,7 @@ pub(crate) struct StepWrite<'a> {
 fn decode(row: &PgRow) -> Result<RecordedStep, sqlx::Error> {
     Ok(RecordedStep {
         step: row.try_get("step")?,
-        fingerprint: row.try_get("fingerprint")?,
+        fingerprint: crate::table::unhex(row.try_get("fingerprint")?)?.unwrap_or_default(),
         result: row.try_get("result")?,
     })
 }

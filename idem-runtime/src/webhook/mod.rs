@@ -365,20 +365,7 @@ fn decode_sha256_base64(text: &str) -> Option<[u8; 32]> {
 
 /// A SHA-256 MAC in hex: exactly 64 hex digits, either case.
 fn decode_sha256_hex(text: &str) -> Option<[u8; 32]> {
-    let text = text.as_bytes();
-    if text.len() != 64 {
-        return None;
-    }
-    let digit = |c: u8| {
-        char::from(c)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
-    };
-    let mut bytes = [0; 32];
-    for (byte, pair) in bytes.iter_mut().zip(text.chunks_exact(2)) {
-        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(bytes)
+    crate::fingerprint::unhex(text)?.try_into().ok()
 }
 
 /// Why a secret was refused by [`Verifier::new`] or [`Verifier::with_secret`].

@@ -1,0 +1,215 @@
+//! Invariant 12, the same statements in every session (issue 37): the claim rides BEGIN,
+//! so its row comes back as text in the session's formats. Each test here failed on
+//! `c696e55`: a database whose `bytea_output` is `escape` answered every retry 500 and
+//! could not resume a recorded step; one whose `extra_float_digits` is 0 (or a handler
+//! that set it on its connection) answered later keyed requests 500 `transaction-escaped`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Store, Tx};
+use idem_tests::{with_test_db, TestApp, TestDb};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    idempotency: Store,
+    calls: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct Note {
+    text: String,
+    /// Answer 503 after the step: the transaction rolls back, the step stays recorded.
+    #[serde(default)]
+    fail: bool,
+    /// `SET extra_float_digits = 0` on the request's connection, session-wide, as a
+    /// handler may.
+    #[serde(default)]
+    round_floats: bool,
+}
+
+/// A step (the outside call, counted), then a business write.
+#[idempotent(scope = "notes", fields = [text])]
+async fn note(
+    State(calls): State<Arc<AtomicUsize>>,
+    mut tx: Tx,
+    Json(note): Json<Note>,
+) -> Result<(StatusCode, Json<Value>), (StatusCode, String)> {
+    let failed = |e: sqlx::Error| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    if note.round_floats {
+        sqlx::query("SET extra_float_digits = 0")
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+    }
+    let call: usize = tx
+        .step("processor", |_key| async move {
+            Ok::<_, String>(calls.fetch_add(1, Ordering::SeqCst) + 1)
+        })
+        .await
+        .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+    sqlx::query("INSERT INTO notes (text) VALUES ($1)")
+        .bind(&note.text)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    if note.fail {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "failed after the step".into(),
+        ));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "text": note.text, "call": call })),
+    ))
+}
+
+/// The endpoint on `pool`, and the count of its outside calls.
+async fn start(pool: PgPool) -> (TestApp, Arc<AtomicUsize>) {
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS notes (id bigserial PRIMARY KEY, text text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/notes", post(note))
+        .with_state(AppState {
+            idempotency: store,
+            calls: Arc::clone(&calls),
+        });
+    (TestApp::serve(pool, app).await, calls)
+}
+
+/// `ALTER DATABASE .. SET setting = value`, for the connections opened after it.
+async fn database_sets(db: &TestDb, setting: &str, value: &str) {
+    let pool = db.pool(1).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER DATABASE {} SET {setting} = '{value}'",
+        db.name
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+}
+
+/// Fresh, then replayed byte for byte; a request that failed after its step resumes
+/// after it on its retry, without calling again.
+async fn keeps_the_contract(app: &TestApp, calls: &AtomicUsize, tag: &str) {
+    let key = format!("{tag}-done");
+    let first = app
+        .post("/notes", Some(&key), &json!({ "text": tag }))
+        .await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let retry = app
+        .post("/notes", Some(&key), &json!({ "text": tag }))
+        .await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+
+    let key = format!("{tag}-resumed");
+    let before = calls.load(Ordering::SeqCst);
+    let failed = app
+        .post("/notes", Some(&key), &json!({ "text": tag, "fail": true }))
+        .await;
+    assert_eq!(failed.status, 503);
+    let resumed = app
+        .post("/notes", Some(&key), &json!({ "text": tag }))
+        .await;
+    assert_eq!(
+        resumed.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&resumed.body)
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before + 1,
+        "the retry resumed after the recorded step"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_writes_bytea_as_escapes() {
+    with_test_db(async |db| {
+        database_sets(db, "bytea_output", "escape").await;
+        let (app, calls) = start(db.pool(4).await).await;
+        keeps_the_contract(&app, &calls, "escape").await;
+        assert_eq!(app.count("notes").await, 2);
+    })
+    .await;
+}
+
+/// sqlx sends `extra_float_digits = 2` when it connects unless told not to (as its docs
+/// advise behind some poolers): then the database's setting holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_rounds_floats() {
+    with_test_db(async |db| {
+        database_sets(db, "extra_float_digits", "0").await;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(db.options.clone().extra_float_digits(None))
+            .await
+            .unwrap();
+        let digits: String = sqlx::query_scalar("SHOW extra_float_digits")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(digits, "0");
+        let (app, calls) = start(pool).await;
+        for n in 0..5 {
+            keeps_the_contract(&app, &calls, &format!("rounded{n}")).await;
+        }
+    })
+    .await;
+}
+
+/// A handler that rounds floats on its connection, session-wide: every later request on
+/// that connection (one, here) keeps the contract.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_rounds_floats_on_its_connection() {
+    with_test_db(async |db| {
+        let (app, calls) = start(db.pool(1).await).await;
+        let first = app
+            .post(
+                "/notes",
+                Some("rounds"),
+                &json!({ "text": "r", "round_floats": true }),
+            )
+            .await;
+        assert_eq!(
+            first.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        for n in 0..5 {
+            keeps_the_contract(&app, &calls, &format!("after{n}")).await;
+        }
+    })
+    .await;
+}
