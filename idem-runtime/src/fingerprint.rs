@@ -287,7 +287,7 @@ fn domain(kind: u8) -> Sha256 {
 /// spells none.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| {
