@@ -1403,10 +1403,9 @@ pub(crate) fn taken(row: &PgRow) -> Result<Taken, sqlx::Error> {
 }
 
 /// A bytea column written as hex by the statement (`encode(.., 'hex')`): its bytes.
-pub(crate) fn unhex<T: From<Vec<u8>>>(hex: Option<String>) -> Result<Option<T>, sqlx::Error> {
+pub(crate) fn unhex(hex: Option<String>) -> Result<Option<Vec<u8>>, sqlx::Error> {
     hex.map(|hex| {
         crate::fingerprint::unhex(&hex)
-            .map(T::from)
             .ok_or_else(|| sqlx::Error::Decode(format!("not hex: {hex:.16}").into()))
     })
     .transpose()

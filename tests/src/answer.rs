@@ -44,15 +44,21 @@ impl Answer {
         self.header("idempotent-replayed") == Some("true")
     }
 
-    /// Asserts a problem+json answer with this status and a `type` ending in `slug`.
+    /// Asserts this status, with the body in the message when it is another.
     #[track_caller]
-    pub fn assert_problem(&self, status: u16, slug: &str) {
+    pub fn assert_status(&self, status: u16) {
         assert_eq!(
             self.status,
             status,
             "body: {}",
             String::from_utf8_lossy(&self.body)
         );
+    }
+
+    /// Asserts a problem+json answer with this status and a `type` ending in `slug`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, slug: &str) {
+        self.assert_status(status);
         assert_eq!(
             self.header("content-type"),
             Some("application/problem+json")

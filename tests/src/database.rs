@@ -80,6 +80,22 @@ impl TestDb {
         url.into()
     }
 
+    /// `ALTER DATABASE .. SET setting = 'value'`: the default of the connections opened
+    /// after it, as a database's owner sets it.
+    pub async fn set_default(&self, setting: &str, value: &str) {
+        let mut admin = PgConnection::connect_with(&self.options)
+            .await
+            .expect("connect to test database");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER DATABASE {} SET {setting} = '{value}'",
+            self.name
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("SET {setting} = '{value}' on the database: {e}"));
+        admin.close().await.ok();
+    }
+
     /// A pool on this database, with the given size and a short acquire timeout.
     pub async fn pool(&self, max_connections: u32) -> PgPool {
         PgPoolOptions::new()

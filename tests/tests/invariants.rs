@@ -287,15 +287,8 @@ async fn a_waiting_duplicate_replays_the_winner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_duplicate_replays_under_a_repeatable_read_default() {
     with_test_db(async |db| {
-        let admin = db.pool(1).await;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
-            db.name
-        )))
-        .execute(&admin)
-        .await
-        .unwrap();
-        admin.close().await;
+        db.set_default("default_transaction_isolation", "repeatable read")
+            .await;
         let pool = db.pool(10).await;
         let level: String = sqlx::query_scalar("SHOW default_transaction_isolation")
             .fetch_one(&pool)

@@ -12,11 +12,11 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, TestApp, TestDb};
+use idem_tests::{with_test_db, TestApp};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
 struct AppState {
@@ -93,19 +93,6 @@ async fn start(pool: PgPool) -> (TestApp, Arc<AtomicUsize>) {
     (TestApp::serve(pool, app).await, calls)
 }
 
-/// `ALTER DATABASE .. SET setting = value`, for the connections opened after it.
-async fn database_sets(db: &TestDb, setting: &str, value: &str) {
-    let pool = db.pool(1).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "ALTER DATABASE {} SET {setting} = '{value}'",
-        db.name
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-}
-
 /// Fresh, then replayed byte for byte; a request that failed after its step resumes
 /// after it on its retry, without calling again.
 async fn keeps_the_contract(app: &TestApp, calls: &AtomicUsize, tag: &str) {
@@ -136,16 +123,11 @@ async fn keeps_the_contract(app: &TestApp, calls: &AtomicUsize, tag: &str) {
     let failed = app
         .post("/notes", Some(&key), &json!({ "text": tag, "fail": true }))
         .await;
-    assert_eq!(failed.status, 503);
+    failed.assert_status(503);
     let resumed = app
         .post("/notes", Some(&key), &json!({ "text": tag }))
         .await;
-    assert_eq!(
-        resumed.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&resumed.body)
-    );
+    resumed.assert_status(201);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         before + 1,
@@ -156,7 +138,7 @@ async fn keeps_the_contract(app: &TestApp, calls: &AtomicUsize, tag: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_writes_bytea_as_escapes() {
     with_test_db(async |db| {
-        database_sets(db, "bytea_output", "escape").await;
+        db.set_default("bytea_output", "escape").await;
         let (app, calls) = start(db.pool(4).await).await;
         keeps_the_contract(&app, &calls, "escape").await;
         assert_eq!(app.count("notes").await, 2);
@@ -169,7 +151,7 @@ async fn a_database_that_writes_bytea_as_escapes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_rounds_floats() {
     with_test_db(async |db| {
-        database_sets(db, "extra_float_digits", "0").await;
+        db.set_default("extra_float_digits", "0").await;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect_with(db.options.clone().extra_float_digits(None))

@@ -10,7 +10,7 @@
 //!    relay woken by LISTEN/NOTIFY, the ledger consumer's `run_once` commit timed.
 //!
 //! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--batch N]
-//! [--backlogs 5000,50000,500000] [--keys 1000,1,100000,0]` (keys 0: events without an
+//! [--backlogs 5000,50000,500000 | --events N] [--keys 1000,1,100000,0]` (keys 0: events without an
 //! ordering key; one key's curve stops at 50 000, a round per event) [--drain-only].
 
 use std::sync::{Arc, Mutex};
@@ -37,23 +37,25 @@ fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// The value after `name` on the command line.
+fn value_of(name: &str) -> Option<String> {
+    let mut args = std::env::args().skip_while(|a| a != name);
+    args.next()?;
+    args.next()
+}
+
 fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    value_of(name)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
 
 /// A comma-separated list of numbers after `name`, else `default`.
 fn list(name: &str, default: &[i64]) -> Vec<i64> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| default.to_vec())
+    value_of(name).map_or_else(
+        || default.to_vec(),
+        |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+    )
 }
 
 /// Writes `events` pending events to the outbox in one statement, over `keys` ordering
@@ -123,7 +125,8 @@ async fn fresh_charges(app: &TestApp, seconds: u64, tag: &str) -> (f64, f64, f64
 async fn main() {
     let seconds = arg("--seconds", 5);
     let batch = arg("--batch", 256) as u32;
-    let backlogs = list("--backlogs", &[5_000, 50_000]);
+    // `--events N`, as the bench took before its curve, is one backlog.
+    let backlogs = list("--backlogs", &list("--events", &[5_000, 50_000]));
     // Ordering keys: 0 stands for none.
     let spreads: Vec<Option<i64>> = list("--keys", &[1_000, 1, 100_000, 0])
         .into_iter()

@@ -402,7 +402,6 @@ impl<P: Publisher> RelayBuilder<P> {
             listen_options,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
-            walk: std::sync::Mutex::default(),
             builder: self,
         };
         let task = tokio::spawn(running.run());
@@ -425,20 +424,20 @@ impl<P: Publisher> RelayBuilder<P> {
             listen_options: None,
             session_options: self.session_options(),
             outage: AtomicU32::new(0),
-            walk: std::sync::Mutex::default(),
             builder: self,
         };
         running.check_windows().await;
         let mut session = running.open_session(&mut false).await;
+        let mut walk = Walk::default();
         loop {
             let round = running
-                .round(session.as_ref().map(|s| s.owner))
+                .round(session.as_ref().map(|s| s.owner), &mut walk)
                 .await
                 .map_err(RelayError::Database)?;
             if round.untied {
                 session = None;
             }
-            if round.taken == 0 && round.went_round {
+            if round.taken == 0 && walk.round() {
                 break;
             }
         }
@@ -580,9 +579,6 @@ struct Running<P> {
     /// How many rounds in a row found the destination unavailable and published nothing:
     /// the backoff of an unavailable event grows with it, as its attempts do not.
     outage: AtomicU32,
-    /// Where the last take's walk of ordering keys stopped: the next starts there, so
-    /// that takes go round the keys ([`crate::outbox::table`]'s `CLAIM_TIED`).
-    walk: std::sync::Mutex<Walk>,
 }
 
 /// A relay's session: a connection of its own, running nothing but the advisory lock of
@@ -610,10 +606,6 @@ struct Round {
     taken: usize,
     /// Whether it took events without its session lock held: the session is gone.
     untied: bool,
-    /// Whether its walks went all the way round: nothing it did not look at is waiting.
-    /// A take that stopped short (it looked at as many rows as it may, all of them held
-    /// back) is followed by the next at once, from where it stopped.
-    went_round: bool,
 }
 
 impl<P: Publisher> Running<P> {
@@ -627,6 +619,7 @@ impl<P: Publisher> Running<P> {
         let mut last_lag: Option<Instant> = None;
         // Until when the relay keeps looking every tick ([`RelayBuilder::linger`]).
         let mut linger_until: Option<Instant> = None;
+        let mut walk = Walk::default();
         let tick = LINGER_TICK.min(self.builder.poll_interval);
         while !self.stopping.asked() {
             if self.listen && listener.is_none() {
@@ -638,17 +631,22 @@ impl<P: Publisher> Running<P> {
                 session = self.open_session(&mut session_warned).await;
                 session_retry = Some(Instant::now() + SESSION_RETRY);
             }
-            let (taken, went_round) = match self.round(session.as_ref().map(|s| s.owner)).await {
+            // A walk that stopped short (it looked at as many rows as it may, all of them
+            // held back) goes on at once from where it stopped.
+            let (taken, stopped_short) = match self
+                .round(session.as_ref().map(|s| s.owner), &mut walk)
+                .await
+            {
                 Ok(round) => {
                     if round.untied {
                         tracing::warn!("idem: the outbox relay's session lock is gone (its connection ended); opening another, its leases end by their time meanwhile");
                         session = None;
                     }
-                    (round.taken, round.went_round)
+                    (round.taken, !walk.round())
                 }
                 Err(error) => {
                     tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
-                    (0, true)
+                    (0, false)
                 }
             };
             // Once a second, busy or idle: under a steady backlog the lag is what an
@@ -666,7 +664,7 @@ impl<P: Publisher> Running<P> {
                 tokio::task::yield_now().await;
                 continue;
             }
-            if !went_round {
+            if stopped_short {
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -778,7 +776,10 @@ impl<P: Publisher> Running<P> {
 
     /// One round: take a batch under a token of its own (leased to `owner`, the session's,
     /// while its lock is held), publish it, mark it.
-    async fn round(&self, owner: Option<i32>) -> Result<Round, sqlx::Error> {
+    ///
+    /// `walk` is where the last take's walks stopped ([`Walk`]): this take starts there,
+    /// and leaves where it stopped.
+    async fn round(&self, owner: Option<i32>, walk: &mut Walk) -> Result<Round, sqlx::Error> {
         let builder = &self.builder;
         let store = &builder.store;
         let (pool, table, outbox) = (&store.inner.pool, &store.inner.table, &store.inner.outbox);
@@ -786,32 +787,19 @@ impl<P: Publisher> Running<P> {
         let token = random_u64() as i64;
         // The lease the database starts when the take runs ends no earlier than this.
         let lease_ends = Instant::now() + builder.lease;
-        let after = self
-            .walk
-            .lock()
-            .map(|walk| walk.clone())
-            .unwrap_or_default();
-        let (rows, walk) = outbox
+        let rows = outbox
             .claim(
                 table.single(pool).await?,
                 i64::from(builder.batch_size),
                 builder.lease,
                 token,
                 owner,
-                &after,
+                walk,
             )
             .await?;
-        let went_round = walk.round();
-        if let Ok(mut next) = self.walk.lock() {
-            *next = walk;
-        }
         let untied = owner.is_some() && rows.iter().any(|row| !row.tied);
         if rows.is_empty() {
-            return Ok(Round {
-                taken: 0,
-                untied,
-                went_round,
-            });
+            return Ok(Round { taken: 0, untied });
         }
         let started = Instant::now();
         let span = tracing::debug_span!(
@@ -1005,11 +993,7 @@ impl<P: Publisher> Running<P> {
         span.record("retried", retried);
         span.record("dead", dead);
         span.record("round_ms", started.elapsed().as_secs_f64() * 1000.0);
-        Ok(Round {
-            taken,
-            untied,
-            went_round,
-        })
+        Ok(Round { taken, untied })
     }
 
     /// Runs `mark` (the statement that records what became of events this relay holds

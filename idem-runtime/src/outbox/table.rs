@@ -223,8 +223,7 @@ WITH RECURSIVE live AS MATERIALIZED (
 ), heads AS (
     SELECT h.ordering_key, h.seq, h.ready, 1 AS steps, h.ready::integer AS found
       FROM (SELECT e.ordering_key, e.seq,
-                   e.available_at <= now()
-                   OR (e.lease_owner IS NOT NULL AND e.lease_owner NOT IN (SELECT owner FROM live)) AS ready
+                   {ready_e} AS ready
               FROM {table} AS e
              WHERE e.dead_at IS NULL AND e.ordering_key >= coalesce($5::text, '')
              ORDER BY e.ordering_key, e.seq LIMIT 1) AS h
@@ -233,8 +232,7 @@ WITH RECURSIVE live AS MATERIALIZED (
       FROM heads AS w
      CROSS JOIN LATERAL (
             SELECT e.ordering_key, e.seq,
-                   e.available_at <= now()
-                   OR (e.lease_owner IS NOT NULL AND e.lease_owner NOT IN (SELECT owner FROM live)) AS ready
+                   {ready_e} AS ready
               FROM {table} AS e
              WHERE e.dead_at IS NULL AND e.ordering_key > w.ordering_key
              ORDER BY e.ordering_key, e.seq LIMIT 1) AS h
@@ -242,8 +240,7 @@ WITH RECURSIVE live AS MATERIALIZED (
 ), loose AS (
     SELECT l.seq, l.ready, 1 AS steps, l.ready::integer AS found
       FROM (SELECT e.seq,
-                   e.available_at <= now()
-                   OR (e.lease_owner IS NOT NULL AND e.lease_owner NOT IN (SELECT owner FROM live)) AS ready
+                   {ready_e} AS ready
               FROM {table} AS e
              WHERE e.dead_at IS NULL AND e.ordering_key IS NULL AND e.seq >= coalesce($7::bigint, 0)
              ORDER BY e.ordering_key, e.seq LIMIT 1) AS l
@@ -252,8 +249,7 @@ WITH RECURSIVE live AS MATERIALIZED (
       FROM loose AS w
      CROSS JOIN LATERAL (
             SELECT e.seq,
-                   e.available_at <= now()
-                   OR (e.lease_owner IS NOT NULL AND e.lease_owner NOT IN (SELECT owner FROM live)) AS ready
+                   {ready_e} AS ready
               FROM {table} AS e
              WHERE e.dead_at IS NULL AND e.ordering_key IS NULL AND e.seq > w.seq
              ORDER BY e.ordering_key, e.seq LIMIT 1) AS l
@@ -268,8 +264,7 @@ WITH RECURSIVE live AS MATERIALIZED (
                                UNION ALL SELECT seq FROM loose WHERE ready) AS r
              ORDER BY r.seq LIMIT $1))
        AND o.dead_at IS NULL
-       AND (o.available_at <= now()
-            OR (o.lease_owner IS NOT NULL AND o.lease_owner NOT IN (SELECT owner FROM live)))
+       AND {ready_o}
     RETURNING o.seq, o.id, o.topic, o.ordering_key, o.headers, o.payload, o.attempts,
               extract(epoch FROM now() - o.created_at)::float8 AS age,
               o.lease_owner IS NOT NULL AS tied
@@ -284,6 +279,12 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        coalesce((SELECT max(h.steps) < $6 AND max(h.found) < $1 FROM heads AS h), true),
        (SELECT l.seq FROM loose AS l ORDER BY l.steps DESC LIMIT 1),
        coalesce((SELECT max(l.steps) < $6 AND max(l.found) < $1 FROM loose AS l), true)";
+
+/// Whether the pending row `{row}` may be taken now (in [`CLAIM_TIED`], as `{ready_e}` and
+/// `{ready_o}`): available, or leased by an owner whose session no longer holds its lock
+/// (`live`).
+const READY: &str = "({row}.available_at <= now()
+     OR ({row}.lease_owner IS NOT NULL AND {row}.lease_owner NOT IN (SELECT owner FROM live)))";
 
 /// Takes the session lock that ties a relay's leases to its connection: $1 its owner
 /// number. False when another session holds that number.
@@ -376,7 +377,7 @@ pub(crate) struct ClaimedRow {
 
 /// Where a take's walks stopped ([`CLAIM_TIED`]); the next take starts there. `None`:
 /// from the first (the walk went past the last, or the take does not walk).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) struct Walk {
     /// The ordering key the walk of heads stopped at.
     pub(crate) key: Option<String>,
@@ -424,7 +425,9 @@ impl OutboxTable {
         let lock_class = lock_class(&name);
         let render = |sql: &str| {
             statement(
-                sql.replace("{table}", &table)
+                sql.replace("{ready_e}", &READY.replace("{row}", "e"))
+                    .replace("{ready_o}", &READY.replace("{row}", "o"))
+                    .replace("{table}", &table)
                     .replace("{channel}", &channel)
                     .replace("{lock_class}", &lock_class.to_string()),
             )
@@ -572,9 +575,9 @@ impl OutboxTable {
     }
 
     /// [`CLAIM`] (or [`CLAIM_TIED`]), in a short transaction of its own: the rows taken
-    /// under `token`, leased to `owner` while its session lock is held, and where the walk
-    /// stopped. `after` is where the previous take's walks stopped; each looks at no more
-    /// than four times `limit` rows.
+    /// under `token`, leased to `owner` while its session lock is held. The walks start
+    /// where `walk` says the previous take's stopped, and leave in it where they stopped;
+    /// each looks at no more than four times `limit` rows.
     pub(crate) async fn claim(
         &self,
         single: Single,
@@ -582,8 +585,8 @@ impl OutboxTable {
         lease: Duration,
         token: i64,
         owner: Option<i32>,
-        after: &Walk,
-    ) -> Result<(Vec<ClaimedRow>, Walk), sqlx::Error> {
+        walk: &mut Walk,
+    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
         let mut single = single;
         let mut query = self
             .query(&self.claim)
@@ -593,13 +596,13 @@ impl OutboxTable {
         if self.can_tie() {
             query = query
                 .bind(owner)
-                .bind(after.key.as_deref())
+                .bind(walk.key.clone())
                 .bind(limit.saturating_mul(4).max(64))
-                .bind(after.loose);
+                .bind(walk.loose);
         }
         let rows = query.fetch_all(&mut *single).await?;
         single.finish().await?;
-        let mut walk = Walk::default();
+        *walk = Walk::default();
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
             if row.try_get::<Option<i64>, _>("seq")?.is_some() {
@@ -617,7 +620,7 @@ impl OutboxTable {
                 }
             }
         }
-        Ok((claimed, walk))
+        Ok(claimed)
     }
 
     /// [`LOCK`] on `conn`, a connection of the relay's own that runs nothing else: whether

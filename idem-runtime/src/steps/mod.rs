@@ -98,7 +98,7 @@ impl Tx<'_> {
     ///
     /// ```no_run
     /// # #[derive(serde::Serialize, serde::Deserialize)] struct Charge { id: String }
-    /// # async fn charge(_: &str) -> Result<Charge, std::io::Error> { unimplemented!() }
+    /// # async fn charge(key: &str) -> Result<Charge, std::io::Error> { Ok(Charge { id: format!("ch_{key}") }) }
     /// # async fn f(mut tx: idem::Tx<'_>) -> Result<(), Box<dyn std::error::Error>> {
     /// let charge: Charge = tx
     ///     .step("processor", |key| async move {
