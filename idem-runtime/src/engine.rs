@@ -333,6 +333,10 @@ async fn take(
     };
     let first_lock = crate::table::Table::first_lock(first).map_err(ClaimError::Database)?;
     let mut taken = table::taken(row).map_err(ClaimError::Database)?;
+    // Its message names the setting; the adapter logs it (a 500).
+    table
+        .pinned_path(&taken.search_path)
+        .map_err(ClaimError::Database)?;
     // Only a lock held before the read counts (Table::begin_taking); one that the read's
     // statement took itself may have been let go of after its snapshot.
     if !first_lock && taken.locked.is_some() {

@@ -486,6 +486,11 @@ impl StoreBuilder {
         if let Some(pool) = self.step_pool {
             let _ = outside.set(pool);
         }
+        // Invariant 12: a table named without its schema is resolved by the session's
+        // search_path, which the store pins (`Table::pinned_path`).
+        let unqualified = [&table_name, &outbox, &steps_table]
+            .iter()
+            .any(|name| name.schema().is_none());
         let outbox = OutboxTable::new(
             outbox,
             self.dialect,
@@ -494,7 +499,8 @@ impl StoreBuilder {
         );
         // An event rides the key row's COMMIT message: its insert is prepared with them.
         let table = Table::new(&table_name, self.dialect, self.acquire_timeout)
-            .prepare_also(&[outbox.prepared_ride()]);
+            .prepare_also(&[outbox.prepared_ride()])
+            .pin_path(unqualified);
         Store {
             inner: Arc::new(Settings {
                 pool: self.pool,

@@ -138,6 +138,9 @@ impl Isolation {
 /// text depends on `extra_float_digits`: rounded, it no longer matched [`INSERT`]'s
 /// check, and every keyed request on the connection failed).
 ///
+/// `search_path` is the session's, which resolves the store's tables where they are named
+/// without their schema ([`Table::pinned_path`]).
+///
 /// When another request holds the key (`locked` false), a [`WAIT`] may follow, bounded
 /// by the endpoint's conflict wait alone: so the statement timeout (the request's, or
 /// the session's, by its role, say) is lifted for it, and returned (`statement_timeout`)
@@ -152,7 +155,8 @@ SELECT (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
        encode(k.fingerprint, 'hex') AS fingerprint, encode(k.field_hashes, 'hex') AS field_hashes,
        k.status, encode(k.headers, 'hex') AS headers, encode(k.body, 'hex') AS body,
        k.expires_at <= now() AS expired,
-       coalesce($5, current_setting('statement_timeout')) AS statement_timeout
+       coalesce($5, current_setting('statement_timeout')) AS statement_timeout,
+       current_setting('search_path') AS search_path
   FROM (VALUES (1)) AS one (x)
   LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3
 )
@@ -608,6 +612,11 @@ pub(crate) struct Table {
     /// whose server connections change under the client, and in the portable mode, whose
     /// claim is a bound statement.
     prepared: Option<Prepared>,
+    /// Where a table of the store is named without its schema: the `search_path` of the
+    /// store's first claim, which every later claim must find and every key row's
+    /// COMMIT message sets again ([`Table::pinned_path`]). `None` where every table is
+    /// named whole.
+    path: Option<std::sync::OnceLock<String>>,
     wait: SqlStr,
     insert: SqlStr,
     overwrite: SqlStr,
@@ -654,6 +663,8 @@ pub(crate) struct Taken {
     pub(crate) stored: Option<StoredRow>,
     /// The statement timeout the handler runs under, which [`WAIT`] gives back.
     pub(crate) statement_timeout: String,
+    /// The session's `search_path` ([`Table::pinned_path`]).
+    pub(crate) search_path: String,
 }
 
 /// A held key, as [`Table::insert`] writes its row.
@@ -732,6 +743,7 @@ impl Table {
             |fast: &str, portable: &str| render(if dialect.portable { portable } else { fast });
         let mut table = Self {
             prepared: None,
+            path: None,
             dialect,
             acquire_timeout,
             ddl,
@@ -761,6 +773,41 @@ impl Table {
     /// statements of the store's other tables that ride the same messages, prepared on a
     /// connection when the claim's are, so that a message that rides a claim executed by
     /// name finds them too; each only where its table exists.
+    /// The table, pinning the `search_path` its store's first claim finds, where `pin`
+    /// (a table of the store is named without its schema: [`Table::pinned_path`]).
+    pub(crate) fn pin_path(mut self, pin: bool) -> Self {
+        self.path = pin.then(std::sync::OnceLock::new);
+        self
+    }
+
+    /// Invariant 12 for tables named without their schema: the session's `search_path`
+    /// resolves them, and a handler may change it (`SET LOCAL search_path = tenant2`, or
+    /// session-wide on its connection). So the store pins the path of its first claim:
+    /// each claim's `path` must be that one (a claim under another is refused, rolled
+    /// back, with one line that names the setting: its key row would land in another
+    /// table), and each key row's COMMIT message sets it again before its statements
+    /// ([`Table::inserting_commit`]), whatever the handler set since.
+    pub(crate) fn pinned_path(&self, path: &str) -> Result<(), sqlx::Error> {
+        let Some(pinned) = &self.path else {
+            return Ok(());
+        };
+        let pinned = pinned.get_or_init(|| path.to_owned());
+        if pinned == path {
+            return Ok(());
+        }
+        Err(sqlx::Error::Configuration(
+            format!(
+                "idem: this connection's search_path is {path:?}, not {pinned:?} as at the \
+                 store's first claim, and the store's tables are named without their schema \
+                 (here {}): they would resolve to other tables, so the request is refused; \
+                 name them with their schema (StoreBuilder::table, outbox_table, \
+                 steps_table) or leave search_path as it is",
+                self.qualified
+            )
+            .into(),
+        ))
+    }
+
     pub(crate) fn prepare_also(mut self, more: &[(&str, &str, &str)]) -> Self {
         self.prepared = self.preparing(more);
         self
@@ -952,7 +999,17 @@ impl Table {
         };
         let checked = literal::executed(self.prepared(), role, &values)
             .unwrap_or_else(|| literal::render(&checked_insert(sql.as_str()), &values));
-        format!("{checked};\n{}COMMIT", rides(riders))
+        let path =
+            self.path
+                .as_ref()
+                .and_then(|path| path.get())
+                .map_or_else(String::new, |path| {
+                    literal::render(
+                        "SELECT set_config('search_path', $1, true);\n",
+                        &[Literal::Text(path)],
+                    )
+                });
+        format!("{path}{checked};\n{}COMMIT", rides(riders))
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -1399,6 +1456,7 @@ pub(crate) fn taken(row: &PgRow) -> Result<Taken, sqlx::Error> {
         locked: row.try_get("locked")?,
         stored,
         statement_timeout: row.try_get("statement_timeout")?,
+        search_path: row.try_get("search_path")?,
     })
 }
 

@@ -39,6 +39,20 @@ pub struct TestDb {
 impl TestDb {
     /// Creates an empty database under a name no other test, process or checkout uses.
     pub async fn create() -> Self {
+        Self::create_with("").await
+    }
+
+    /// [`TestDb::create`] with the server encoding `encoding` (`SQL_ASCII`, `LATIN1`: from
+    /// `template0`, with the C locale, which fits every encoding).
+    pub async fn create_encoded(encoding: &str) -> Self {
+        Self::create_with(&format!(
+            " ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ))
+        .await
+    }
+
+    /// `CREATE DATABASE <a new name><options>`.
+    async fn create_with(options: &str) -> Self {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -51,7 +65,7 @@ impl TestDb {
         let mut admin = PgConnection::connect_with(&admin_options())
             .await
             .expect("cannot reach PostgreSQL: is it running, and DATABASE_URL right?");
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}{options}")))
             .execute(&mut admin)
             .await
             .expect("create test database");
@@ -112,7 +126,16 @@ impl TestDb {
 /// The drop waits for the test, on the test's own runtime: a `Drop` impl could only
 /// block on a runtime of its own.
 pub async fn with_test_db(test: impl AsyncFnOnce(&TestDb)) {
-    let db = TestDb::create().await;
+    with_db(TestDb::create().await, test).await;
+}
+
+/// [`with_test_db`] on a database of the server encoding `encoding`
+/// ([`TestDb::create_encoded`]).
+pub async fn with_test_db_encoded(encoding: &str, test: impl AsyncFnOnce(&TestDb)) {
+    with_db(TestDb::create_encoded(encoding).await, test).await;
+}
+
+async fn with_db(db: TestDb, test: impl AsyncFnOnce(&TestDb)) {
     let outcome = AssertUnwindSafe(test(&db)).catch_unwind().await;
     let name = db.name.clone();
     if let Err(e) = db.drop_database().await {

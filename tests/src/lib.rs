@@ -29,7 +29,7 @@ pub use answer::{post, send, Answer};
 pub use app::{example_deliveries, migrated_store, Delivery, TestApp};
 pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use citus::{Citus, Node, REQUIRE_CITUS};
-pub use database::{admin_options, count, with_test_db, TestDb};
+pub use database::{admin_options, count, with_test_db, with_test_db_encoded, TestDb};
 pub use gate::{outage, Gate};
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use processor::{Processor, ProcessorServer};

@@ -706,6 +706,65 @@ async fn an_outage_is_retried_until_it_ends() {
     .await;
 }
 
+/// An event the destination hangs on (every publish of it times out, which reads as
+/// unavailable) while it publishes the other events: that is the event's own failure, not
+/// an outage. It counts, the event is parked after `max_attempts`, and the next event of
+/// its ordering key is published then. (Counted as an outage, it was tried for ever and
+/// held its key back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_the_destination_hangs_on_is_parked_while_others_flow() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "bad", 2, |_| Some("bad".into())).await;
+        let hangs = |event: &OutboxEvent| {
+            event.ordering_key.as_deref() == Some("bad") && event.payload == b"0"
+        };
+        let recorder = Recorder::failing(move |event| {
+            // The relay's publish timeout cuts the hang short: its own error.
+            hangs(event).then(|| PublishError::unavailable("no acknowledgement within 100ms"))
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(20), Duration::from_millis(50))
+            .max_attempts(3)
+            .spawn()
+            .unwrap();
+        // The destination serves other events all the while.
+        for round in 0..40 {
+            emit_many(&store, &format!("good{round}"), 1, |_| {
+                Some(format!("g{round}"))
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            if relay.stats().dead == 1 {
+                break;
+            }
+        }
+        let started = Instant::now();
+        while relay.stats().dead == 0 && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1, "{:?}", relay.stats());
+        assert_eq!(dead[0].ordering_key.as_deref(), Some("bad"));
+        assert_eq!(dead[0].attempts, 3);
+        // Its key moved on.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !recorder
+            .events()
+            .iter()
+            .any(|e| e.payload == b"1" && e.ordering_key.as_deref() == Some("bad"))
+        {
+            assert!(Instant::now() < deadline, "the key's next event waits");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drained_but(&pool, 1).await;
+        relay.stop();
+    })
+    .await;
+}
+
 /// Beside it: an event the destination keeps refusing (`PublishError::retry`) still
 /// counts its attempts and is parked after `max_attempts`, and an outage before its
 /// refusals does not add to them.

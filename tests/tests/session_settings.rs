@@ -1,8 +1,14 @@
-//! Invariant 12, the same statements in every session (issue 37): the claim rides BEGIN,
-//! so its row comes back as text in the session's formats. Each test here failed on
-//! `c696e55`: a database whose `bytea_output` is `escape` answered every retry 500 and
-//! could not resume a recorded step; one whose `extra_float_digits` is 0 (or a handler
-//! that set it on its connection) answered later keyed requests 500 `transaction-escaped`.
+//! Invariant 12, the same statements in every session (issue 37). Each test here failed on
+//! `c696e55`:
+//! - the claim rides BEGIN, so its row comes back as text in the session's formats: a
+//!   database whose `bytea_output` is `escape` answered every retry 500 and could not
+//!   resume a recorded step; one whose `extra_float_digits` is 0 (or a handler that set it
+//!   on its connection) answered later keyed requests 500 `transaction-escaped`;
+//! - a step's result is written into a statement's text: a `SQL_ASCII` database refused
+//!   its non-ASCII characters, a `LATIN1` one those it has not, and every retry called
+//!   again;
+//! - a handler's `SET LOCAL search_path` moved the key row that the COMMIT message wrote:
+//!   it could never commit, or committed where no retry looked.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,11 +18,11 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, TestApp};
+use idem_tests::{with_test_db, with_test_db_encoded, TestApp};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 #[derive(Clone, FromRef)]
 struct AppState {
@@ -34,6 +40,16 @@ struct Note {
     /// handler may.
     #[serde(default)]
     round_floats: bool,
+    /// Echoed by the step's result: what the database stores as the step's record.
+    #[serde(default)]
+    says: String,
+    /// After the business write, `SET LOCAL search_path` to this schema, as a handler of
+    /// a service with a schema per tenant may.
+    #[serde(default)]
+    tenant: Option<String>,
+    /// The same, session-wide (`SET search_path`): it stays on the connection.
+    #[serde(default)]
+    session_tenant: Option<String>,
 }
 
 /// A step (the outside call, counted), then a business write.
@@ -51,9 +67,10 @@ async fn note(
             .await
             .map_err(failed)?;
     }
-    let call: usize = tx
+    let says = note.says.clone();
+    let (call, says): (usize, String) = tx
         .step("processor", |_key| async move {
-            Ok::<_, String>(calls.fetch_add(1, Ordering::SeqCst) + 1)
+            Ok::<_, String>((calls.fetch_add(1, Ordering::SeqCst) + 1, says))
         })
         .await
         .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
@@ -63,6 +80,15 @@ async fn note(
         .execute(&mut *tx)
         .await
         .map_err(failed)?;
+    for (set, schema) in [("SET LOCAL", &note.tenant), ("SET", &note.session_tenant)] {
+        if let Some(schema) = schema {
+            sqlx::query(AssertSqlSafe(format!("{set} search_path = {schema}")))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await
+                .map_err(failed)?;
+        }
+    }
     if note.fail {
         return Err((
             StatusCode::SERVICE_UNAVAILABLE,
@@ -71,7 +97,7 @@ async fn note(
     }
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "text": note.text, "call": call })),
+        Json(json!({ "text": note.text, "call": call, "says": says })),
     ))
 }
 
@@ -192,6 +218,98 @@ async fn a_handler_that_rounds_floats_on_its_connection() {
         for n in 0..5 {
             keeps_the_contract(&app, &calls, &format!("after{n}")).await;
         }
+    })
+    .await;
+}
+
+/// A step's result with characters outside ASCII is recorded, and a retry resumes after
+/// it, in a database of each server encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_records_any_character_in_any_server_encoding() {
+    for encoding in ["SQL_ASCII", "LATIN1", "UTF8"] {
+        with_test_db_encoded(encoding, async |db| {
+            let (app, calls) = start(db.pool(4).await).await;
+            let says = "Zo\u{eb} paid \u{20ac}5 \u{1f600}";
+            let body = json!({ "text": "t", "says": says, "fail": true });
+            app.post("/notes", Some("k"), &body)
+                .await
+                .assert_status(503);
+            let resumed = app
+                .post("/notes", Some("k"), &json!({ "text": "t", "says": says }))
+                .await;
+            resumed.assert_status(201);
+            assert_eq!(resumed.json()["says"], says, "{encoding}");
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "{encoding}: called again");
+        })
+        .await;
+    }
+}
+
+/// idem's tables, in the schema `schema`.
+async fn tables_in(pool: &PgPool, schema: &str) {
+    Store::builder(pool.clone())
+        .table(format!("{schema}.idempotency_keys"))
+        .build()
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+}
+
+/// A handler that moves `search_path` for the rest of its transaction: the key row still
+/// lands in the store's table, and its retries replay; with idem's tables in the other
+/// schema too (a schema per tenant), as without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_sets_its_search_path() {
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        sqlx::query("CREATE SCHEMA tenant2")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (app, _) = start(pool.clone()).await;
+        for (key, tenant_tables) in [("without", false), ("with", true)] {
+            if tenant_tables {
+                tables_in(&pool, "tenant2").await;
+            }
+            let body = json!({ "text": key, "tenant": "tenant2" });
+            let first = app.post("/notes", Some(key), &body).await;
+            first.assert_status(201);
+            let retry = app.post("/notes", Some(key), &body).await;
+            retry.assert_status(201);
+            assert!(retry.replayed(), "{key}");
+            assert_eq!(retry.body, first.body);
+        }
+        assert_eq!(app.count("public.idempotency_keys").await, 2);
+        assert_eq!(app.count("tenant2.idempotency_keys").await, 0);
+    })
+    .await;
+}
+
+/// A handler that moves `search_path` on its connection, session-wide: its own request
+/// commits where the store's first claim resolved the tables; a later claim on that
+/// connection is refused, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_moves_its_connections_search_path() {
+    with_test_db(async |db| {
+        let pool = db.pool(1).await;
+        sqlx::query("CREATE SCHEMA tenant2")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (app, calls) = start(pool.clone()).await;
+        tables_in(&pool, "tenant2").await;
+        let body = json!({ "text": "moves", "session_tenant": "tenant2" });
+        app.post("/notes", Some("moves"), &body)
+            .await
+            .assert_status(201);
+        let later = app
+            .post("/notes", Some("later"), &json!({ "text": "later" }))
+            .await;
+        later.assert_status(500);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the refused request ran");
+        assert_eq!(app.count("public.idempotency_keys").await, 1);
+        assert_eq!(app.count("tenant2.idempotency_keys").await, 0);
     })
     .await;
 }

@@ -428,16 +428,16 @@ impl<P: Publisher> RelayBuilder<P> {
         };
         running.check_windows().await;
         let mut session = running.open_session(&mut false).await;
-        let mut walk = Walk::default();
+        let mut kept = Kept::default();
         loop {
             let round = running
-                .round(session.as_ref().map(|s| s.owner), &mut walk)
+                .round(session.as_ref().map(|s| s.owner), &mut kept)
                 .await
                 .map_err(RelayError::Database)?;
             if round.untied {
                 session = None;
             }
-            if round.taken == 0 && walk.round() {
+            if round.taken == 0 && kept.walk.round() {
                 break;
             }
         }
@@ -600,6 +600,51 @@ impl Session {
 /// How long a relay waits before it tries again to open a session that failed.
 const SESSION_RETRY: Duration = Duration::from_secs(5);
 
+/// What a relay keeps from one round to the next.
+#[derive(Default)]
+struct Kept {
+    /// Where the last take's walks stopped: the next take starts there ([`Walk`]).
+    walk: Walk,
+    /// Events the destination did not answer.
+    suspects: Suspects,
+}
+
+/// Events whose publish failed as unavailable (`PublishError::unavailable`: no answer in
+/// time, the connection lost), with how many events the relay had published when they
+/// did. Unavailable for everyone is an outage, and counts toward no limit (invariant 10);
+/// unavailable for one event while the destination published others in between is that
+/// event's own failure, which counts, so that an event the destination hangs on is parked
+/// after `max_attempts` and its ordering key moves on. Kept in memory, so a relay that
+/// restarts, or another relay that takes the event, counts from its next failure on: late,
+/// never wrongly.
+#[derive(Default)]
+struct Suspects {
+    failed_at: HashMap<i64, u64>,
+}
+
+/// How many suspects a relay keeps; past it, it starts afresh (a long outage of many
+/// events: none of them would count yet anyway).
+const SUSPECTS: usize = 100_000;
+
+impl Suspects {
+    /// Records that `seq` failed as unavailable when the relay had published `published`
+    /// events: whether the destination published another between this failure and the
+    /// event's previous one.
+    fn failed_alone(&mut self, seq: i64, published: u64) -> bool {
+        if self.failed_at.len() >= SUSPECTS && !self.failed_at.contains_key(&seq) {
+            self.failed_at.clear();
+        }
+        self.failed_at
+            .insert(seq, published)
+            .is_some_and(|before| published > before)
+    }
+
+    /// The event was published or parked.
+    fn forget(&mut self, seq: i64) {
+        self.failed_at.remove(&seq);
+    }
+}
+
 /// What one round did.
 struct Round {
     /// How many events it took.
@@ -619,7 +664,7 @@ impl<P: Publisher> Running<P> {
         let mut last_lag: Option<Instant> = None;
         // Until when the relay keeps looking every tick ([`RelayBuilder::linger`]).
         let mut linger_until: Option<Instant> = None;
-        let mut walk = Walk::default();
+        let mut kept = Kept::default();
         let tick = LINGER_TICK.min(self.builder.poll_interval);
         while !self.stopping.asked() {
             if self.listen && listener.is_none() {
@@ -634,7 +679,7 @@ impl<P: Publisher> Running<P> {
             // A walk that stopped short (it looked at as many rows as it may, all of them
             // held back) goes on at once from where it stopped.
             let (taken, stopped_short) = match self
-                .round(session.as_ref().map(|s| s.owner), &mut walk)
+                .round(session.as_ref().map(|s| s.owner), &mut kept)
                 .await
             {
                 Ok(round) => {
@@ -642,7 +687,7 @@ impl<P: Publisher> Running<P> {
                         tracing::warn!("idem: the outbox relay's session lock is gone (its connection ended); opening another, its leases end by their time meanwhile");
                         session = None;
                     }
-                    (round.taken, !walk.round())
+                    (round.taken, !kept.walk.round())
                 }
                 Err(error) => {
                     tracing::warn!(%error, "idem: the outbox relay could not read or mark events; retrying");
@@ -777,9 +822,8 @@ impl<P: Publisher> Running<P> {
     /// One round: take a batch under a token of its own (leased to `owner`, the session's,
     /// while its lock is held), publish it, mark it.
     ///
-    /// `walk` is where the last take's walks stopped ([`Walk`]): this take starts there,
-    /// and leaves where it stopped.
-    async fn round(&self, owner: Option<i32>, walk: &mut Walk) -> Result<Round, sqlx::Error> {
+    /// `kept` is what the relay keeps from one round to the next.
+    async fn round(&self, owner: Option<i32>, kept: &mut Kept) -> Result<Round, sqlx::Error> {
         let builder = &self.builder;
         let store = &builder.store;
         let (pool, table, outbox) = (&store.inner.pool, &store.inner.table, &store.inner.outbox);
@@ -794,7 +838,7 @@ impl<P: Publisher> Running<P> {
                 builder.lease,
                 token,
                 owner,
-                walk,
+                &mut kept.walk,
             )
             .await?;
         let untied = owner.is_some() && rows.iter().any(|row| !row.tied);
@@ -853,6 +897,7 @@ impl<P: Publisher> Running<P> {
             match result {
                 Ok(()) => {
                     metrics::delay(row.age);
+                    kept.suspects.forget(row.seq);
                     published.push(row.seq);
                 }
                 Err(error) => failed.push((row, error)),
@@ -893,8 +938,12 @@ impl<P: Publisher> Running<P> {
         for (row, error) in failed {
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             // Invariant 10: an unavailable destination never parks, and its attempt is
-            // given back; only the event's own failures count.
-            let then = if error.is_unavailable() {
+            // given back; only the event's own failures count. Unavailable for one event
+            // while the destination published others is that event's own failure.
+            let published_so_far = self.counters.published.load(Ordering::Relaxed);
+            let outage_alone =
+                error.is_unavailable() && !kept.suspects.failed_alone(row.seq, published_so_far);
+            let then = if outage_alone {
                 Failed::Uncounted
             } else if error.is_permanent() || attempts >= builder.max_attempts {
                 Failed::Park
@@ -939,6 +988,7 @@ impl<P: Publisher> Running<P> {
                 );
                 outage_error.get_or_insert((error, backoff));
             } else if then == Failed::Park {
+                kept.suspects.forget(row.seq);
                 dead += 1;
                 metrics::dead();
                 tracing::error!(

@@ -196,7 +196,7 @@ impl Tx<'_> {
                     return Err(error);
                 }
             };
-            let result = serde_json::to_string(&value).map_err(StepError::Json)?;
+            let result = ascii_json(&value).map_err(StepError::Json)?;
             let write = StepWrite {
                 key,
                 step: name,
@@ -338,8 +338,65 @@ impl<E: std::error::Error + 'static> std::error::Error for StepError<E> {
     }
 }
 
+/// `value` as JSON in ASCII alone: every other character written as its `\u` escape
+/// (a surrogate pair above the Basic Multilingual Plane), which any JSON parser reads back
+/// as the same string. A step's result is written into a statement's text, and a database
+/// whose encoding is not UTF-8 refuses or cannot hold some characters there (`SQL_ASCII`
+/// refuses every escape above 127, `LATIN1` has no `€`): the record failed, and every
+/// retry called again (invariant 12). ASCII means the same in every server encoding.
+fn ascii_json<T: Serialize>(value: &T) -> serde_json::Result<String> {
+    let mut out = Vec::new();
+    value.serialize(&mut serde_json::Serializer::with_formatter(
+        &mut out, AsciiOnly,
+    ))?;
+    // Only ASCII was written.
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// serde_json's compact output with every character outside ASCII escaped.
+struct AsciiOnly;
+
+impl serde_json::ser::Formatter for AsciiOnly {
+    fn write_string_fragment<W>(&mut self, writer: &mut W, fragment: &str) -> std::io::Result<()>
+    where
+        W: ?Sized + std::io::Write,
+    {
+        let mut units = [0_u16; 2];
+        for (at, c) in fragment.char_indices() {
+            if c.is_ascii() {
+                writer.write_all(&fragment.as_bytes()[at..at + 1])?;
+            } else {
+                for unit in c.encode_utf16(&mut units) {
+                    write!(writer, "\\u{unit:04x}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// Regression (issue 37, 3): a result with characters outside ASCII is written in
+    /// ASCII and read back as itself.
+    #[test]
+    fn results_are_written_in_ascii() {
+        let value =
+            serde_json::json!({ "name": "Zo\u{eb}", "price": "\u{20ac}5", "\u{1f600}": ["\"\n"] });
+        let written = ascii_json(&value).unwrap();
+        assert!(written.is_ascii(), "{written}");
+        assert!(
+            written.contains(r"Zo\u00eb") && written.contains(r"\ud83d\ude00"),
+            "{written}"
+        );
+        let read: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(read, value);
+        assert_eq!(
+            ascii_json(&"plain").unwrap(),
+            serde_json::to_string("plain").unwrap()
+        );
+    }
+
     use super::*;
 
     #[test]
