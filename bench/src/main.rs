@@ -24,17 +24,18 @@
 //! the benchmark creates its own database there and drops it at the end.
 
 mod chart;
+mod load;
 mod record;
 mod server;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use idem_tests::{percentiles, post, tally, Pgbouncer, TestDb};
+use load::{drive, Stats};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{ConnectOptions, PgPool};
@@ -103,54 +104,6 @@ impl Options {
     }
 }
 
-/// The numbers of one scenario at one concurrency.
-struct Stats {
-    requests: usize,
-    elapsed: Duration,
-    p50_ms: f64,
-    p99_ms: f64,
-    statuses: BTreeMap<u16, usize>,
-    /// CPU time per request, in microseconds: PostgreSQL's backends, and this process
-    /// (server and load generator).
-    cpu_us: (f64, f64),
-}
-
-/// CPU time so far, in clock ticks: (all `postgres` processes, this process).
-fn cpu_ticks() -> (u64, u64) {
-    fn ticks(stat: &str) -> Option<(String, u64)> {
-        let (head, rest) = stat.rsplit_once(") ")?;
-        let comm = head.split_once(" (")?.1.to_owned();
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        Some((
-            comm,
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?,
-        ))
-    }
-    let mut postgres = 0;
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) {
-                if let Some((comm, t)) = ticks(&stat) {
-                    if comm == "postgres" {
-                        postgres += t;
-                    }
-                }
-            }
-        }
-    }
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| ticks(&s))
-        .map_or(0, |(_, t)| t);
-    (postgres, own)
-}
-
-impl Stats {
-    fn throughput(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
-    }
-}
-
 /// The cells that answered a status they should not have: the run fails with them.
 static UNEXPECTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -202,66 +155,6 @@ async fn connection_budget(db: &TestDb) -> Result<u32, Box<dyn std::error::Error
         .into());
     }
     Ok(budget as u32)
-}
-
-/// Drives `concurrency` clients that each send `request(n)` back to back for `seconds`.
-async fn drive<F, Fut>(concurrency: usize, seconds: f64, request: F) -> Stats
-where
-    F: Fn(u64) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = u16> + Send,
-{
-    let counter = Arc::new(AtomicU64::new(0));
-    // A short warm-up, not measured: connections, caches, statement preparation.
-    let warm_until = Instant::now() + Duration::from_millis(500);
-    let deadline = warm_until + Duration::from_secs_f64(seconds);
-    let workers = (0..concurrency).map(|_| {
-        let request = request.clone();
-        let counter = Arc::clone(&counter);
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut statuses = Vec::new();
-            loop {
-                let started = Instant::now();
-                if started >= deadline {
-                    break;
-                }
-                let status = request(counter.fetch_add(1, Ordering::Relaxed)).await;
-                if started >= warm_until {
-                    latencies.push(started.elapsed());
-                    statuses.push(status);
-                }
-            }
-            (latencies, statuses)
-        })
-    });
-    tokio::time::sleep_until(warm_until.into()).await;
-    let cpu_before = cpu_ticks();
-    let mut latencies = Vec::new();
-    let mut statuses = Vec::new();
-    for worker in join_all(workers).await {
-        let (l, s) = worker.expect("worker");
-        latencies.extend(l);
-        statuses.extend(s);
-    }
-    let cpu_after = cpu_ticks();
-    // Linux counts CPU time in ticks of 10 ms.
-    let per_request = |before: u64, after: u64| {
-        (after - before) as f64 * 10_000.0 / latencies.len().max(1) as f64
-    };
-    let cpu_us = (
-        per_request(cpu_before.0, cpu_after.0),
-        per_request(cpu_before.1, cpu_after.1),
-    );
-    let requests = latencies.len();
-    let (p50_ms, p99_ms) = percentiles(&mut latencies);
-    Stats {
-        requests,
-        elapsed: Duration::from_secs_f64(seconds),
-        p50_ms,
-        p99_ms,
-        statuses: tally(statuses),
-        cpu_us,
-    }
 }
 
 fn charge(n: u64) -> serde_json::Value {

@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
-use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Taken, Timeouts};
+use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Timeouts};
 use crate::transaction::OpenTransaction;
 use crate::tx::{AttemptState, Request, Tx};
 
@@ -308,10 +308,10 @@ struct Held {
     over: bool,
 }
 
-/// The default mode's claim ([`Table::take`](crate::table::Table::take)): reads the key's
-/// row and takes its lock in one statement; a duplicate in flight is answered at once,
-/// or, with a conflict wait, waited for ([`Table::wait`](crate::table::Table::wait)) and
-/// read again.
+/// The default mode's claim ([`Table::begin_taking`](crate::table::Table::begin_taking)):
+/// tries the key's lock, then reads its row, in the message that begins the transaction;
+/// a duplicate in flight is answered at once, or, with a conflict wait, waited for
+/// ([`Table::wait`](crate::table::Table::wait)) and read again.
 async fn take(
     store: &Store,
     claim: &Claim,
@@ -326,64 +326,67 @@ async fn take(
     let (mut tx, rows) = open_with(store, sql, Duration::ZERO)
         .await
         .map_err(ClaimError::Database)?;
-    let [first, row] = &rows[..] else {
-        return Err(ClaimError::Database(sqlx::Error::Protocol(
-            "the claim returned no row".into(),
-        )));
+    let (tried, stored) = match &rows[..] {
+        [tried] => (tried, None),
+        [tried, row] => (tried, Some(row)),
+        _ => {
+            return Err(ClaimError::Database(sqlx::Error::Protocol(
+                format!("the claim returned {} rows", rows.len()).into(),
+            )))
+        }
     };
-    let first_lock = crate::table::Table::first_lock(first).map_err(ClaimError::Database)?;
-    let mut taken = table::taken(row).map_err(ClaimError::Database)?;
+    let tried = table::tried(tried).map_err(ClaimError::Database)?;
+    let mut stored = stored
+        .map(table::stored)
+        .transpose()
+        .map_err(ClaimError::Database)?;
     // Its message names the setting; the adapter logs it (a 500).
     table
-        .pinned_path(&taken.search_path)
+        .pinned_path(&tried.search_path)
         .map_err(ClaimError::Database)?;
-    // Only a lock held before the read counts (Table::begin_taking); one that the read's
-    // statement took itself may have been let go of after its snapshot.
-    if !first_lock && taken.locked.is_some() {
-        taken.locked = Some(false);
+    // A live record is replayed, whoever holds the lock.
+    if let Some(row) = stored.take_if(|row| row.live()) {
+        return Ok((tx, Took::Stored(row)));
     }
-    let taken: Taken = match taken.locked {
-        Some(false) => {
-            let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
-            // The shortest wait is no wait: the lock was just tried.
-            if wait <= Duration::from_millis(1) {
-                return Err(ClaimError::InUse);
-            }
-            table
-                .wait(&mut tx, lock, wait, &taken.statement_timeout)
-                .await
-                .map_err(|error| match &error {
-                    // 55P03: the request in flight did not end within the wait.
-                    sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => {
-                        ClaimError::InUse
-                    }
-                    _ => ClaimError::Database(error),
-                })?;
-            // Above READ COMMITTED the transaction's snapshot was taken before the
-            // request it waited for committed: only a new transaction sees its record.
-            if isolation != Isolation::ReadCommitted {
-                return Err(ClaimError::NewSnapshot);
-            }
-            // A new statement sees what it committed (invariant 4).
-            table
-                .take(&mut tx, &claim.key, lock, statement_timeout)
-                .await
-                .map_err(ClaimError::Database)?
+    if !tried.locked {
+        let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
+        // The shortest wait is no wait: the lock was just tried.
+        if wait <= Duration::from_millis(1) {
+            return Err(ClaimError::InUse);
         }
-        _ => taken,
-    };
-    match (taken.locked, taken.stored) {
-        (None, Some(row)) => Ok((tx, Took::Stored(row))),
-        (Some(true), stored) => Ok((
-            tx,
-            Took::Held(Held {
-                began: taken.began,
-                over: stored.is_some(),
-            }),
-        )),
-        // Another request took the lock between the wait and the read: it is in flight.
-        _ => Err(ClaimError::InUse),
+        // The request's own statement timeout, else the session's, is given back.
+        let restore = statement_timeout.map_or(tried.statement_timeout, table::lock_timeout);
+        table
+            .wait(&mut tx, lock, wait, &restore)
+            .await
+            .map_err(|error| match &error {
+                // 55P03: the request in flight did not end within the wait.
+                sqlx::Error::Database(e) if e.code().as_deref() == Some("55P03") => {
+                    ClaimError::InUse
+                }
+                _ => ClaimError::Database(error),
+            })?;
+        // Above READ COMMITTED the transaction's snapshot was taken before the
+        // request it waited for committed: only a new transaction sees its record.
+        if isolation != Isolation::ReadCommitted {
+            return Err(ClaimError::NewSnapshot);
+        }
+        // A new statement sees what it committed (invariant 4).
+        stored = table
+            .take(&mut tx, &claim.key)
+            .await
+            .map_err(ClaimError::Database)?;
+        if let Some(row) = stored.take_if(|row| row.live()) {
+            return Ok((tx, Took::Stored(row)));
+        }
     }
+    Ok((
+        tx,
+        Took::Held(Held {
+            began: tried.began,
+            over: stored.is_some(),
+        }),
+    ))
 }
 
 /// Portable mode: the claim inserts the key's row, which holds the key until the
@@ -996,8 +999,9 @@ mod tests {
 
         fresh("p1").await.unwrap();
         let set = held().await;
-        // The claim, the key row (fresh or over an expired one), an event riding it.
-        assert_eq!(set.len(), 4, "{set:?}");
+        // The claim's try and read, the key row (fresh or over an expired one), an event
+        // and the delete of the request's steps riding it.
+        assert_eq!(set.len(), 6, "{set:?}");
         // All gone, then the claim's alone: prepared again, each request commits.
         deallocate(&set).await;
         fresh("p2").await.unwrap();

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 
 use crate::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::spread::Earlier;
+use crate::steps::StepsTable;
 use crate::table::{
     Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
 };
@@ -490,16 +491,20 @@ impl StoreBuilder {
         // search_path, which the store pins (`Table::pinned_path`).
         let unqualified = [&table_name, &outbox, &steps_table]
             .iter()
-            .any(|name| name.schema().is_none());
+            .filter(|name| name.schema().is_none())
+            .map(|name| name.qualified())
+            .collect();
+        let steps = StepsTable::new(&steps_table, self.dialect);
         let outbox = OutboxTable::new(
             outbox,
             self.dialect,
             self.outbox_notify,
             self.outbox_notify_interval,
         );
-        // An event rides the key row's COMMIT message: its insert is prepared with them.
+        // An event, and the delete of a request's steps, ride the key row's COMMIT
+        // message: they are prepared with it.
         let table = Table::new(&table_name, self.dialect, self.acquire_timeout)
-            .prepare_also(&[outbox.prepared_ride()])
+            .prepare_also(&[outbox.prepared_ride(), steps.prepared_forget()])
             .pin_path(unqualified);
         Store {
             inner: Arc::new(Settings {

@@ -115,75 +115,72 @@ impl Isolation {
     }
 }
 
-/// The claim of the default mode (and behind a transaction pooler): one statement that
-/// reads the key's committed row and, unless that row is a live record, takes the key's
-/// lock ([`Table::lock_id`], a transaction-scoped advisory lock: released by COMMIT,
-/// ROLLBACK, a crash or a dropped connection, like an uncommitted row). It writes
-/// nothing: the key's row is written once, complete, by [`INSERT`] just before COMMIT.
+/// The claim of the default mode (and behind a transaction pooler), first statement: tries
+/// the key's lock ([`Table::lock_id`], a transaction-scoped advisory lock: released by
+/// COMMIT, ROLLBACK, a crash or a dropped connection, like an uncommitted row), and reads
+/// what the request needs of its session. It writes nothing: the key's row is written
+/// once, complete, by [`INSERT`] just before COMMIT.
 ///
-/// A live record is replayed without a lock. `locked` is NULL then, `true` when this
-/// transaction holds the key, `false` when another holds it (a duplicate in flight: 409
-/// at once, or [`WAIT`]). The row is read in this statement's snapshot, taken just
-/// before the lock: a duplicate that commits in between is not seen, and [`INSERT`]
-/// then fails on the primary key, which decides (invariant 3).
+/// The lock is tried before the key's row is read, by a statement of its own: a
+/// statement reads in a snapshot taken when it starts, and one that read the row first
+/// and then took the lock would miss a duplicate that committed (and let go of the lock)
+/// in between, and run the work again beside its record. Holding the lock first,
+/// [`TAKE`]'s new snapshot (READ COMMITTED, invariant 4) sees what any earlier holder
+/// committed.
 ///
-/// $1..$3 the key, $4 the lock, $5 the request's statement timeout (NULL: the
-/// session's own), which stays set for the rest of the transaction: it bounds the
-/// handler's statements. `began_us` is the transaction's start (`now()`, in microseconds
-/// since the epoch), which [`INSERT`] checks.
+/// $1 the lock, $2 the request's statement timeout (NULL: the session's own), which stays
+/// set for the rest of the transaction: it bounds [`TAKE`] and the handler's statements.
+/// `began_us` is the transaction's start (`now()`, in microseconds since the epoch), which
+/// [`INSERT`] checks; `statement_timeout` the one the session had, which a [`WAIT`] gives
+/// back.
 ///
 /// Invariant 12: the statement rides BEGIN, so its row comes back as text, in the formats
-/// of the session: the columns are written so that no setting changes them. Its bytea
-/// columns as hex (`encode`, whatever `bytea_output`), its start as an integer (a float's
-/// text depends on `extra_float_digits`: rounded, it no longer matched [`INSERT`]'s
-/// check, and every keyed request on the connection failed).
+/// of the session: the start is an integer (a float's text depends on
+/// `extra_float_digits`: rounded, it no longer matched [`INSERT`]'s check, and every
+/// keyed request on the connection failed). `search_path` is the session's, which
+/// resolves the store's tables where they are named without their schema
+/// ([`Table::pinned_path`]).
+const TRY: &str = "\
+SELECT pg_try_advisory_xact_lock($1) AS locked,
+       (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
+       current_setting('statement_timeout') AS statement_timeout,
+       current_setting('search_path') AS search_path,
+       CASE WHEN $2::text IS NOT NULL THEN set_config('statement_timeout', $2, true) END AS bounded";
+
+/// The claim's read: the key's committed row, if any, in a snapshot taken after [`TRY`]
+/// (and, after a [`WAIT`], after the lock was held). One index probe; no row for a fresh
+/// key. Its bytea columns come back as hex (`encode`, whatever `bytea_output`: invariant
+/// 12).
 ///
-/// `search_path` is the session's, which resolves the store's tables where they are named
-/// without their schema ([`Table::pinned_path`]).
-///
-/// When another request holds the key (`locked` false), a [`WAIT`] may follow, bounded
-/// by the endpoint's conflict wait alone: so the statement timeout (the request's, or
-/// the session's, by its role, say) is lifted for it, and returned (`statement_timeout`)
-/// for [`WAIT`] to give back. Were it not, a statement timeout shorter than the wait
-/// would cancel the wait (57014) and turn a duplicate into an error instead of a replay
-/// or a 409. The lock is taken in a materialized CTE, so that it is tried once.
+/// $1..$3 the key.
 const TAKE: &str = "\
-WITH took AS MATERIALIZED (
-SELECT (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
-       CASE WHEN k.status IS NOT NULL AND k.expires_at > now() THEN NULL
-            ELSE pg_try_advisory_xact_lock($4) END AS locked,
-       encode(k.fingerprint, 'hex') AS fingerprint, encode(k.field_hashes, 'hex') AS field_hashes,
-       k.status, encode(k.headers, 'hex') AS headers, encode(k.body, 'hex') AS body,
-       k.expires_at <= now() AS expired,
-       coalesce($5, current_setting('statement_timeout')) AS statement_timeout,
-       current_setting('search_path') AS search_path
-  FROM (VALUES (1)) AS one (x)
-  LEFT JOIN {table} AS k ON k.scope = $1 AND k.principal = {p2} AND k.key = $3
-)
-SELECT took.*,
-       set_config('statement_timeout',
-                  CASE WHEN locked IS FALSE THEN '0' ELSE took.statement_timeout END,
-                  true) AS bounded
-  FROM took";
+SELECT encode(fingerprint, 'hex') AS fingerprint, encode(field_hashes, 'hex') AS field_hashes,
+       status, encode(headers, 'hex') AS headers, encode(body, 'hex') AS body,
+       expires_at <= now() AS expired
+  FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3";
 
-/// The prepared [`TAKE`]'s role in its set ([`Prepared`]) and its parameters' types.
+/// The prepared [`TRY`]'s and [`TAKE`]'s roles in their set ([`Prepared`]) and their
+/// parameters' types.
+const TRY_ROLE: &str = "try";
+const TRY_TYPES: &str = "bigint, text";
 const TAKE_ROLE: &str = "take";
-const TAKE_TYPES: &str = "text, text, text, bigint, text";
+const TAKE_TYPES: &str = "text, text, text";
 
-/// The prepared [`INSERT`]'s and [`OVERWRITE`]'s roles (each with the check of
-/// [`Table::inserting_commit`]) and their parameters' types.
+/// The prepared [`INSERT`]'s and [`OVERWRITE`]'s roles (the latter with the check of
+/// [`checked_overwrite`]) and their parameters' types.
 const INSERT_ROLE: &str = "insert";
 const OVERWRITE_ROLE: &str = "overwrite";
 const INSERT_TYPES: &str = "text, text, text, bytea, bytea, smallint, bytea, bytea, float8, float8";
 
 /// Waits for the key's lock for at most the claim's wait (`concurrency = wait(..)`),
-/// then gives the session's `lock_timeout` back, and the statement timeout [`TAKE`]
-/// lifted for the wait. The settings are read and set in the first CTE, which the lock's
+/// then gives the session's `lock_timeout` back, and the statement timeout lifted for the
+/// wait ([`Table::wait`]). The settings are read and set in the first CTE, which the lock's
 /// CTE depends on, and restored in the result, computed after both: the handler never
 /// inherits the wait. 55P03 when the wait expires.
 ///
-/// $1 the lock, $2 the wait, $3 the statement timeout to give back (`statement_timeout`
-/// of [`TAKE`]).
+/// $1 the lock, $2 the wait, $3 the statement timeout to give back (the request's, else
+/// `statement_timeout` of [`TRY`]).
 const WAIT: &str = "\
 WITH wait AS MATERIALIZED (
     SELECT current_setting('lock_timeout') AS saved, set_config('lock_timeout', $2, true) AS waits
@@ -196,22 +193,29 @@ SELECT set_config('lock_timeout', wait.saved, true) AS restored,
 
 /// The key's row, written once and complete, in the transaction that holds its lock,
 /// just before COMMIT. `now()` is the transaction's start: if the handler ran a raw
-/// COMMIT or ROLLBACK, this runs in another transaction, inserts nothing, and the
-/// escape is caught instead of stored (invariant 6). A unique violation of the primary
-/// key means another attempt committed the key first (invariant 3).
+/// COMMIT or ROLLBACK, this runs in another transaction, and its check fails with
+/// [`ESCAPED`] in the message (22P02: text that no integer reads, cast to one), so that
+/// PostgreSQL skips the rest of the message and the escape is caught instead of stored
+/// (invariant 6). A unique violation of the primary key means another attempt committed
+/// the key first (invariant 3). One node: no CTE, no aggregate (the claim's cost is the
+/// floor's, issue 36).
+///
+/// The check casts the CASE, not its branches: PostgreSQL folds a cast of a constant
+/// when it plans the statement, whatever branch it stands in.
 ///
 /// The record's lifetime counts from here, just before COMMIT, not from the claim: a
 /// handler that runs longer than its ttl must not commit a record that is already
 /// expired, which the next retry would run again.
 ///
 /// $1..$3 the key, $4 fingerprint, $5 field hashes, $6 status, $7 headers, $8 body,
-/// $9 ttl in seconds, $10 `began` from [`TAKE`].
+/// $9 ttl in seconds, $10 `began` from [`TRY`].
 const INSERT: &str = "\
-INSERT INTO {table} AS k (scope, principal, key, fingerprint, field_hashes, status, headers, body,
-                          created_at, expires_at)
+INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, status, headers, body,
+                     created_at, expires_at)
 SELECT $1, {p2}, $3, $4, $5, $6, $7, $8, now(),
        statement_timestamp() + $9::float8 * interval '1 second'
- WHERE extract(epoch FROM now())::float8 = $10";
+ WHERE CAST(CASE WHEN extract(epoch FROM now())::float8 = $10 THEN '1' ELSE '{escaped}' END
+            AS integer) = 1";
 
 /// [`INSERT`] over an expired row (or a row without a response, which only a handler
 /// that ended its transaction itself could commit, in an earlier version): the claim
@@ -606,6 +610,7 @@ pub(crate) struct Table {
     primary_key: String,
     /// The table as written in SQL: part of every key's lock ([`Self::lock_id`]).
     qualified: String,
+    try_lock: SqlStr,
     take: SqlStr,
     /// The default mode's claim and key row, prepared once per connection and executed
     /// by name ([`crate::transaction::Prepared`]); `None` behind a transaction pooler,
@@ -652,16 +657,14 @@ pub(crate) enum Found {
     Stored(StoredRow),
 }
 
-/// What [`TAKE`] found.
-pub(crate) struct Taken {
+/// What [`TRY`] found.
+pub(crate) struct Tried {
     /// The transaction's start, as [`INSERT`] checks it.
     pub(crate) began: f64,
-    /// `None` when the key's row is a live record (no lock was tried); otherwise whether
-    /// this transaction holds the key.
-    pub(crate) locked: Option<bool>,
-    /// The key's committed row, in the statement's snapshot.
-    pub(crate) stored: Option<StoredRow>,
-    /// The statement timeout the handler runs under, which [`WAIT`] gives back.
+    /// Whether this transaction holds the key's lock.
+    pub(crate) locked: bool,
+    /// The statement timeout the session had, which [`WAIT`] gives back when the request
+    /// has none of its own.
     pub(crate) statement_timeout: String,
     /// The session's `search_path` ([`Table::pinned_path`]).
     pub(crate) search_path: String,
@@ -672,7 +675,7 @@ pub(crate) struct Inserting<'a> {
     pub(crate) key: &'a KeyInScope,
     pub(crate) fingerprint: &'a Fingerprint,
     pub(crate) ttl: Duration,
-    /// `began` from [`TAKE`].
+    /// `began` from [`TRY`].
     pub(crate) began: f64,
     /// Whether the claim saw a row to write over (expired, or without a response).
     pub(crate) over: bool,
@@ -687,6 +690,14 @@ pub(crate) struct StoredRow {
     pub(crate) headers: Option<Vec<u8>>,
     pub(crate) body: Option<Vec<u8>>,
     pub(crate) expired: bool,
+}
+
+impl StoredRow {
+    /// Whether the row is a live record: a response, not expired. Replayed without the
+    /// key's lock.
+    pub(crate) fn live(&self) -> bool {
+        self.status.is_some() && !self.expired
+    }
 }
 
 /// What is stored with a key: the answer's status, its allow-listed headers (one
@@ -716,7 +727,8 @@ impl Table {
         let render = |sql: &str| {
             statement(
                 sql.replace("{table}", &table)
-                    .replace("{p2}", dialect.principal_type.parameter()),
+                    .replace("{p2}", dialect.principal_type.parameter())
+                    .replace("{escaped}", ESCAPED),
             )
         };
         let create_schema = match &name.schema {
@@ -749,6 +761,7 @@ impl Table {
             ddl,
             qualified,
             primary_key: format!("{}_pkey", name.name),
+            try_lock: render(TRY),
             take: render(TAKE),
             wait: render(WAIT),
             insert: render(INSERT),
@@ -773,10 +786,16 @@ impl Table {
     /// statements of the store's other tables that ride the same messages, prepared on a
     /// connection when the claim's are, so that a message that rides a claim executed by
     /// name finds them too; each only where its table exists.
-    /// The table, pinning the `search_path` its store's first claim finds, where `pin`
-    /// (a table of the store is named without its schema: [`Table::pinned_path`]).
-    pub(crate) fn pin_path(mut self, pin: bool) -> Self {
-        self.path = pin.then(std::sync::OnceLock::new);
+    /// The table, pinning the `search_path` its store's first claim finds, where the
+    /// store names tables without their schema (`unqualified`, each quoted as the
+    /// statements write it: [`Table::pinned_path`]); its prepared statements name them
+    /// with the schema each connection finds them in ([`Prepared::qualifying`]).
+    pub(crate) fn pin_path(mut self, unqualified: Vec<String>) -> Self {
+        self.path = (!unqualified.is_empty()).then(std::sync::OnceLock::new);
+        self.prepared = self
+            .prepared
+            .take()
+            .map(|prepared| prepared.qualifying(unqualified));
         self
     }
 
@@ -785,8 +804,10 @@ impl Table {
     /// session-wide on its connection). So the store pins the path of its first claim:
     /// each claim's `path` must be that one (a claim under another is refused, rolled
     /// back, with one line that names the setting: its key row would land in another
-    /// table), and each key row's COMMIT message sets it again before its statements
-    /// ([`Table::inserting_commit`]), whatever the handler set since.
+    /// table). What the handler sets after the claim changes nothing: the statements a
+    /// connection prepared name their tables with their schemas ([`Prepared`]), and
+    /// where they are written whole, the key row's COMMIT message sets the path again
+    /// before them ([`Table::inserting_commit`]).
     pub(crate) fn pinned_path(&self, path: &str) -> Result<(), sqlx::Error> {
         let Some(pinned) = &self.path else {
             return Ok(());
@@ -818,11 +839,11 @@ impl Table {
         if self.dialect.pooler != Pooler::Session || self.dialect.portable {
             return None;
         }
-        let insert = checked_insert(self.insert.as_str());
-        let overwrite = checked_insert(self.overwrite.as_str());
+        let overwrite = checked_overwrite(self.overwrite.as_str());
         let mut set = vec![
+            (TRY_ROLE, TRY_TYPES, self.try_lock.as_str()),
             (TAKE_ROLE, TAKE_TYPES, self.take.as_str()),
-            (INSERT_ROLE, INSERT_TYPES, insert.as_str()),
+            (INSERT_ROLE, INSERT_TYPES, self.insert.as_str()),
             (OVERWRITE_ROLE, INSERT_TYPES, overwrite.as_str()),
         ];
         let own = set.len();
@@ -895,33 +916,19 @@ impl Table {
         i64::from_be_bytes(first)
     }
 
-    /// [`TAKE`]: the key's committed row, and whether this transaction now holds the key.
+    /// [`TAKE`] on its own: the key's committed row, read after a [`WAIT`] held the lock.
     pub(crate) async fn take(
         &self,
         conn: &mut PgConnection,
         key: &KeyInScope,
-        lock: i64,
-        statement_timeout: Option<Duration>,
-    ) -> Result<Taken, sqlx::Error> {
-        let row = self
-            .keyed(&self.take, key)
-            .bind(lock)
-            .bind(statement_timeout.map(lock_timeout))
-            .fetch_one(conn)
-            .await?;
-        taken(&row)
+    ) -> Result<Option<StoredRow>, sqlx::Error> {
+        let row = self.keyed(&self.take, key).fetch_optional(conn).await?;
+        row.as_ref().map(stored).transpose()
     }
 
-    /// `begin`, the key's lock tried, and [`TAKE`], in one message ([`crate::literal`]):
-    /// the transaction and the claim in one round trip ([`crate::transaction`]). Its
-    /// rows: whether the lock was taken ([`Self::first_lock`]), then the claim's.
-    ///
-    /// The lock is tried by a statement of its own, before the read: a statement reads
-    /// in a snapshot taken when it starts, and one that read the row first and then took
-    /// the lock would miss a duplicate that committed (and let go of the lock) in
-    /// between, and run the work again beside its record. Holding the lock first, the
-    /// read's new snapshot (READ COMMITTED, invariant 4) sees what any earlier holder
-    /// committed. [`TAKE`]'s own try then holds the lock again, or is not counted.
+    /// `begin`, [`TRY`] and [`TAKE`], in one message ([`crate::literal`]): the
+    /// transaction and the claim in one round trip ([`crate::transaction`]). Its rows:
+    /// [`TRY`]'s ([`tried`]), then the key's row, if it has one ([`stored`]).
     pub(crate) fn begin_taking(
         &self,
         begin: &str,
@@ -929,27 +936,35 @@ impl Table {
         lock: i64,
         statement_timeout: Option<Duration>,
     ) -> String {
-        let scope = key.stored_scope();
         let timeout = statement_timeout.map(lock_timeout);
-        let values = [
-            Literal::Text(&scope),
-            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
-            Literal::Text(key.key.as_str()),
+        let tried = [
             Literal::Int(lock),
             timeout.as_deref().map_or(Literal::Null, Literal::Text),
         ];
-        let take = literal::executed(self.prepared(), TAKE_ROLE, &values)
-            .unwrap_or_else(|| literal::render(self.take.as_str(), &values));
-        format!("{begin};\nSELECT pg_try_advisory_xact_lock({lock}) AS locked;\n{take}")
+        let scope = key.stored_scope();
+        let keyed = [
+            Literal::Text(&scope),
+            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+            Literal::Text(key.key.as_str()),
+        ];
+        let written = |role: &str, sql: &SqlStr, values: &[Literal<'_>]| {
+            literal::executed(self.prepared(), role, values)
+                .unwrap_or_else(|| literal::render(sql.as_str(), values))
+        };
+        format!(
+            "{begin};\n{};\n{}",
+            written(TRY_ROLE, &self.try_lock, &tried),
+            written(TAKE_ROLE, &self.take, &keyed)
+        )
     }
 
-    /// Whether the key's lock was taken by the message of [`Self::begin_taking`], from
-    /// its first row.
-    pub(crate) fn first_lock(row: &PgRow) -> Result<bool, sqlx::Error> {
-        row.try_get("locked")
-    }
-
-    /// [`WAIT`]: holds the key's lock once it is free, waiting at most `wait` (55P03).
+    /// [`WAIT`]: holds the key's lock once it is free, waiting at most `wait` (55P03),
+    /// then gives the handler `statement_timeout`. The statement timeout is lifted for the
+    /// wait by a statement before it, in the same message (PostgreSQL arms a statement's
+    /// timeout when the statement starts): the wait is bounded by the endpoint's
+    /// conflict wait alone. Were it not, a statement timeout shorter than the wait (the
+    /// request's, or the session's, by its role, say) would cancel the wait (57014) and
+    /// turn a duplicate into an error instead of a replay or a 409.
     pub(crate) async fn wait(
         &self,
         conn: &mut PgConnection,
@@ -957,13 +972,22 @@ impl Table {
         wait: Duration,
         statement_timeout: &str,
     ) -> Result<(), sqlx::Error> {
-        self.query(&self.wait)
-            .bind(lock)
-            .bind(lock_timeout(wait))
-            .bind(statement_timeout.to_owned())
-            .execute(conn)
-            .await
-            .map(drop)
+        let wait = lock_timeout(wait);
+        let sql = literal::render(
+            self.wait.as_str(),
+            &[
+                Literal::Int(lock),
+                Literal::Text(&wait),
+                Literal::Text(statement_timeout),
+            ],
+        );
+        // Asserted safe: idem's own statement, its values written by `literal`.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT set_config('statement_timeout', '0', true);\n{sql}"
+        )))
+        .execute(conn)
+        .await
+        .map(drop)
     }
 
     /// [`INSERT`] (or [`OVERWRITE`] over the row the claim saw) and `COMMIT`, in one
@@ -992,24 +1016,28 @@ impl Table {
             Literal::Float(claim.ttl.as_secs_f64()),
             Literal::Float(claim.began),
         ];
-        let (role, sql) = if claim.over {
-            (OVERWRITE_ROLE, &self.overwrite)
+        let written = if claim.over {
+            literal::executed(self.prepared(), OVERWRITE_ROLE, &values).unwrap_or_else(|| {
+                literal::render(&checked_overwrite(self.overwrite.as_str()), &values)
+            })
         } else {
-            (INSERT_ROLE, &self.insert)
+            literal::executed(self.prepared(), INSERT_ROLE, &values)
+                .unwrap_or_else(|| literal::render(self.insert.as_str(), &values))
         };
-        let checked = literal::executed(self.prepared(), role, &values)
-            .unwrap_or_else(|| literal::render(&checked_insert(sql.as_str()), &values));
-        let path =
-            self.path
-                .as_ref()
-                .and_then(|path| path.get())
-                .map_or_else(String::new, |path| {
-                    literal::render(
-                        "SELECT set_config('search_path', $1, true);\n",
-                        &[Literal::Text(path)],
-                    )
-                });
-        format!("{path}{checked};\n{}COMMIT", rides(riders))
+        // Where the statements are prepared, each connection prepared them with their
+        // tables' schemas resolved ([`Prepared`]): what the handler did to `search_path`
+        // since changes nothing they name. Written whole, they resolve their names when
+        // they run: the path they were pinned to is set first.
+        let path = match (&self.prepared, &self.path) {
+            (None, Some(path)) => path.get().map_or_else(String::new, |path| {
+                literal::render(
+                    "SELECT set_config('search_path', $1, true);\n",
+                    &[Literal::Text(path)],
+                )
+            }),
+            _ => String::new(),
+        };
+        format!("{path}{written};\n{}COMMIT", rides(riders))
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -1360,14 +1388,15 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
     }
 }
 
-/// [`INSERT`] or [`OVERWRITE`] (`insert`), and a statement that fails when it wrote
-/// nothing: with [`LOST`] in its message when the transaction's start is `$10` (the
-/// claim's `began`), with [`ESCAPED`] otherwise.
-fn checked_insert(insert: &str) -> String {
+/// [`OVERWRITE`] (`overwrite`), and a statement that fails when it wrote nothing: with
+/// [`LOST`] in its message when the transaction's start is `$10` (the claim's `began`),
+/// with [`ESCAPED`] otherwise. (An [`INSERT`] checks itself: a key another attempt
+/// committed fails it on the primary key.)
+fn checked_overwrite(overwrite: &str) -> String {
     // The text is cast, not the CASE's branches: PostgreSQL folds a cast of a constant
     // when it plans the statement, whatever branch it stands in.
     format!(
-        "WITH written AS ({insert}\n RETURNING 1)\n\
+        "WITH written AS ({overwrite}\n RETURNING 1)\n\
          SELECT CAST(CASE WHEN count(*) = 0 THEN \
          CASE WHEN extract(epoch FROM now())::float8 = $10 THEN '{LOST}' ELSE '{ESCAPED}' END \
          END AS integer) FROM written"
@@ -1435,28 +1464,28 @@ impl std::ops::DerefMut for Single {
     }
 }
 
-/// A row of [`TAKE`].
-pub(crate) fn taken(row: &PgRow) -> Result<Taken, sqlx::Error> {
-    let stored = match unhex(row.try_get("fingerprint")?)? {
-        Some(fingerprint) => Some(StoredRow {
-            fingerprint,
-            field_hashes: unhex(row.try_get("field_hashes")?)?.unwrap_or_default(),
-            status: row.try_get("status")?,
-            headers: unhex(row.try_get("headers")?)?,
-            body: unhex(row.try_get("body")?)?,
-            expired: row.try_get("expired")?,
-        }),
-        None => None,
-    };
-    Ok(Taken {
+/// The row of [`TRY`].
+pub(crate) fn tried(row: &PgRow) -> Result<Tried, sqlx::Error> {
+    Ok(Tried {
         // Exact: both sides of the division are exact doubles (under 2^53), and the
         // quotient is rounded once, as PostgreSQL rounds `extract(epoch FROM now())`'s
         // decimal to the float8 that [`INSERT`] and the event ids read.
         began: row.try_get::<i64, _>("began_us")? as f64 / 1e6,
         locked: row.try_get("locked")?,
-        stored,
         statement_timeout: row.try_get("statement_timeout")?,
         search_path: row.try_get("search_path")?,
+    })
+}
+
+/// A row of [`TAKE`].
+pub(crate) fn stored(row: &PgRow) -> Result<StoredRow, sqlx::Error> {
+    Ok(StoredRow {
+        fingerprint: unhex(row.try_get("fingerprint")?)?.unwrap_or_default(),
+        field_hashes: unhex(row.try_get("field_hashes")?)?.unwrap_or_default(),
+        status: row.try_get("status")?,
+        headers: unhex(row.try_get("headers")?)?,
+        body: unhex(row.try_get("body")?)?,
+        expired: row.try_get("expired")?,
     })
 }
 
@@ -1579,7 +1608,13 @@ mod tests {
             Isolation::default().begin(),
             "BEGIN ISOLATION LEVEL READ COMMITTED"
         );
-        let request_path = [&table.take, &table.wait, &table.insert, &table.overwrite];
+        let request_path = [
+            &table.try_lock,
+            &table.take,
+            &table.wait,
+            &table.insert,
+            &table.overwrite,
+        ];
         for statement in request_path {
             let statement = statement.as_str();
             let first = statement.split_whitespace().next().unwrap_or_default();
@@ -1589,7 +1624,7 @@ mod tests {
             );
             let lower = statement
                 .to_lowercase()
-                .replace("pg_try_advisory_xact_lock($4)", "")
+                .replace("pg_try_advisory_xact_lock($1)", "")
                 .replace("pg_advisory_xact_lock($1)", "");
             for exotic in [
                 "pg_",
@@ -1625,7 +1660,7 @@ mod tests {
         assert!(table
             .insert
             .as_str()
-            .starts_with("INSERT INTO \"idempotency_keys\" AS k"));
+            .starts_with("INSERT INTO \"idempotency_keys\" ("));
         assert!(!table.insert.as_str().contains("ON CONFLICT"));
     }
 

@@ -42,6 +42,12 @@ pub(crate) struct Prepared {
     /// there: a store that never writes an event need not have an outbox table) is left
     /// out, as its first use would fail anyway.
     required: usize,
+    /// The tables the statements name without their schema, quoted (`"idempotency_keys"`):
+    /// each connection prepares the statements with the schema its `search_path` finds
+    /// them in written before them ([`qualify`]), so that no later change of the path
+    /// (a handler's `SET LOCAL search_path = tenant2`) changes what they name. A prepared
+    /// statement is otherwise analyzed again under the new path (invariant 12).
+    unqualified: Vec<String>,
 }
 
 impl Prepared {
@@ -71,7 +77,15 @@ impl Prepared {
                 .collect(),
             prefix,
             required,
+            unqualified: Vec::new(),
         }
+    }
+
+    /// The set, its statements' tables named without their schema being `tables` (each
+    /// quoted, as the statements write it).
+    pub(crate) fn qualifying(mut self, tables: Vec<String>) -> Self {
+        self.unqualified = tables;
+        self
     }
 
     /// The name of the statement of `role`, if the set has one.
@@ -98,11 +112,16 @@ impl Prepared {
             .iter()
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
+        let schemas = self.schemas(conn).await?;
         let missing = |statements: &[(String, String, String)]| -> Vec<String> {
             statements
                 .iter()
                 .filter(|(_, name, _)| !held.contains(name))
-                .map(|(_, _, prepare)| prepare.clone())
+                .map(|(_, _, prepare)| {
+                    schemas.iter().fold(prepare.clone(), |sql, (table, schema)| {
+                        qualify(&sql, table, schema)
+                    })
+                })
                 .collect()
         };
         let (required, optional) = self
@@ -124,6 +143,50 @@ impl Prepared {
         }
         Ok(())
     }
+}
+
+impl Prepared {
+    /// The schema, quoted, of each table of [`Self::unqualified`] that `conn`'s
+    /// `search_path` finds. A table it does not find is left out: the statements that
+    /// name it fail to prepare, as they would fail to run.
+    async fn schemas(&self, conn: &mut PgConnection) -> Result<Vec<(String, String)>, sqlx::Error> {
+        let mut schemas = Vec::with_capacity(self.unqualified.len());
+        for table in &self.unqualified {
+            // The name is idem's own: lowercase letters, digits and `_`, quoted.
+            let sql = format!(
+                "SELECT format('%I', n.nspname) FROM pg_class c \
+                   JOIN pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE c.oid = to_regclass('{table}')"
+            );
+            let found: Option<String> = sqlx::raw_sql(AssertSqlSafe(sql))
+                .fetch_optional(&mut *conn)
+                .await?
+                .map(|row| row.try_get(0))
+                .transpose()?;
+            if let Some(schema) = found {
+                schemas.push((table.clone(), schema));
+            }
+        }
+        Ok(schemas)
+    }
+}
+
+/// `sql` with `schema` and a `.` written before each `table` (quoted) that has no schema
+/// of its own there.
+fn qualify(sql: &str, table: &str, schema: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + schema.len() * 2);
+    let mut rest = sql;
+    while let Some(at) = rest.find(table) {
+        out.push_str(&rest[..at]);
+        if !out.ends_with('.') {
+            out.push_str(schema);
+            out.push('.');
+        }
+        out.push_str(table);
+        rest = &rest[at + table.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether `error` is an `EXECUTE` of a statement the connection has not prepared.
@@ -289,6 +352,18 @@ mod tests {
         assert_eq!(
             a.statements[0].2,
             format!("PREPARE {take} (text) AS\nSELECT $1")
+        );
+    }
+
+    #[test]
+    fn a_table_without_its_schema_gets_the_one_found() {
+        assert_eq!(
+            qualify(
+                r#"INSERT INTO "k" SELECT 1 FROM "k", "s"."k", "k_other", "kk""#,
+                r#""k""#,
+                r#""app""#
+            ),
+            r#"INSERT INTO "app"."k" SELECT 1 FROM "app"."k", "s"."k", "k_other", "kk""#
         );
     }
 }

@@ -109,7 +109,7 @@ const EXPECTED: [(Path, [u64; 3]); 9] = [
     (Path::Fresh, [3, 4, 5]),
     (Path::Replay, [2, 2, 3]),
     (Path::Conflict, [2, 2, 10]),
-    (Path::WaitThenReplay, [4, 6, 4]),
+    (Path::WaitThenReplay, [4, 5, 4]),
     (Path::Keyless, [3, 4, 3]),
     (Path::RunOnceFresh, [3, 4, 5]),
     (Path::RunOnceReplay, [2, 2, 3]),

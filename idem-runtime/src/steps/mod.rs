@@ -175,7 +175,7 @@ impl Tx<'_> {
                 done("mismatch");
                 return Err(StepError::Mismatch);
             }
-            let forget = steps.forgetting(key);
+            let forget = steps.forgetting(store.inner.table.prepared(), key);
             if let Some(step) = found.into_iter().find(|step| step.step == name) {
                 let value = serde_json::from_str(&step.result).map_err(StepError::Json)?;
                 state.ride(forget);

@@ -17,6 +17,7 @@ use sqlx::{PgConnection, PgPool, Row, SqlStr};
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
 use crate::table::{statement, Dialect, Pooler, TableName};
+use crate::transaction::Prepared;
 
 /// The SQL that creates the steps table (under its default name) and its index, for
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
@@ -89,6 +90,9 @@ RETURNING true AS recorded";
 /// The steps of a key, deleted by the request's COMMIT message: the key's record
 /// answers its retries from then on. $1 scope, $2 principal, $3 key.
 const FORGET: &str = "DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3";
+
+/// The prepared [`FORGET`]'s role in the claim's set ([`Prepared`]).
+const FORGET_ROLE: &str = "forget_steps";
 
 /// Expired steps, oldest first, in a batch. $1 the batch size.
 const PURGE: &str = "\
@@ -243,10 +247,19 @@ impl StepsTable {
         }
     }
 
-    /// [`FORGET`] for `key`, written for the request's COMMIT message.
-    pub(crate) fn forgetting(&self, key: &KeyInScope) -> String {
+    /// [`FORGET`] for `key`, written for the request's COMMIT message: executed by name
+    /// where the store prepares [`Self::prepared_forget`] with its claim (the default
+    /// mode).
+    pub(crate) fn forgetting(&self, prepared: Option<&Prepared>, key: &KeyInScope) -> String {
         let scope = key.stored_scope();
-        literal::render(&self.forget, &self.key(key, &scope))
+        let values = self.key(key, &scope);
+        literal::executed(prepared, FORGET_ROLE, &values)
+            .unwrap_or_else(|| literal::render(&self.forget, &values))
+    }
+
+    /// [`FORGET`] as the store prepares it with its claim: role, parameter types, text.
+    pub(crate) fn prepared_forget(&self) -> (&'static str, &'static str, &str) {
+        (FORGET_ROLE, "text, text, text", &self.forget)
     }
 
     /// [`PURGE`]: how many rows one batch deleted (in portable mode [`EXPIRED_PORTABLE`],
@@ -329,7 +342,7 @@ mod tests {
             key: crate::key::IdempotencyKey::from_text("k'1").expect("a key"),
             place: crate::identity::Place::Principal,
         };
-        let sql = table.forgetting(&key);
+        let sql = table.forgetting(None, &key);
         assert!(
             sql.starts_with("DELETE FROM \"app\".\"steps\" WHERE scope = E'"),
             "{sql}"
