@@ -116,4 +116,3 @@ where
         cpu_us,
     }
 }
-

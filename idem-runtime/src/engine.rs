@@ -330,9 +330,10 @@ async fn take(
         [tried] => (tried, None),
         [tried, row] => (tried, Some(row)),
         _ => {
-            return Err(ClaimError::Database(sqlx::Error::Protocol(
-                format!("the claim returned {} rows", rows.len()).into(),
-            )))
+            return Err(ClaimError::Database(sqlx::Error::Protocol(format!(
+                "the claim returned {} rows",
+                rows.len()
+            ))))
         }
     };
     let tried = table::tried(tried).map_err(ClaimError::Database)?;

@@ -23,8 +23,14 @@ impl Store {
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
         let batch_size = i64::from(batch_size.max(1));
         let mut removed = 0;
+        // Where the last batch stopped: each starts there (issue 36).
+        let mut reached = None;
         loop {
-            let deleted = self.inner.table.purge(&self.inner.pool, batch_size).await?;
+            let deleted = self
+                .inner
+                .table
+                .purge(&self.inner.pool, batch_size, &mut reached)
+                .await?;
             removed += deleted;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {

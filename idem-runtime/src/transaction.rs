@@ -118,9 +118,11 @@ impl Prepared {
                 .iter()
                 .filter(|(_, name, _)| !held.contains(name))
                 .map(|(_, _, prepare)| {
-                    schemas.iter().fold(prepare.clone(), |sql, (table, schema)| {
-                        qualify(&sql, table, schema)
-                    })
+                    schemas
+                        .iter()
+                        .fold(prepare.clone(), |sql, (table, schema)| {
+                            qualify(&sql, table, schema)
+                        })
                 })
                 .collect()
         };

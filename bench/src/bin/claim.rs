@@ -314,7 +314,9 @@ impl Load {
                 if status.status == 409 {
                     return Ok(());
                 }
-                return Err(format!("a duplicate of the held key answered {}", status.status).into());
+                return Err(
+                    format!("a duplicate of the held key answered {}", status.status).into(),
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -339,10 +341,11 @@ struct Statement {
 impl Statements {
     /// The counter, where the server loads `pg_stat_statements`.
     async fn open(pool: &PgPool) -> Option<Self> {
-        let loaded: Option<String> = sqlx::query_scalar("SELECT current_setting('shared_preload_libraries')")
-            .fetch_one(pool)
-            .await
-            .ok();
+        let loaded: Option<String> =
+            sqlx::query_scalar("SELECT current_setting('shared_preload_libraries')")
+                .fetch_one(pool)
+                .await
+                .ok();
         if !loaded.is_some_and(|l| l.contains("pg_stat_statements")) {
             return None;
         }
@@ -427,7 +430,8 @@ async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error>
     println!("| request | requests/s | p50 ms | PostgreSQL CPU µs | statements | exec µs | plan µs | buffers |");
     println!("|---|---|---|---|---|---|---|---|");
     for (name, kind, batch) in &batches {
-        let cell = |v: Option<f64>, digits: usize| v.map_or("—".to_owned(), |v| format!("{v:.digits$}"));
+        let cell =
+            |v: Option<f64>, digits: usize| v.map_or("—".to_owned(), |v| format!("{v:.digits$}"));
         println!(
             "| {name}{} | {:.0} | {:.2} | {:.0} | {} | {} | {} | {} |",
             batch.verdict(kind.expected()),
@@ -449,7 +453,10 @@ async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error>
         println!("| statement | calls | exec µs | plan µs | buffers |");
         println!("|---|---|---|---|---|");
         let per = |v: f64| v / batch.requests as f64;
-        for s in statements.iter().filter(|s| s.calls >= batch.requests as f64 / 10.0) {
+        for s in statements
+            .iter()
+            .filter(|s| s.calls >= batch.requests as f64 / 10.0)
+        {
             println!(
                 "| `{}` | {:.2} | {:.1} | {:.1} | {:.1} |",
                 short(&s.query),
@@ -464,8 +471,9 @@ async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error>
     Ok(())
 }
 
-/// Fills the key table to `size` rows of the scope `filled`, the even ones expired: the
-/// rows deleted by a sweep before are written again, the others left as they are.
+/// Fills the key table to `size` rows, the even ones expired, each at an instant of its
+/// own (as records written one by one are): the rows deleted by a sweep before are
+/// written again, the others left as they are.
 async fn fill(pool: &PgPool, size: i64) -> Result<Duration, Error> {
     let started = Instant::now();
     let chunk = 500_000;
@@ -483,7 +491,7 @@ async fn fill(pool: &PgPool, size: i64) -> Result<Duration, Error> {
                                \"customer\":\"cus_1\",\"created_at\":\"2026-11-27\"}', 'UTF8'),
                     now(),
                     CASE WHEN g % 2 = 0 THEN now() - interval '1 hour'
-                         ELSE now() + interval '24 hours' END
+                         ELSE now() + interval '24 hours' END + g * interval '1 microsecond'
                FROM generate_series($1::bigint, $2::bigint) AS g
              ON CONFLICT DO NOTHING",
         )
@@ -493,7 +501,9 @@ async fn fill(pool: &PgPool, size: i64) -> Result<Duration, Error> {
         .await?;
         from = to + 1;
     }
-    sqlx::raw_sql("VACUUM ANALYZE idempotency_keys").execute(pool).await?;
+    sqlx::raw_sql("VACUUM ANALYZE idempotency_keys")
+        .execute(pool)
+        .await?;
     Ok(started.elapsed())
 }
 
@@ -573,13 +583,19 @@ async fn curve(load: &Load, pool: &PgPool, requests: u64, sizes: &[i64]) -> Resu
             "| {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             last.size,
             first.size,
-            ratio(Some(first.fresh.throughput()), Some(last.fresh.throughput())),
+            ratio(
+                Some(first.fresh.throughput()),
+                Some(last.fresh.throughput())
+            ),
             ratio(Some(first.fresh.pg_cpu_us), Some(last.fresh.pg_cpu_us)),
             ratio(
                 first.fresh.per_request(|s| s.buffers),
                 last.fresh.per_request(|s| s.buffers)
             ),
-            ratio(Some(first.replay.throughput()), Some(last.replay.throughput())),
+            ratio(
+                Some(first.replay.throughput()),
+                Some(last.replay.throughput())
+            ),
             ratio(Some(first.replay.pg_cpu_us), Some(last.replay.pg_cpu_us)),
             ratio(
                 first.replay.per_request(|s| s.buffers),

@@ -989,11 +989,10 @@ mod tests {
 /// slower machine reads the same. Each test has a schema of its own.
 #[cfg(test)]
 mod cost {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
     use sqlx::{AssertSqlSafe, PgPool};
 
     use super::*;
+    use crate::table::cost::{buffers, drop_schema, pool, schema};
 
     /// Pending events of the backlog, by how their ordering keys are spread.
     #[derive(Debug, Clone, Copy)]
@@ -1004,24 +1003,9 @@ mod cost {
         Without,
     }
 
-    async fn pool() -> PgPool {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&url)
-            .await
-            .expect("PostgreSQL at DATABASE_URL")
-    }
-
     /// An outbox table of its own holding `events` pending events.
     async fn backlog(pool: &PgPool, events: i64, keys: Keys) -> (OutboxTable, String) {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let schema = format!(
-            "idem_outbox_cost_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let schema = schema("outbox");
         let table = OutboxTable::new(
             TableName::parse(&format!("{schema}.outbox")).unwrap(),
             Dialect::default(),
@@ -1065,30 +1049,7 @@ mod cost {
         .await
         .expect("the take's plan");
         tx.rollback().await.unwrap();
-        let buffers = plan
-            .iter()
-            .find_map(|line| line.trim().strip_prefix("Buffers: shared "))
-            .unwrap_or_else(|| panic!("no buffers in the plan:\n{}", plan.join("\n")));
-        let count = |what: &str| -> u64 {
-            buffers
-                .split_whitespace()
-                .find_map(|part| part.strip_prefix(what))
-                .map_or(0, |n| n.parse().expect("a count"))
-        };
-        let rows = plan
-            .first()
-            .and_then(|top| top.split("rows=").nth(1))
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse().ok())
-            .expect("the top node's rows");
-        (count("hit=") + count("read="), rows)
-    }
-
-    async fn drop_schema(pool: &PgPool, schema: &str) {
-        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(pool)
-            .await
-            .unwrap();
+        buffers(&plan)
     }
 
     /// Regression (issue 36): the take sorted every pending row, so that 20 000 events
