@@ -20,6 +20,8 @@
 //!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`).
 
+#[path = "../args.rs"]
+mod args;
 #[path = "../load.rs"]
 #[allow(dead_code)]
 mod load;
@@ -40,18 +42,7 @@ use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 
-/// The value after `name` on the command line.
-fn value_of(name: &str) -> Option<String> {
-    let mut args = std::env::args().skip_while(|a| a != name);
-    args.next()?;
-    args.next()
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    value_of(name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use args::{arg, list, value_of};
 
 fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -79,10 +70,7 @@ type Error = Box<dyn std::error::Error>;
 async fn bench() -> Result<(), Error> {
     let requests = arg("--requests", 20_000);
     let concurrency = arg("--concurrency", 16) as usize;
-    let sizes: Vec<i64> = value_of("--sizes").map_or_else(
-        || vec![1_000_000, 10_000_000],
-        |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
-    );
+    let sizes = list("--sizes", &[1_000_000, 10_000_000]);
     let db = TestDb::create().await;
     let result = run(&db, requests, concurrency, &sizes).await;
     let dropped = db.drop_database().await;

@@ -13,6 +13,9 @@
 //! [--backlogs 5000,50000,500000 | --events N] [--keys 1000,1,100000,0]` (keys 0: events without an
 //! ordering key; one key's curve stops at 50 000, a round per event) [--drain-only].
 
+#[path = "../args.rs"]
+mod args;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +28,8 @@ use idem_tests::{nats_url, percentiles, unique, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use args::{arg, list};
+
 #[derive(Serialize, Deserialize)]
 struct Stamp {
     /// Microseconds since the Unix epoch when the event's transaction was about to commit.
@@ -35,27 +40,6 @@ fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// The value after `name` on the command line.
-fn value_of(name: &str) -> Option<String> {
-    let mut args = std::env::args().skip_while(|a| a != name);
-    args.next()?;
-    args.next()
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    value_of(name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A comma-separated list of numbers after `name`, else `default`.
-fn list(name: &str, default: &[i64]) -> Vec<i64> {
-    value_of(name).map_or_else(
-        || default.to_vec(),
-        |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
-    )
 }
 
 /// Writes `events` pending events to the outbox in one statement, over `keys` ordering
