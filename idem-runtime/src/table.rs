@@ -7,13 +7,14 @@
 //! In the default mode (and behind a transaction pooler) a key is held by a
 //! transaction-scoped advisory lock keyed by a hash of the table and the key
 //! ([`Table::lock_id`]), tried by the claim's first statement ([`TRY`]) before its second
-//! reads the key's committed row ([`TAKE`]). The key's row is written once, complete, just before COMMIT ([`INSERT`]):
-//! one row version and one WAL record per request, a 409 as soon as the lock is found
-//! taken, and a replay that writes nothing. The primary key still decides what commits
-//! (invariant 3); the lock only keeps a duplicate from running while the first is in
-//! flight. Two keys whose hashes collide (one pair in 2^64) share a lock: the second
-//! waits for the first or is answered 409, and each stores its own record. A lock can
-//! never make a second effect commit, because the key's row is inserted, not assumed.
+//! reads the key's committed row ([`TAKE`]). The key's row is written once, complete,
+//! just before COMMIT ([`INSERT`]): one row version and one WAL record per request, a
+//! 409 as soon as the lock is found taken, and a replay that writes nothing. The primary
+//! key still decides what commits (invariant 3); the lock only keeps a duplicate from
+//! running while the first is in flight. Two keys whose hashes collide (one pair in 2^64)
+//! share a lock: the second waits for the first or is answered 409, and each stores its
+//! own record. A lock can never make a second effect commit, because the key's row is
+//! inserted, not assumed.
 //!
 //! In portable mode the uncommitted row is the lock, as a distributed engine has no
 //! cluster-wide advisory lock: the claim inserts the row ([`CLAIM_PORTABLE`]) and the
@@ -26,8 +27,8 @@
 //! (409). The handler's own statements must not inherit that timeout: [`WAIT`] sets it
 //! and gives it back in one statement, with `set_config(.., true)`, the function form of
 //! `SET LOCAL`. A duplicate that does not wait is answered after [`TRY`], which tries the
-//! lock without waiting. Portable mode sets and resets the wait with `SET
-//! LOCAL` ([`Table::set_waits`], [`Table::restore_wait`]).
+//! lock without waiting. Portable mode sets and resets the wait with `SET LOCAL`
+//! ([`Table::set_waits`], [`Table::restore_wait`]).
 //!
 //! `lock_timeout = 0` means "wait forever" to PostgreSQL, so the shortest wait bound is
 //! 1 ms ([`lock_timeout`]).

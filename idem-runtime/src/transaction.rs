@@ -145,31 +145,22 @@ impl Prepared {
         }
         Ok(())
     }
-}
 
-impl Prepared {
     /// The schema, quoted, of each table of [`Self::unqualified`] that `conn`'s
-    /// `search_path` finds. A table it does not find is left out: the statements that
-    /// name it fail to prepare, as they would fail to run.
+    /// `search_path` finds, in one statement. A table it does not find is left out: the
+    /// statements that name it fail to prepare, as they would fail to run.
     async fn schemas(&self, conn: &mut PgConnection) -> Result<Vec<(String, String)>, sqlx::Error> {
-        let mut schemas = Vec::with_capacity(self.unqualified.len());
-        for table in &self.unqualified {
-            // The name is idem's own: lowercase letters, digits and `_`, quoted.
-            let sql = format!(
-                "SELECT format('%I', n.nspname) FROM pg_class c \
-                   JOIN pg_namespace n ON n.oid = c.relnamespace \
-                  WHERE c.oid = to_regclass('{table}')"
-            );
-            let found: Option<String> = sqlx::raw_sql(AssertSqlSafe(sql))
-                .fetch_optional(&mut *conn)
-                .await?
-                .map(|row| row.try_get(0))
-                .transpose()?;
-            if let Some(schema) = found {
-                schemas.push((table.clone(), schema));
-            }
+        if self.unqualified.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(schemas)
+        sqlx::query_as(
+            "SELECT t.name, format('%I', n.nspname) FROM unnest($1::text[]) AS t (name) \
+               JOIN pg_class c ON c.oid = to_regclass(t.name) \
+               JOIN pg_namespace n ON n.oid = c.relnamespace",
+        )
+        .bind(&self.unqualified)
+        .fetch_all(conn)
+        .await
     }
 }
 
