@@ -349,6 +349,7 @@ async fn take(
     if let Some(row) = stored.take_if(|row| row.live()) {
         return Ok((tx, Took::Stored(row)));
     }
+    table::Table::writable(tried.read_only).map_err(ClaimError::Database)?;
     if !tried.locked {
         let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
         // The shortest wait is no wait: the lock was just tried.
@@ -510,6 +511,11 @@ async fn claim_row(
         ))
     })?;
     let saved = crate::table::Table::saved(settings, timeouts).map_err(classify)?;
+    // As in the default mode's claim: each names the setting, and the adapter logs it.
+    table
+        .pinned_path(&saved.search_path)
+        .and_then(|()| crate::table::Table::writable(saved.read_only))
+        .map_err(ClaimError::Database)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     let claimed = 'rounds: {

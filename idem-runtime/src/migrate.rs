@@ -126,6 +126,16 @@ pub enum VerifyError {
         /// The engine and its version, as it reports them.
         engine: String,
     },
+    /// The session is read-only (`default_transaction_read_only` set for the database or
+    /// the role, or a standby): idem could not write a key's row.
+    ReadOnly,
+    /// The role the store connects as lacks privileges idem needs on its tables.
+    Privileges {
+        /// The role (`current_user`).
+        role: String,
+        /// Each table, as the database names it, with the privileges missing on it.
+        missing: Vec<(String, Vec<String>)>,
+    },
     /// The store is portable on a distributed engine, but its table is not distributed by
     /// `principal`: a request's claim and its business writes are not one node's
     /// transaction.
@@ -180,6 +190,28 @@ impl fmt::Display for VerifyError {
                  the pool `statement_cache_capacity(0)` ({PRODUCTION}, \"Behind a transaction \
                  pooler\")"
             ),
+            Self::ReadOnly => write!(
+                f,
+                "the store's sessions are read-only (transaction_read_only is on: \
+                 default_transaction_read_only set for the database or the role, or a \
+                 standby), and idem writes a key's row for each request: connect to a \
+                 writable primary, or set default_transaction_read_only = off for the \
+                 service's role"
+            ),
+            Self::Privileges { role, missing } => {
+                let tables: Vec<String> = missing
+                    .iter()
+                    .map(|(table, privileges)| format!("{} on {table}", privileges.join(", ")))
+                    .collect();
+                let names: Vec<&str> = missing.iter().map(|(table, _)| table.as_str()).collect();
+                write!(
+                    f,
+                    "the role `{role}` lacks privileges idem needs: {}; grant them with \
+                     `GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}`",
+                    tables.join("; "),
+                    names.join(", ")
+                )
+            }
             Self::NotPortable { engine } => write!(
                 f,
                 "the database is distributed ({engine}), but the store is not portable: build \
@@ -237,6 +269,10 @@ impl Store {
     /// - the table exists with every column this version of idem uses, of a usable type,
     ///   and its primary key (the catalog: `to_regclass`, `pg_attribute`,
     ///   `pg_constraint`);
+    /// - the session is writable ([`VerifyError::ReadOnly`]: `default_transaction_read_only`
+    ///   set for the database or the role, or a standby), and the role it connects as may
+    ///   read, insert, update and delete in each of idem's tables that exists
+    ///   ([`VerifyError::Privileges`], `has_table_privilege`);
     /// - on a distributed engine, found by Citus's function `citus_version()`, the store
     ///   is portable ([`VerifyError::NotPortable`]) and its table is hash-distributed by
     ///   `principal` ([`VerifyError::NotDistributed`]), as Citus's metadata table
@@ -323,6 +359,7 @@ impl Store {
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
+        self.verify_session(&mut conn, persistent).await?;
         let outcome = match deployment::distributed_engine(&mut conn, persistent).await? {
             None => Ok(()),
             Some(engine) if !self.inner.table.portable() => {
@@ -338,6 +375,62 @@ impl Store {
         };
         conn.finish().await?;
         outcome
+    }
+}
+
+/// Each of idem's tables that exists, and the privileges on it that the store's role
+/// lacks, in the order of the tables given and of `PRIVILEGES`.
+const MISSING_PRIVILEGES: &str = "\
+SELECT t.name::text, p.privilege
+  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
+ CROSS JOIN unnest($2::text[]) WITH ORDINALITY AS p(privilege, j)
+ WHERE to_regclass(t.name) IS NOT NULL
+   AND NOT has_table_privilege(to_regclass(t.name), p.privilege)
+ ORDER BY t.i, p.j";
+
+/// What idem does to each of its tables: claims and replays read, requests insert and
+/// complete their rows, sweeps and the relay delete.
+const PRIVILEGES: [&str; 4] = ["SELECT", "INSERT", "UPDATE", "DELETE"];
+
+impl Store {
+    /// [`Store::verify`]'s checks of the session itself (invariant 12): writable, and the
+    /// role allowed to read and write each of idem's tables that exists.
+    async fn verify_session(
+        &self,
+        conn: &mut crate::table::Single,
+        persistent: bool,
+    ) -> Result<(), VerifyError> {
+        let (role, read_only): (String, String) =
+            sqlx::query_as("SELECT current_user::text, current_setting('transaction_read_only')")
+                .persistent(persistent)
+                .fetch_one(&mut **conn)
+                .await?;
+        if read_only == "on" {
+            return Err(VerifyError::ReadOnly);
+        }
+        let tables = vec![
+            self.inner.table_name.qualified(),
+            self.inner.outbox.qualified().to_owned(),
+            self.inner.steps_table.qualified(),
+        ];
+        let rows: Vec<(String, String)> = sqlx::query_as(MISSING_PRIVILEGES)
+            .bind(tables)
+            .bind(PRIVILEGES.map(str::to_owned).to_vec())
+            .persistent(persistent)
+            .fetch_all(&mut **conn)
+            .await?;
+        let mut missing: Vec<(String, Vec<String>)> = Vec::new();
+        for (table, privilege) in rows {
+            match missing.last_mut() {
+                Some((last, privileges)) if *last == table => privileges.push(privilege),
+                _ => missing.push((table, vec![privilege])),
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(VerifyError::Privileges { role, missing })
+        }
     }
 }
 

@@ -146,6 +146,7 @@ SELECT pg_try_advisory_xact_lock($1) AS locked,
        (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
        current_setting('statement_timeout') AS statement_timeout,
        current_setting('search_path') AS search_path,
+       current_setting('transaction_read_only') AS read_only,
        CASE WHEN $2::text IS NOT NULL THEN set_config('statement_timeout', $2, true) END AS bounded";
 
 /// The claim's read: the key's committed row, if any, in a snapshot taken after [`TRY`]
@@ -690,6 +691,8 @@ pub(crate) struct Tried {
     pub(crate) statement_timeout: String,
     /// The session's `search_path` ([`Table::pinned_path`]).
     pub(crate) search_path: String,
+    /// Whether the transaction is read-only ([`writable`]).
+    pub(crate) read_only: bool,
 }
 
 /// A held key, as [`Table::insert`] writes its row.
@@ -850,6 +853,24 @@ impl Table {
                 self.qualified
             )
             .into(),
+        ))
+    }
+
+    /// Invariant 12 for a read-only session (`default_transaction_read_only` set by the
+    /// database, the role, or a handler session-wide on its connection; a hot standby):
+    /// idem could not write the key's row, so a request that would run its handler is
+    /// refused before it runs, with one line that names the setting. (In the default mode
+    /// a stored answer still replays: that writes nothing.)
+    pub(crate) fn writable(read_only: bool) -> Result<(), sqlx::Error> {
+        if !read_only {
+            return Ok(());
+        }
+        Err(sqlx::Error::Configuration(
+            "idem: this connection's transactions are read-only (transaction_read_only is on: \
+             default_transaction_read_only set by the database, the role or a handler's SET, \
+             or a standby), and idem writes the key's row: the request is refused before its \
+             handler runs"
+                .into(),
         ))
     }
 
@@ -1048,11 +1069,16 @@ impl Table {
             literal::executed(self.prepared(), INSERT_ROLE, &values)
                 .unwrap_or_else(|| literal::render(self.insert.as_str(), &values))
         };
-        // Where the statements are prepared, each connection prepared them with their
-        // tables' schemas resolved ([`Prepared`]): what the handler did to `search_path`
-        // since changes nothing they name. Written whole, they resolve their names when
-        // they run: the path they were pinned to is set first.
-        let path = match (&self.prepared, &self.path) {
+        format!("{}{written};\n{}COMMIT", self.path_again(), rides(riders))
+    }
+
+    /// What a COMMIT message sends before its statements, so that they name the tables
+    /// the claim read: where the statements are prepared, each connection prepared them
+    /// with their tables' schemas resolved ([`Prepared`]), and what the handler did to
+    /// `search_path` since changes nothing they name (nothing is sent). Written whole,
+    /// they resolve their names when they run: the path they were pinned to is set first.
+    fn path_again(&self) -> String {
+        match (&self.prepared, &self.path) {
             (None, Some(path)) => path.get().map_or_else(String::new, |path| {
                 literal::render(
                     "SELECT set_config('search_path', $1, true);\n",
@@ -1060,8 +1086,7 @@ impl Table {
                 )
             }),
             _ => String::new(),
-        };
-        format!("{path}{written};\n{}COMMIT", rides(riders))
+        }
     }
 
     /// A connection of `pool` for one statement outside a request's transaction: in a
@@ -1109,7 +1134,8 @@ impl Table {
         // The wait is whole milliseconds written by `lock_timeout`: digits and "ms".
         format!(
             "{begin};\nSET LOCAL citus.propagate_set_commands = 'local';\n\
-             SELECT current_setting('lock_timeout'), current_setting('statement_timeout');\n\
+             SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), \
+             current_setting('search_path'), current_setting('transaction_read_only');\n\
              SET LOCAL lock_timeout = '{}';\nSET LOCAL statement_timeout = 0",
             lock_timeout(timeouts.wait)
         )
@@ -1124,6 +1150,8 @@ impl Table {
                 Some(statement) => lock_timeout(statement),
                 None => row.try_get(1)?,
             },
+            search_path: row.try_get(2)?,
+            read_only: row.try_get::<String, _>(3)? == "on",
         })
     }
 
@@ -1233,8 +1261,9 @@ impl Table {
         );
         // As in `inserting_commit`: the CASE is cast, so that it is not folded.
         format!(
-            "WITH stored AS ({store}\n RETURNING 1)\n\
+            "{}WITH stored AS ({store}\n RETURNING 1)\n\
              SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\n{}COMMIT",
+            self.path_again(),
             rides(riders)
         )
     }
@@ -1467,6 +1496,10 @@ pub(crate) struct Timeouts {
 pub(crate) struct Saved {
     lock_timeout: String,
     statement_timeout: String,
+    /// The session's `search_path` ([`Table::pinned_path`]).
+    pub(crate) search_path: String,
+    /// Whether the transaction is read-only ([`writable`]).
+    pub(crate) read_only: bool,
 }
 
 /// The connection of one statement sent outside a request's transaction.
@@ -1515,6 +1548,7 @@ pub(crate) fn tried(row: &PgRow) -> Result<Tried, sqlx::Error> {
         locked: row.try_get("locked")?,
         statement_timeout: row.try_get("statement_timeout")?,
         search_path: row.try_get("search_path")?,
+        read_only: row.try_get::<String, _>("read_only")? == "on",
     })
 }
 

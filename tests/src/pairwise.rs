@@ -25,6 +25,36 @@ pub struct Axis {
     pub values: &'static [&'static str],
 }
 
+/// An axis of a cover: an enum whose variants are its values, with their printed names,
+/// `ALL` (the values in order), `AXIS` (the [`Axis`] for [`cover`]) and `name()`.
+#[macro_export]
+macro_rules! axis {
+    ($(#[$doc:meta])* $name:ident as $label:literal {
+        $($(#[$value_doc:meta])* $value:ident = $text:literal,)*
+    }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum $name {
+            $($(#[$value_doc])* $value,)*
+        }
+
+        impl $name {
+            /// The values, in the axis's order.
+            const ALL: &[Self] = &[$(Self::$value,)*];
+            /// The axis, for the generator.
+            const AXIS: $crate::pairwise::Axis = $crate::pairwise::Axis {
+                name: $label,
+                values: &[$($text,)*],
+            };
+
+            /// The printed name.
+            fn name(self) -> &'static str {
+                Self::AXIS.values[self as usize]
+            }
+        }
+    };
+}
+
 /// A value of an axis: (axis index, value index).
 pub type Choice = (usize, usize);
 

@@ -68,6 +68,7 @@ use futures::future::join_all;
 use futures::FutureExt;
 use idem::webhook::{GitHub, Signed, StandardWebhooks, Stripe, Verifier};
 use idem::{idempotent, OnceError, Pooler, Principal, Problem, Store, Tx};
+use idem_tests::axis;
 use idem_tests::pairwise::{self, Axis, Choice, Cover};
 use idem_tests::{with_test_db, Answer, Citus, Pgbouncer, TestApp};
 use serde::{Deserialize, Serialize};
@@ -78,34 +79,6 @@ use tokio::sync::Notify;
 
 // ---------------------------------------------------------------------------------------
 // The axes, their cover, and the pairs refused by design.
-
-/// An axis of the cover: an enum whose variants are its values, with their printed names.
-macro_rules! axis {
-    ($(#[$doc:meta])* $name:ident as $label:literal {
-        $($(#[$value_doc:meta])* $value:ident = $text:literal,)*
-    }) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        enum $name {
-            $($(#[$value_doc])* $value,)*
-        }
-
-        impl $name {
-            /// The values, in the axis's order.
-            const ALL: &[Self] = &[$(Self::$value,)*];
-            /// The axis, for the generator.
-            const AXIS: Axis = Axis {
-                name: $label,
-                values: &[$($text,)*],
-            };
-
-            /// The printed name.
-            fn name(self) -> &'static str {
-                Self::AXIS.values[self as usize]
-            }
-        }
-    };
-}
 
 axis! {
     /// Where PostgreSQL is, and how the store is built for it.

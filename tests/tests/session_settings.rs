@@ -50,6 +50,10 @@ struct Note {
     /// The same, session-wide (`SET search_path`): it stays on the connection.
     #[serde(default)]
     session_tenant: Option<String>,
+    /// `SET default_transaction_read_only = on`, session-wide: the connection's later
+    /// transactions are read-only.
+    #[serde(default)]
+    read_only: bool,
 }
 
 /// A step (the outside call, counted), then a business write.
@@ -88,6 +92,13 @@ async fn note(
                 .await
                 .map_err(failed)?;
         }
+    }
+    if note.read_only {
+        sqlx::query("SET default_transaction_read_only = on")
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
     }
     if note.fail {
         return Err((
@@ -310,6 +321,32 @@ async fn a_handler_that_moves_its_connections_search_path() {
         assert_eq!(calls.load(Ordering::SeqCst), 1, "the refused request ran");
         assert_eq!(app.count("public.idempotency_keys").await, 1);
         assert_eq!(app.count("tenant2.idempotency_keys").await, 0);
+    })
+    .await;
+}
+
+/// A handler that makes its connection's later transactions read-only: a stored answer
+/// still replays (that writes nothing), and a fresh request is refused before its
+/// handler runs (500, nothing written, no outside call), with one logged line that names
+/// the setting. It failed after the outside call before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_makes_its_connection_read_only() {
+    with_test_db(async |db| {
+        let (app, calls) = start(db.pool(1).await).await;
+        let body = json!({ "text": "frozen", "read_only": true });
+        let first = app.post("/notes", Some("frozen"), &body).await;
+        first.assert_status(201);
+        let retry = app.post("/notes", Some("frozen"), &body).await;
+        retry.assert_status(201);
+        assert!(retry.replayed());
+        assert_eq!(retry.body, first.body);
+        let later = app
+            .post("/notes", Some("later"), &json!({ "text": "later" }))
+            .await;
+        later.assert_status(500);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the refused request ran");
+        assert_eq!(app.count("idempotency_keys").await, 1);
+        assert_eq!(app.count("notes").await, 1);
     })
     .await;
 }
