@@ -195,6 +195,39 @@ async fn a_returned_message_is_not_a_success() {
     .await;
 }
 
+/// Issue 37's suspicion, settled: a publish the broker answers by closing the channel
+/// (here 404 NOT_FOUND, an exchange that does not exist) is that publish's own failure,
+/// counted and parked after the relay's attempts, not read as the broker unavailable
+/// (which would be waited out for ever); the relay opens a new channel for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publish_that_closes_its_channel_is_counted_and_parked() {
+    with_test_db(async |db| {
+        let (_pool, store) = ledger(db).await;
+        emit_credits(&store, &unique("idem_closed"), 2).await;
+        let exchange = unique("idem_no_such_exchange");
+        let relay = store
+            .relay(AmqpPublisher::new(amqp_url(), exchange.as_str()))
+            .backoff(Duration::from_millis(10), Duration::from_millis(10))
+            .poll_interval(Duration::from_millis(20))
+            .max_attempts(3)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while relay.stats().dead < 2 {
+            assert!(Instant::now() < deadline, "{:?}", relay.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        relay.stop();
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 2);
+        for event in &dead {
+            assert_eq!(event.attempts, 3, "{event:?}");
+            assert!(event.last_error.contains("NOT_FOUND"), "{event:?}");
+        }
+    })
+    .await;
+}
+
 /// What can never succeed (a body that does not decode, an id seen with another
 /// payload), or keeps failing up to `max_deliver`, is rejected to the queue's
 /// dead-letter exchange; the rest is credited.
