@@ -47,9 +47,11 @@ impl Store {
     /// their key's time has passed. Steps of a committed request went with its COMMIT.
     async fn purge_expired_steps(&self, batch_size: i64) -> Result<(), sqlx::Error> {
         let steps = self.steps();
+        // As for the keys: each batch starts where the previous stopped.
+        let mut reached = None;
         loop {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
-            let deleted = steps.purge(&mut conn, batch_size).await?;
+            let deleted = steps.purge(&mut conn, batch_size, &mut reached).await?;
             conn.finish().await?;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {

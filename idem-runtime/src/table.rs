@@ -297,11 +297,12 @@ SELECT count(*) AS deleted, {reaches} FROM gone";
 
 /// Where a purge's batch starts: the expiry its previous batch reached ($2, microseconds
 /// since the epoch, exact), or the oldest.
-const REACHED: &str =
+pub(crate) const REACHED: &str =
     "coalesce(timestamptz 'epoch' + $2::bigint * interval '1 microsecond', '-infinity')";
 
 /// The latest expiry a purge's batch deleted, exactly, for the next [`REACHED`].
-const REACHES: &str = "(extract(epoch FROM max(expires_at)) * 1000000)::bigint AS reached";
+pub(crate) const REACHES: &str =
+    "(extract(epoch FROM max(expires_at)) * 1000000)::bigint AS reached";
 
 /// Whether a scope ($1) has a live record under the nobody value ($2, bound `""`), where
 /// earlier versions and configurations kept keys without a principal
