@@ -427,7 +427,7 @@ mod tests {
         drop_schema(&pool, &schema).await;
         assert!(
             last as f64 <= first as f64 * 1.2 + 50.0,
-            "buffers of a steps purge's first batch of 1 000 and of its 100th: {first}, \
+            "buffers of a steps purge's first batch of 1 000 and of its 150th: {first}, \
              {last}"
         );
     }
