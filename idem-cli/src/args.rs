@@ -8,8 +8,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// outbox, re-drive or discard dead events.
 ///
 /// Exit codes: 0 done; 1 the database failed otherwise; 2 wrong usage (or an action
-/// refused without --yes); 3 not found; 4 the tables are missing or wrong; 5 the
-/// database cannot be reached; 6 permission denied.
+/// refused without --yes, or a re-drive past the window without --force); 3 not found;
+/// 4 the tables are missing or wrong; 5 the database cannot be reached; 6 permission
+/// denied.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about)]
 pub(crate) struct Cli {
@@ -32,6 +33,12 @@ pub(crate) struct Cli {
     /// The store's portable mode (distributed PostgreSQL, such as Citus).
     #[arg(long, global = true)]
     pub(crate) portable: bool,
+    /// The re-drive window: dead events written at least this long ago are re-driven
+    /// only with --force, since consumers that deduplicate with run_once may have
+    /// forgotten them. Set it to the services' `redrive_max_age`, their consumers' ttl
+    /// (default 1d, run_once's default ttl): 90s, 30m, 24h, 7d.
+    #[arg(long, value_parser = age, global = true)]
+    pub(crate) redrive_max_age: Option<Duration>,
     /// The type of the principal column, for `migrate`.
     #[arg(long, value_enum, default_value_t = PrincipalArg::Text, global = true)]
     pub(crate) principal_type: PrincipalArg,
@@ -155,13 +162,18 @@ pub(crate) enum OutboxCommand {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    /// Make dead events pending again, their attempts reset.
+    /// Make dead events pending again, their attempts reset; refused (nothing moved) if
+    /// one of them was written longer ago than --redrive-max-age, unless --force.
     Redrive {
         #[command(flatten)]
         which: Which,
         /// Say what would move, and move nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Re-drive events outside the re-drive window too: their consumers may apply
+        /// them a second time.
+        #[arg(long)]
+        force: bool,
     },
     /// Delete dead events: they are never published.
     Discard {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::operate::{DeadJson, DeadSelection, KeyFilter};
+use idem::operate::{format_age, DeadSelection, KeyFilter, RedriveError};
 use idem::{PrincipalType, Store, VerifyError};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -22,7 +22,8 @@ use output::Out;
 mod exit {
     /// The database failed in another way.
     pub(crate) const FAILED: u8 = 1;
-    /// Wrong usage, or an action refused without `--yes`.
+    /// Wrong usage, or an action refused without `--yes` (or a re-drive past the
+    /// window without `--force`).
     pub(crate) const USAGE: u8 = 2;
     /// What was asked for is not there.
     pub(crate) const NOT_FOUND: u8 = 3;
@@ -114,6 +115,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         if cli.portable {
             builder = builder.portable();
+        }
+        if let Some(max_age) = cli.redrive_max_age {
+            builder = builder.redrive_max_age(max_age);
         }
         builder
             .build()
@@ -266,17 +270,40 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
         } => {
             if list || reason.is_some() {
                 let selection = reason.map_or(DeadSelection::All, DeadSelection::Reason);
-                out.dead(&store.dead_events_in(&selection, limit).await?);
+                let events = store.dead_events_in(&selection, limit).await?;
+                out.dead(&events, Some(store.redrive_max_age()));
             } else {
                 out.reasons(&store.dead_reasons().await?);
             }
         }
-        OutboxCommand::Redrive { which, dry_run } => {
+        OutboxCommand::Redrive {
+            which,
+            dry_run,
+            force,
+        } => {
             let selection = selection(which);
             if dry_run {
-                return dry(store, out, &selection, "re-drive").await;
+                let window = Window {
+                    max_age: store.redrive_max_age(),
+                    force,
+                };
+                return dry(store, out, &selection, Some(window)).await;
             }
-            let n = store.redrive_dead(&selection).await?;
+            let n = if force {
+                store.redrive_dead_forced(&selection).await?
+            } else {
+                store.redrive_dead(&selection).await.map_err(|e| match e {
+                    RedriveError::Database(e) => Fault::Database(e),
+                    // Like an action refused without --yes: the operator decides.
+                    outside => Fault::Own(Failure::new(
+                        exit::USAGE,
+                        format!(
+                            "{outside}; `idem outbox dead --list` shows their ages: pass \
+                             --force to re-drive them anyway"
+                        ),
+                    )),
+                })?
+            };
             out.moved(
                 "redriven",
                 n,
@@ -290,7 +317,7 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
         } => {
             let selection = selection(which);
             if dry_run {
-                return dry(store, out, &selection, "discard").await;
+                return dry(store, out, &selection, None).await;
             }
             let n = store.dead_count(&selection).await?;
             confirm(
@@ -304,17 +331,63 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
     Ok(())
 }
 
-/// What a re-drive or discard of `selection` would move: every event, listed.
-async fn dry(store: &Store, out: &Out, selection: &DeadSelection, verb: &str) -> Result<(), Fault> {
+/// The re-drive window a re-drive's dry run checks.
+struct Window {
+    max_age: Duration,
+    force: bool,
+}
+
+/// What a re-drive (with its `window`) or a discard (without) of `selection` would move:
+/// every event, listed, with its age beside the window.
+async fn dry(
+    store: &Store,
+    out: &Out,
+    selection: &DeadSelection,
+    window: Option<Window>,
+) -> Result<(), Fault> {
     let n = store.dead_count(selection).await?;
     let events = store.dead_events_in(selection, u32::MAX).await?;
+    let max_age = window.as_ref().map(|w| w.max_age);
+    let verb = if window.is_some() {
+        "re-drive"
+    } else {
+        "discard"
+    };
+    let outside = max_age.map_or(0, |max_age| {
+        events.iter().filter(|e| e.outside_window(max_age)).count()
+    });
+    // Without --force, one event outside the window stops the whole re-drive.
+    let needs_force = outside > 0 && window.as_ref().is_some_and(|w| !w.force);
     if out.json {
-        let list: Vec<_> = events.iter().map(DeadJson).collect();
-        out.print_json(&json!({ "dry_run": true, "would": verb, "events": n, "list": list }));
+        let mut answer = json!({
+            "dry_run": true,
+            "would": verb,
+            "events": n,
+            "list": output::listed(&events, max_age),
+        });
+        if let Some(max_age) = max_age {
+            answer["redrive_max_age_secs"] = json!(max_age.as_secs_f64());
+            answer["outside_window"] = json!(outside);
+            answer["needs_force"] = json!(needs_force);
+        }
+        out.print_json(&answer);
+        return Ok(());
+    }
+    let max_age = max_age.map(format_age).unwrap_or_default();
+    if needs_force {
+        println!(
+            "would re-drive nothing: {outside} of {n} dead event(s) were written more than the \
+             re-drive window ({max_age}) ago, and need --force; nothing moved (--dry-run)"
+        );
+    } else if outside > 0 {
+        println!(
+            "would {verb} {n} dead event(s), {outside} of them written more than the re-drive \
+             window ({max_age}) ago (--force); nothing moved (--dry-run)"
+        );
     } else {
         println!("would {verb} {n} dead event(s); nothing moved (--dry-run)");
-        out.dead(&events);
     }
+    out.dead(&events, window.map(|w| w.max_age));
     Ok(())
 }
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_time, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail, KeySummary, Lease,
-    StepRecord, TopicPending,
+    format_age, format_time, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail, KeySummary,
+    Lease, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -13,6 +13,27 @@ use serde_json::json;
 /// How to print.
 pub(crate) struct Out {
     pub(crate) json: bool,
+}
+
+/// A dead event as listed in JSON: its fields, and whether it is outside the re-drive
+/// window, when there is one.
+#[derive(Serialize)]
+pub(crate) struct Listed<'a> {
+    #[serde(flatten)]
+    event: DeadJson<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outside_window: Option<bool>,
+}
+
+/// `events` as JSON lists them, each beside the re-drive window `max_age`, if any.
+pub(crate) fn listed(events: &[DeadEvent], max_age: Option<Duration>) -> Vec<Listed<'_>> {
+    events
+        .iter()
+        .map(|e| Listed {
+            event: DeadJson(e),
+            outside_window: max_age.map(|max_age| e.outside_window(max_age)),
+        })
+        .collect()
 }
 
 /// Seconds to the millisecond.
@@ -285,34 +306,55 @@ impl Out {
         table(&["EVENTS", "TOPICS", "OLDEST_SECS", "REASON"], &rows);
     }
 
-    pub(crate) fn dead(&self, events: &[DeadEvent]) {
+    /// Dead events, each with its age and, given the re-drive window `max_age`, whether
+    /// it is outside it.
+    pub(crate) fn dead(&self, events: &[DeadEvent], max_age: Option<Duration>) {
         if self.json {
-            let list: Vec<_> = events.iter().map(DeadJson).collect();
-            return self.print_json(&list);
+            return self.print_json(&listed(events, max_age));
         }
         let rows: Vec<Vec<String>> = events
             .iter()
             .map(|e| {
-                vec![
+                let mut row = vec![
                     e.id.clone(),
                     e.topic.clone(),
                     e.ordering_key.clone().unwrap_or_default(),
                     e.attempts.to_string(),
                     secs(e.dead_for),
-                    e.last_error.clone(),
-                ]
+                    secs(e.age),
+                ];
+                if let Some(max_age) = max_age {
+                    let window = if e.outside_window(max_age) {
+                        "OUTSIDE"
+                    } else {
+                        "within"
+                    };
+                    row.push(window.into());
+                }
+                row.push(e.last_error.clone());
+                row
             })
             .collect();
-        table(
-            &[
-                "EVENT",
-                "TOPIC",
-                "ORDERING_KEY",
-                "ATTEMPTS",
-                "DEAD_SECS",
-                "REASON",
-            ],
-            &rows,
-        );
+        let mut header = vec![
+            "EVENT",
+            "TOPIC",
+            "ORDERING_KEY",
+            "ATTEMPTS",
+            "DEAD_SECS",
+            "AGE_SECS",
+        ];
+        if max_age.is_some() {
+            header.push("WINDOW");
+        }
+        header.push("REASON");
+        table(&header, &rows);
+        if let Some(max_age) = max_age {
+            let outside = events.iter().filter(|e| e.outside_window(max_age)).count();
+            println!(
+                "re-drive window {} (--redrive-max-age): {outside} of these were written longer \
+                 ago, and are re-driven only with --force",
+                format_age(max_age)
+            );
+        }
     }
 }

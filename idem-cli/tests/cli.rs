@@ -336,6 +336,81 @@ async fn a_key_is_found_by_the_text_it_was_given() {
     .await;
 }
 
+/// Issue 37: a dead event written longer ago than the re-drive window (its consumers'
+/// `run_once` records may be gone) is listed as outside it, and a re-drive that selects
+/// it moves nothing, says why in one line and exits 2, unless `--force`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_past_the_window_needs_force() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let pool = db.pool(2).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        sqlx::query(
+            "UPDATE idem_outbox SET created_at = now() - interval '2 days' WHERE topic = 'gone.a'",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+
+        let listed = json(&url, &[], &["outbox", "dead", "--list"]);
+        let window: Vec<(&str, bool)> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["topic"].as_str().unwrap(), e["outside_window"] == true))
+            .collect();
+        assert_eq!(
+            window,
+            [("nowhere.a", false), ("nowhere.b", false), ("gone.a", true)],
+            "{listed}"
+        );
+        assert!(
+            listed[2]["age_secs"].as_f64().unwrap() >= 172_800.0,
+            "{listed}"
+        );
+        let table = idem(&url, &[], &["outbox", "dead", "--list"]);
+        let text = String::from_utf8_lossy(&table.stdout);
+        assert!(
+            text.contains("AGE_SECS") && text.contains("OUTSIDE") && text.contains("1d"),
+            "{text}"
+        );
+        let dry = json(&url, &[], &["outbox", "redrive", "--all", "--dry-run"]);
+        assert_eq!(dry["outside_window"], 1, "{dry}");
+        assert_eq!(dry["needs_force"], true, "{dry}");
+        assert_eq!(dry["redrive_max_age_secs"], 86_400.0, "{dry}");
+
+        let (code, line) = failure(&idem(&url, &[], &["outbox", "redrive", "--all"]));
+        assert_eq!(code, 2, "{line}");
+        assert!(
+            line.contains("1 of the 3") && line.contains("--force") && line.contains("(1d)"),
+            "{line}"
+        );
+        let dead = json(&url, &[], &["outbox", "dead", "--list"]);
+        assert_eq!(dead.as_array().unwrap().len(), 3, "nothing moved: {dead}");
+
+        // The events within the window re-drive as before.
+        let reason = "no stream captures the subject";
+        let moved = json(&url, &[], &["outbox", "redrive", "--reason", reason]);
+        assert_eq!(moved["redriven"], 2, "{moved}");
+        // A wider window, as the service configures it, takes the old one in.
+        let wider = ["--redrive-max-age", "3d"];
+        let dry = json(&url, &wider, &["outbox", "redrive", "--all", "--dry-run"]);
+        assert_eq!(dry["outside_window"], 0, "{dry}");
+        let dry = json(
+            &url,
+            &[],
+            &["outbox", "redrive", "--all", "--force", "--dry-run"],
+        );
+        assert_eq!(dry["needs_force"], false, "{dry}");
+        let forced = json(&url, &[], &["outbox", "redrive", "--all", "--force"]);
+        assert_eq!(forced["redriven"], 1, "{forced}");
+        assert!(store.dead_events(10).await.unwrap().is_empty());
+    })
+    .await;
+}
+
 /// Each way a command fails: one line, and the exit code scripts rely on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_say_what_is_wrong_in_one_line() {

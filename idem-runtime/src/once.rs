@@ -18,6 +18,10 @@ use crate::store::Store;
 use crate::table::{Isolation, Record};
 use crate::tx::Tx;
 
+/// How long [`Store::run_once`] keeps a result by default ([`RunOnce::ttl`]): one day.
+/// [`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age) defaults to it.
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// One piece of work to run once per key; see [`Store::run_once`].
 #[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]
 pub struct RunOnce<'s> {
@@ -69,7 +73,7 @@ impl Store {
             // A message id is plain text, not a header value: never unquoted, and
             // hashed rather than refused when it is long or not visible ASCII.
             key: IdempotencyKey::from_text(key),
-            ttl: Duration::from_secs(24 * 60 * 60),
+            ttl: DEFAULT_TTL,
             spread: Spread::None,
         }
     }

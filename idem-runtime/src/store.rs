@@ -77,6 +77,9 @@ pub(crate) struct Settings {
     pub(crate) steps_table: TableName,
     /// The longest a step's call may take.
     pub(crate) step_timeout: Duration,
+    /// How old a dead event may be for a re-drive that is not forced
+    /// ([`StoreBuilder::redrive_max_age`]).
+    pub(crate) redrive_max_age: Duration,
     /// The connections for writes that must commit outside a request's transaction
     /// ([`Store::outside`]): given, or made on first use.
     outside: OnceLock<PgPool>,
@@ -97,6 +100,7 @@ impl Store {
             outbox_table: None,
             outbox_notify: true,
             outbox_notify_interval: DEFAULT_NOTIFY_INTERVAL,
+            redrive_max_age: crate::once::DEFAULT_TTL,
             steps_table: None,
             step_timeout: Duration::from_secs(30),
             step_pool: None,
@@ -133,6 +137,12 @@ impl Store {
     /// unnamed (sqlx's `.persistent(false)`).
     pub fn pooler(&self) -> Pooler {
         self.inner.dialect.pooler
+    }
+
+    /// The re-drive window ([`StoreBuilder::redrive_max_age`]): a dead event written
+    /// at least this long ago is re-driven only when forced.
+    pub fn redrive_max_age(&self) -> Duration {
+        self.inner.redrive_max_age
     }
 
     /// The DDL of this store's table: [`SCHEMA_SQL`](crate::SCHEMA_SQL) with its
@@ -179,6 +189,7 @@ impl fmt::Debug for Store {
             .field("pooler", &self.inner.dialect.pooler)
             .field("portable", &self.inner.dialect.portable)
             .field("principal_type", &self.inner.dialect.principal_type)
+            .field("redrive_max_age", &self.inner.redrive_max_age)
             .finish_non_exhaustive()
     }
 }
@@ -194,6 +205,7 @@ pub struct StoreBuilder {
     outbox_table: Option<String>,
     outbox_notify: bool,
     outbox_notify_interval: Duration,
+    redrive_max_age: Duration,
     principal: Option<Box<PrincipalResolver>>,
     require_principal: bool,
     acquire_timeout: Duration,
@@ -303,6 +315,27 @@ impl StoreBuilder {
     /// [`linger`]: crate::outbox::RelayBuilder::linger
     pub fn outbox_notify_interval(mut self, every: Duration) -> Self {
         self.outbox_notify_interval = every;
+        self
+    }
+
+    /// The re-drive window (default one day, [`Store::run_once`]'s default ttl): a dead
+    /// event written at least this long ago (its age counted from its `created_at`, by
+    /// the database's clock) is made pending again only by a forced re-drive
+    /// ([`Store::redrive_dead_forced`]); [`Store::redrive_dead`] refuses a selection
+    /// that holds one, and moves nothing.
+    ///
+    /// Set it to the ttl of the records your consumers deduplicate deliveries on
+    /// ([`RunOnce::ttl`](crate::RunOnce::ttl), which `Received::once` uses), less the
+    /// time a re-driven event may take to reach them (its retries, the consumers' lag).
+    /// A dead event may have reached its consumers even though its publish failed (the
+    /// broker took it, its acknowledgement was lost). A consumer recorded that delivery
+    /// after the event was written, so its record is still kept while the event is
+    /// younger than the record's ttl; past it, the record may be gone, and a re-driven
+    /// copy would be applied a second time. `Duration::ZERO` makes every re-drive a
+    /// forced one; `Duration::MAX` never asks (consumers that keep their records for
+    /// ever, or that apply an event twice harmlessly).
+    pub fn redrive_max_age(mut self, max_age: Duration) -> Self {
+        self.redrive_max_age = max_age;
         self
     }
 
@@ -525,6 +558,7 @@ impl StoreBuilder {
                 earlier: Earlier::default(),
                 steps_table,
                 step_timeout: self.step_timeout,
+                redrive_max_age: self.redrive_max_age,
                 outside,
                 outside_connections: self.step_connections,
             }),

@@ -258,6 +258,84 @@ async fn every_page_on_postgresql() {
     .await;
 }
 
+/// Issue 37: the dead events' pages show each event's age beside the re-drive window and
+/// mark those outside it; a re-drive that selects one moves nothing and answers a page
+/// that says why, whose form (`force=1`) re-drives the same selection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_past_the_window_asks_first() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let parked = store.dead_events(10).await.unwrap();
+        let (old, young) = (&parked[0].id, &parked[1].id);
+        sqlx::query("UPDATE idem_outbox SET created_at = now() - interval '3 days' WHERE id = $1")
+            .bind(old)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let console = idem::console::Console::new(store.clone())
+            .actions(true)
+            .router();
+        let app = TestApp::serve(pool, axum::Router::new().nest("/ops", console)).await;
+        let marker = "outside the re-drive window</span>";
+        let (status, dead) = get(&app, "/ops/dead", None).await;
+        assert_eq!(status, 200, "{dead}");
+        assert!(dead.contains("Re-drive window: 24 h"), "{dead}");
+        assert_eq!(dead.matches(marker).count(), 1, "{dead}");
+        let (_, page) = get(&app, &format!("/ops/dead/event?id={old}"), None).await;
+        assert!(page.contains("3 d ago") && page.contains(marker), "{page}");
+        let (_, page) = get(&app, &format!("/ops/dead/event?id={young}"), None).await;
+        assert!(!page.contains(marker), "{page}");
+
+        let token = csrf(&dead);
+        let (status, page) = post(
+            &app,
+            "/ops/dead/redrive",
+            &[("id", old), ("id", young), ("csrf", &token)],
+        )
+        .await;
+        assert_eq!(status, 409, "{page}");
+        assert!(
+            page.contains("Nothing was re-driven.")
+                && page.contains("1 of the 2 selected dead event(s)"),
+            "{page}"
+        );
+        for field in [
+            format!("name=\"id\" value=\"{old}\""),
+            format!("name=\"id\" value=\"{young}\""),
+            "name=\"force\" value=\"1\"".to_owned(),
+        ] {
+            assert!(page.contains(&field), "{field} in {page}");
+        }
+        assert_eq!(
+            store.dead_events(10).await.unwrap().len(),
+            2,
+            "nothing moved"
+        );
+
+        let (status, page) = post(
+            &app,
+            "/ops/dead/redrive",
+            &[("id", young), ("csrf", &token)],
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Re-drove 1 dead event(s)"), "{page}");
+        let (status, page) = post(
+            &app,
+            "/ops/dead/redrive",
+            &[("id", old), ("id", young), ("force", "1"), ("csrf", &token)],
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Re-drove 1 dead event(s)"), "{page}");
+        assert!(store.dead_events(10).await.unwrap().is_empty());
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_behind_pgbouncer_in_transaction_mode() {
     with_test_db(async |db| {

@@ -15,6 +15,7 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
+use idem::operate::{DeadSelection, RedriveError};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::{idempotent, Store, Tx};
 use idem_tests::{count, with_test_db, Pgbouncer, TestApp, TestDb};
@@ -476,6 +477,108 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
         assert!(store.dead_events(10).await.unwrap().is_empty());
         drained(&pool).await;
         relay.stop();
+    })
+    .await;
+}
+
+/// Issue 37: a consumer's `run_once` record of an event's first delivery expires with its
+/// ttl, so re-driving an event written longer ago could apply it twice. A re-drive whose
+/// selection holds one moves nothing and says how many and how old; a forced one moves
+/// it; events within the window re-drive as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            Store::new(pool.clone()).redrive_max_age(),
+            day,
+            "run_once's ttl"
+        );
+        let hour = Duration::from_secs(3_600);
+        let store = Store::builder(pool.clone())
+            .redrive_max_age(hour)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        emit_many(&store, "a", 3, |_| None).await;
+        let recorder = Recorder::failing(|_| Some(PublishError::permanent("no such topic")));
+        store.relay(recorder).run_until_idle().await.unwrap();
+        let dead = store.dead_events(10).await.unwrap();
+        let ids: Vec<String> = dead.iter().map(|e| e.id.clone()).collect();
+        assert_eq!(ids.len(), 3);
+        // The first was written two hours ago, the second 59 minutes ago.
+        for (id, age) in [(&ids[0], "2 hours"), (&ids[1], "59 minutes")] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE idem_outbox SET created_at = now() - interval '{age}' WHERE id = $1"
+            )))
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let dead = store.dead_events(10).await.unwrap();
+        assert!(dead[0].age >= 2 * hour && dead[0].outside_window(hour));
+        assert!(!dead[1].outside_window(hour) && !dead[2].outside_window(hour));
+        let rows = async || {
+            sqlx::query_as::<_, (String, bool, i32)>(
+                "SELECT id, dead_at IS NOT NULL, attempts FROM idem_outbox ORDER BY seq",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        };
+        let before = rows().await;
+
+        let error = store.redrive_dead(&DeadSelection::All).await.unwrap_err();
+        let RedriveError::OutsideWindow {
+            selected,
+            outside,
+            oldest,
+            max_age,
+        } = &error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!((*selected, *outside, *max_age), (3, 1, hour));
+        assert!(
+            *oldest >= 2 * hour && *oldest < 2 * hour + hour / 60,
+            "{oldest:?}"
+        );
+        let said = error.to_string();
+        assert!(
+            said.contains("1 of the 3") && said.contains("(1h)"),
+            "{said}"
+        );
+        assert_eq!(rows().await, before, "nothing moved");
+        // The relay's own call keeps the window too.
+        let error = store
+            .redrive_dead_events(Some(&ids[..1]))
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            RedriveError::OutsideWindow { outside: 1, .. }
+        ));
+        assert_eq!(rows().await, before, "nothing moved");
+
+        let young = DeadSelection::Ids(ids[1..].to_vec());
+        assert_eq!(store.redrive_dead(&young).await.unwrap(), 2);
+        assert_eq!(store.dead_events(10).await.unwrap().len(), 1);
+        assert_eq!(
+            store
+                .redrive_dead_forced(&DeadSelection::All)
+                .await
+                .unwrap(),
+            1
+        );
+        let after = rows().await;
+        assert!(
+            after
+                .iter()
+                .all(|(_, dead, attempts)| !dead && *attempts == 0),
+            "{after:?}"
+        );
     })
     .await;
 }

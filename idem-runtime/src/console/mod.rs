@@ -23,6 +23,11 @@
 //!   discard dead events, purge a key, sweep). Each form carries a CSRF token tied to
 //!   the operator, and each action is logged (target `idem::console`, INFO) with the
 //!   operator's name from [`Console::operator_header`], a header the auth layer sets.
+//! - **A re-drive past the window asks first.** The dead events' pages show each event's
+//!   age beside the store's re-drive window
+//!   ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)); a
+//!   re-drive whose selection holds an event outside it moves nothing and answers a
+//!   page that says so, whose form re-drives the same selection with `force=1`.
 //! - **Bodies and payloads hidden unless [`Console::show_bodies`]**: stored responses
 //!   and event payloads carry personal data.
 //!
@@ -54,7 +59,7 @@ use axum::Router;
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::operate::{DeadSelection, KeyFilter};
+use crate::operate::{DeadSelection, KeyFilter, RedriveError};
 use crate::Store;
 
 /// The console of one store, configured; [`Console::router`] makes its router.
@@ -447,7 +452,11 @@ async fn dead(
         Err(e) => return failed(e),
     };
     let frame = console.frame(&base, &headers, notice.done);
-    html(StatusCode::OK, pages::dead(&frame, &reasons, &events))
+    let max_age = store.redrive_max_age();
+    html(
+        StatusCode::OK,
+        pages::dead(&frame, &reasons, &events, max_age),
+    )
 }
 
 #[derive(Deserialize)]
@@ -471,7 +480,11 @@ async fn dead_event(
     } else {
         StatusCode::NOT_FOUND
     };
-    html(status, pages::dead_event(&frame, &q.id, found.as_ref()))
+    let max_age = console.store.redrive_max_age();
+    html(
+        status,
+        pages::dead_event(&frame, &q.id, found.as_ref(), max_age),
+    )
 }
 
 /// A POSTed form's fields, `id` repeated for a selection.
@@ -484,7 +497,8 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// The dead events a form selects: `all`, a `reason`, or the checked `id`s.
+/// The dead events a form selects: `all`, a `reason`, or the checked `id`s; a re-drive's
+/// `force` re-drives them past the re-drive window.
 fn selection(fields: &[(String, String)]) -> Option<DeadSelection> {
     if field(fields, "all").is_some() {
         return Some(DeadSelection::All);
@@ -539,10 +553,36 @@ async fn dead_action(
     let Some(selection) = selection(fields) else {
         return back(base, "/dead", "Nothing was selected.");
     };
-    let (action, done) = if redrive {
-        ("redrive", console.store.redrive_dead(&selection).await)
+    let force = redrive && field(fields, "force").is_some();
+    let done = if force {
+        console.store.redrive_dead_forced(&selection).await
+    } else if redrive {
+        match console.store.redrive_dead(&selection).await {
+            Err(RedriveError::OutsideWindow {
+                selected,
+                outside,
+                oldest,
+                max_age,
+            }) => {
+                tracing::info!(
+                    target: "idem::console",
+                    operator = %operator,
+                    action = "redrive",
+                    selection = %describe(&selection),
+                    outside,
+                    "idem console: re-drive refused, events outside the re-drive window"
+                );
+                let frame = console.frame(base, headers, None);
+                let page = pages::redrive_past_window(
+                    &frame, &selection, selected, outside, oldest, max_age,
+                );
+                return html(StatusCode::CONFLICT, page);
+            }
+            Err(RedriveError::Database(e)) => Err(e),
+            Ok(n) => Ok(n),
+        }
     } else {
-        ("discard", console.store.discard_dead(&selection).await)
+        console.store.discard_dead(&selection).await
     };
     let n = match done {
         Ok(n) => n,
@@ -551,8 +591,9 @@ async fn dead_action(
     tracing::info!(
         target: "idem::console",
         operator = %operator,
-        action,
+        action = if redrive { "redrive" } else { "discard" },
         selection = %describe(&selection),
+        forced = force,
         events = n,
         "idem console: dead events {}",
         if redrive { "re-driven" } else { "discarded" }

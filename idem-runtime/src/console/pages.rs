@@ -8,8 +8,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::Frame;
 use crate::operate::{
-    format_time, BlockedKey, DeadDetail, DeadReason, KeyCounts, KeyDetail, KeyFilter, KeySummary,
-    Lease, StepRecord, TopicPending,
+    format_time, BlockedKey, DeadDetail, DeadReason, DeadSelection, KeyCounts, KeyDetail,
+    KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -26,6 +26,7 @@ table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.25em .6
 th{font-weight:600;color:#57606a}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code,pre{font:12px ui-monospace,monospace}td code{word-break:break-all}pre{background:#f6f8fa;padding:.5em;overflow:auto}
 .notice{background:#dafbe1;border-color:#4ac26b}.muted{color:#57606a}
+.warn{background:#fff8c5;border-color:#d4a72c}.outside{color:#9a6700;font-weight:600}
 form.inline{display:inline}button{font:inherit;padding:.15em .7em;cursor:pointer}
 button.danger{color:#cf222e}input[type=text]{font:inherit;width:12em}
 .chart{background:#fff;max-width:100%}
@@ -425,7 +426,33 @@ pub(crate) fn outbox(
     layout(frame, "Outbox", body)
 }
 
-pub(crate) fn dead(frame: &Frame, reasons: &[DeadReason], events: &[DeadEvent]) -> Markup {
+/// An event's age beside the re-drive window `max_age`, marked when outside it.
+fn age(event: &DeadEvent, max_age: Duration) -> Markup {
+    html! {
+        (ago(event.age)) " ago"
+        @if event.outside_window(max_age) {
+            " " span.outside title="A re-drive of it asks for confirmation" { "outside the re-drive window" }
+        }
+    }
+}
+
+/// What the re-drive window means, for the pages that show it.
+fn window(max_age: Duration) -> Markup {
+    html! {
+        p.muted {
+            "Re-drive window: " (ago(max_age)) ". Consumers that deduplicate with "
+            code { "run_once" } " may have forgotten an event written longer ago, and would apply it "
+            "again if it reached them before: re-driving one asks for confirmation."
+        }
+    }
+}
+
+pub(crate) fn dead(
+    frame: &Frame,
+    reasons: &[DeadReason],
+    events: &[DeadEvent],
+    max_age: Duration,
+) -> Markup {
     let base = &frame.base;
     let body = html! {
         @if reasons.is_empty() {
@@ -443,10 +470,11 @@ pub(crate) fn dead(frame: &Frame, reasons: &[DeadReason], events: &[DeadEvent]) 
             }
             section {
                 h2 { "Events" }
+                (window(max_age))
                 form id="selected" method="post" {
                     @if let Some(token) = &frame.token { input type="hidden" name="csrf" value=(token); }
                     table.events {
-                        tr { @if frame.token.is_some() { th {} } th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "reason" } }
+                        tr { @if frame.token.is_some() { th {} } th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "written" } th { "reason" } }
                         @for e in events {
                             tr {
                                 @if frame.token.is_some() { td { input type="checkbox" name="id" value=(e.id) aria-label=(format!("select {}", e.id)); } }
@@ -455,6 +483,7 @@ pub(crate) fn dead(frame: &Frame, reasons: &[DeadReason], events: &[DeadEvent]) 
                                 td { @if let Some(k) = &e.ordering_key { code { (k) } } }
                                 td.n { (e.attempts) }
                                 td { (ago(e.dead_for)) " ago" }
+                                td { (age(e, max_age)) }
                                 td { code { (e.last_error) } }
                             }
                         }
@@ -472,7 +501,12 @@ pub(crate) fn dead(frame: &Frame, reasons: &[DeadReason], events: &[DeadEvent]) 
     layout(frame, "Dead events", body)
 }
 
-pub(crate) fn dead_event(frame: &Frame, id: &str, found: Option<&DeadDetail>) -> Markup {
+pub(crate) fn dead_event(
+    frame: &Frame,
+    id: &str,
+    found: Option<&DeadDetail>,
+    max_age: Duration,
+) -> Markup {
     let body = html! {
         section {
             @if let Some(d) = found {
@@ -480,7 +514,7 @@ pub(crate) fn dead_event(frame: &Frame, id: &str, found: Option<&DeadDetail>) ->
                     tr { th { "event" } td { code { (d.event.id) } } }
                     tr { th { "topic" } td { code { (d.event.topic) } } }
                     tr { th { "ordering key" } td { @if let Some(k) = &d.event.ordering_key { code { (k) } } } }
-                    tr { th { "written" } td { (format_time(d.created_at)) } }
+                    tr { th { "written" } td { (format_time(d.created_at)) ", " (age(&d.event, max_age)) } }
                     tr { th { "attempts" } td { (d.event.attempts) } }
                     tr { th { "parked" } td { (ago(d.event.dead_for)) " ago" } }
                     tr { th { "reason" } td { code { (d.event.last_error) } } }
@@ -493,6 +527,7 @@ pub(crate) fn dead_event(frame: &Frame, id: &str, found: Option<&DeadDetail>) ->
                         }
                     } }
                 }
+                (window(max_age))
                 p {
                     (action(frame, "/dead/redrive", &[("id", &d.event.id)], "Re-drive", false)) " "
                     (action(frame, "/dead/discard", &[("id", &d.event.id)], "Discard", true))
@@ -503,6 +538,48 @@ pub(crate) fn dead_event(frame: &Frame, id: &str, found: Option<&DeadDetail>) ->
         }
     };
     layout(frame, "Dead event", body)
+}
+
+/// A re-drive refused because `outside` of the `selected` events are outside the window
+/// `max_age` (the oldest `oldest` old): nothing moved; the form re-drives the same
+/// selection with `force=1`.
+pub(crate) fn redrive_past_window(
+    frame: &Frame,
+    selection: &DeadSelection,
+    selected: u64,
+    outside: u64,
+    oldest: Duration,
+    max_age: Duration,
+) -> Markup {
+    let mut fields: Vec<(&str, &str)> = match selection {
+        DeadSelection::All => vec![("all", "1")],
+        DeadSelection::Reason(reason) => vec![("reason", reason.as_str())],
+        DeadSelection::Ids(ids) => ids.iter().map(|id| ("id", id.as_str())).collect(),
+    };
+    fields.push(("force", "1"));
+    let body = html! {
+        section.warn role="status" {
+            p {
+                strong { "Nothing was re-driven. " }
+                (outside) " of the " (selected) " selected dead event(s) were written more than "
+                (ago(max_age)) " ago, outside the re-drive window; the oldest " (ago(oldest)) " ago."
+            }
+            p {
+                "Consumers that deduplicate with " code { "run_once" } " keep their record of a "
+                "delivery for about that long. If one of these events reached them before (its "
+                "publish failed after the broker took it), they may have forgotten it, and would "
+                "apply it a second time."
+            }
+        }
+        section {
+            p {
+                (action(frame, "/dead/redrive", &fields, &format!("Re-drive all {selected} anyway"), true))
+                " "
+                a href=(format!("{}/dead", frame.base)) { "Cancel" }
+            }
+        }
+    };
+    layout(frame, "Re-drive past the window?", body)
 }
 
 #[cfg(test)]

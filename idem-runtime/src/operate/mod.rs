@@ -9,8 +9,9 @@
 //!   are leased or backing off ([`Store::outbox_leases`]), ordering keys held up behind
 //!   an event ([`Store::outbox_blocked`]), dead events grouped by reason
 //!   ([`Store::dead_reasons`]), listed ([`Store::dead_events_in`]), re-driven
-//!   ([`Store::redrive_dead`]) or discarded ([`Store::discard_dead`]), by id, by reason
-//!   or all ([`DeadSelection`]);
+//!   ([`Store::redrive_dead`], within the re-drive window; [`Store::redrive_dead_forced`]
+//!   past it) or discarded ([`Store::discard_dead`]), by id, by reason or all
+//!   ([`DeadSelection`]);
 //! - with the `metrics` feature, what this process counted of its requests
 //!   (`request_counts`).
 //!
@@ -30,6 +31,7 @@
 //! [`Store::dead_reasons`]: crate::Store::dead_reasons
 //! [`Store::dead_events_in`]: crate::Store::dead_events_in
 //! [`Store::redrive_dead`]: crate::Store::redrive_dead
+//! [`Store::redrive_dead_forced`]: crate::Store::redrive_dead_forced
 //! [`Store::discard_dead`]: crate::Store::discard_dead
 
 mod keys;
@@ -39,7 +41,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
-    BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, TopicPending,
+    BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,
 };
 
 /// An instant PostgreSQL gave as seconds since the Unix epoch.
@@ -66,6 +68,23 @@ pub fn parse_age(text: &str) -> Option<Duration> {
     };
     let number: u64 = text[..text.len() - 1].parse().ok()?;
     number.checked_mul(secs).map(Duration::from_secs)
+}
+
+/// An age as [`parse_age`] reads it, to the second, its units from days down, the
+/// empty ones left out: `1d`, `26h` as `1d 2h`, `90s` as `1m 30s`, zero as `0s`.
+pub fn format_age(age: Duration) -> String {
+    let mut left = age.as_secs();
+    let mut parts = Vec::new();
+    for (unit, secs) in [('d', 86_400), ('h', 3_600), ('m', 60), ('s', 1)] {
+        if left >= secs {
+            parts.push(format!("{}{unit}", left / secs));
+            left %= secs;
+        }
+    }
+    if parts.is_empty() {
+        return "0s".to_owned();
+    }
+    parts.join(" ")
 }
 
 /// `time` in RFC 3339, UTC, to the second (`2026-11-25T10:08:50Z`), as the operators'
@@ -134,6 +153,25 @@ mod tests {
         assert_eq!(parse_age("7d"), Some(Duration::from_secs(604_800)));
         for wrong in ["", "h", "1.5h", "-1h", "10", "1w", "99999999999999999999d"] {
             assert_eq!(parse_age(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn ages_are_written_as_they_are_read() {
+        assert_eq!(format_age(Duration::ZERO), "0s");
+        assert_eq!(format_age(Duration::from_millis(999)), "0s");
+        assert_eq!(format_age(Duration::from_secs(90)), "1m 30s");
+        assert_eq!(format_age(Duration::from_secs(86_400)), "1d");
+        assert_eq!(format_age(Duration::from_secs(93_784)), "1d 2h 3m 4s");
+        assert_eq!(format_age(Duration::from_secs(7_200)), "2h");
+        for text in ["90s", "30m", "24h", "7d"] {
+            let age = parse_age(text).unwrap();
+            let written = format_age(age);
+            let read: u64 = written
+                .split(' ')
+                .map(|part| parse_age(part).unwrap().as_secs())
+                .sum();
+            assert_eq!(read, age.as_secs(), "{text} written as {written}");
         }
     }
 

@@ -1,14 +1,16 @@
 //! The outbox as an operator sees it: what is pending per topic, what is held and by
 //! whom, which ordering keys wait behind which event, and the dead events, grouped by
-//! the reason they failed, re-driven or discarded by id, by reason or all at once.
+//! the reason they failed, re-driven (within the re-drive window unless forced) or
+//! discarded by id, by reason or all at once.
 
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::{Row, SqlStr};
 
-use super::{instant, rfc3339, seconds, secs};
+use super::{format_age, instant, rfc3339, seconds, secs};
 use crate::outbox::DeadEvent;
 use crate::table::statement;
 use crate::Store;
@@ -73,7 +75,8 @@ dead_at IS NOT NULL AND ($1::text[] IS NULL OR id = ANY($1))
 /// The selected dead events, oldest first. $3 how many.
 const DEAD_LIST: &str = "\
 SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
-       extract(epoch FROM now() - dead_at)::float8 AS dead_for
+       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
+       extract(epoch FROM now() - created_at)::float8 AS age
   FROM {table}
  WHERE {selected}
  ORDER BY seq
@@ -82,10 +85,27 @@ SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error
 /// How many dead events the selection names.
 const DEAD_COUNT: &str = "SELECT count(*)::bigint FROM {table} WHERE {selected}";
 
-/// The selected dead events made pending again, their attempts reset.
+/// The selected dead events made pending again, their attempts reset, unless one of them
+/// is outside the re-drive window and the re-drive is not forced: then none. $3 the
+/// window in seconds, $4 whether forced. One statement: the check and the move read one
+/// snapshot, and `now()` is one instant for both, so no event ages between them and none
+/// the check did not count is moved. Answers how many moved, how many were selected, how
+/// many of those are outside the window and the oldest's age.
 const REDRIVE: &str = "\
-UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
- WHERE {selected}";
+WITH selected AS (
+  SELECT count(*)::bigint AS events,
+         coalesce(sum(CASE WHEN age >= $3 THEN 1 ELSE 0 END), 0)::bigint AS outside,
+         max(CASE WHEN age >= $3 THEN age END) AS oldest
+    FROM (SELECT extract(epoch FROM now() - created_at)::float8 AS age
+            FROM {table}
+           WHERE {selected}) AS s
+), moved AS (
+  UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
+   WHERE {selected} AND ($4::bool OR (SELECT outside FROM selected) = 0)
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved)::bigint AS moved, events, outside, oldest
+  FROM selected";
 
 /// The selected dead events deleted.
 const DISCARD: &str = "DELETE FROM {table} WHERE {selected}";
@@ -94,6 +114,7 @@ const DISCARD: &str = "DELETE FROM {table} WHERE {selected}";
 const DEAD_ONE: &str = "\
 SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
        extract(epoch FROM now() - dead_at)::float8 AS dead_for,
+       extract(epoch FROM now() - created_at)::float8 AS age,
        extract(epoch FROM created_at)::float8 AS created_at, headers,
        CASE WHEN $2::bool THEN payload END AS payload
   FROM {table}
@@ -209,7 +230,8 @@ impl Serialize for DeadDetail {
     }
 }
 
-/// A [`DeadEvent`] as JSON: its fields, `dead_for` as `dead_for_secs`.
+/// A [`DeadEvent`] as JSON: its fields, `dead_for` as `dead_for_secs`, `age` as
+/// `age_secs`.
 #[derive(Debug, Clone, Copy)]
 pub struct DeadJson<'a>(pub &'a DeadEvent);
 
@@ -224,6 +246,8 @@ impl Serialize for DeadJson<'_> {
             last_error: &'a str,
             #[serde(serialize_with = "secs")]
             dead_for_secs: Duration,
+            #[serde(serialize_with = "secs")]
+            age_secs: Duration,
         }
         let e = self.0;
         Dead {
@@ -233,6 +257,7 @@ impl Serialize for DeadJson<'_> {
             attempts: e.attempts,
             last_error: &e.last_error,
             dead_for_secs: e.dead_for,
+            age_secs: e.age,
         }
         .serialize(s)
     }
@@ -256,6 +281,64 @@ impl DeadSelection {
             Self::Reason(reason) => (None, Some(reason)),
             Self::All => (None, None),
         }
+    }
+}
+
+/// Why [`Store::redrive_dead`] re-drove nothing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedriveError {
+    /// Some of the selected events are outside the re-drive window: written at least
+    /// [`Store::redrive_max_age`] ago, so their consumers may have forgotten a first
+    /// delivery of them and would apply a second. None of the selection was re-driven;
+    /// [`Store::redrive_dead_forced`] re-drives it anyway.
+    OutsideWindow {
+        /// How many events the selection named.
+        selected: u64,
+        /// How many of them are outside the window.
+        outside: u64,
+        /// The age of the oldest of them, since it was written.
+        oldest: Duration,
+        /// The window: [`Store::redrive_max_age`].
+        max_age: Duration,
+    },
+    /// The database failed; nothing was re-driven.
+    Database(sqlx::Error),
+}
+
+impl fmt::Display for RedriveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OutsideWindow {
+                selected,
+                outside,
+                oldest,
+                max_age,
+            } => write!(
+                f,
+                "{outside} of the {selected} selected dead event(s) were written more than \
+                 the re-drive window ({}) ago, the oldest {} ago: their consumers may have \
+                 forgotten a first delivery and would apply them again; nothing was re-driven",
+                format_age(*max_age),
+                format_age(*oldest),
+            ),
+            Self::Database(e) => write!(f, "the dead events could not be re-driven: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RedriveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Database(e) => Some(e),
+            Self::OutsideWindow { .. } => None,
+        }
+    }
+}
+
+impl From<sqlx::Error> for RedriveError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
     }
 }
 
@@ -426,10 +509,66 @@ impl Store {
     }
 
     /// Makes the dead events `selection` names pending again, their attempts reset, and
-    /// returns how many. Their ordering keys' later events, published meanwhile, are not
-    /// held back for them.
-    pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
-        self.outbox_execute(REDRIVE, selection).await
+    /// returns how many, if all of them are within the re-drive window: written less
+    /// than [`Store::redrive_max_age`] ago. If one is not, it re-drives none and answers
+    /// [`RedriveError::OutsideWindow`], with how many are outside and the oldest's age,
+    /// so that the operator decides: a partial re-drive would leave them guessing which
+    /// moved. Check and move are one statement: no event ages between them.
+    ///
+    /// The window is what keeps a re-drive exactly-once for consumers that deduplicate
+    /// deliveries with [`Store::run_once`]: a dead event may have reached them before
+    /// (its publish failed after the broker took it), and their record of it expires
+    /// with its ttl. Past the window, [`Store::redrive_dead_forced`] re-drives anyway.
+    ///
+    /// Their ordering keys' later events, published meanwhile, are not held back for
+    /// them.
+    pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, RedriveError> {
+        let done = self.redrive(selection, false).await?;
+        if done.outside > 0 {
+            return Err(RedriveError::OutsideWindow {
+                selected: done.selected,
+                outside: done.outside,
+                oldest: done.oldest,
+                max_age: self.inner.redrive_max_age,
+            });
+        }
+        Ok(done.moved)
+    }
+
+    /// Makes the dead events `selection` names pending again, their attempts reset, and
+    /// returns how many, whatever their age: [`Store::redrive_dead`] without the
+    /// re-drive window. For events whose consumers are known to take them again
+    /// safely, or that never reached them.
+    pub async fn redrive_dead_forced(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        Ok(self.redrive(selection, true).await?.moved)
+    }
+
+    /// [`REDRIVE`]; `force` moves events outside the window too.
+    async fn redrive(
+        &self,
+        selection: &DeadSelection,
+        force: bool,
+    ) -> Result<Redriven, sqlx::Error> {
+        let (ids, reason) = selection.binds();
+        let max_age = self.inner.redrive_max_age.as_secs_f64();
+        let rows = self
+            .outbox_rows(REDRIVE, |q| {
+                q.bind(ids.map(<[String]>::to_vec))
+                    .bind(reason.map(str::to_owned))
+                    .bind(max_age)
+                    .bind(force)
+            })
+            .await?;
+        // An aggregate without GROUP BY: always one row.
+        let Some(row) = rows.first() else {
+            return Ok(Redriven::default());
+        };
+        Ok(Redriven {
+            moved: count(row, "moved")?,
+            selected: count(row, "events")?,
+            outside: count(row, "outside")?,
+            oldest: seconds(row.try_get::<Option<f64>, _>("oldest")?.unwrap_or(0.0)),
+        })
     }
 
     /// Deletes the dead events `selection` names, and returns how many: they are never
@@ -437,6 +576,15 @@ impl Store {
     pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         self.outbox_execute(DISCARD, selection).await
     }
+}
+
+/// What [`REDRIVE`] answered.
+#[derive(Debug, Default)]
+struct Redriven {
+    moved: u64,
+    selected: u64,
+    outside: u64,
+    oldest: Duration,
 }
 
 fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
@@ -463,5 +611,6 @@ fn dead(row: &PgRow) -> Result<DeadEvent, sqlx::Error> {
         attempts: row.try_get("attempts")?,
         last_error: row.try_get("last_error")?,
         dead_for: seconds(row.try_get("dead_for")?),
+        age: seconds(row.try_get("age")?),
     })
 }

@@ -44,6 +44,7 @@ pub use relay::{
 pub(crate) use table::OutboxTable;
 pub use table::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};
 
+use crate::operate::{DeadSelection, RedriveError};
 use crate::store::Store;
 use crate::tx::Tx;
 
@@ -283,8 +284,16 @@ impl Store {
     /// Makes parked events pending again, with their attempts reset: those with the given
     /// ids, or all of them with `None`. Returns how many. Their ordering keys' later
     /// events, published meanwhile, are not held back for them.
-    pub async fn redrive_dead_events(&self, ids: Option<&[String]>) -> Result<u64, sqlx::Error> {
-        let single = self.inner.table.single(&self.inner.pool).await?;
-        self.inner.outbox.redrive(single, ids).await
+    ///
+    /// [`Store::redrive_dead`] with those ids: within the re-drive window
+    /// ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)) only,
+    /// else nothing moves and the answer is [`RedriveError::OutsideWindow`];
+    /// [`Store::redrive_dead_forced`] re-drives past it.
+    pub async fn redrive_dead_events(&self, ids: Option<&[String]>) -> Result<u64, RedriveError> {
+        let selection = match ids {
+            Some(ids) => DeadSelection::Ids(ids.to_vec()),
+            None => DeadSelection::All,
+        };
+        self.redrive_dead(&selection).await
     }
 }

@@ -317,13 +317,9 @@ SELECT extract(epoch FROM now() - created_at)::float8 FROM {table}
 /// Parked events, oldest first. $1 how many.
 const DEAD: &str = "\
 SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
-       extract(epoch FROM now() - dead_at)::float8 AS dead_for
+       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
+       extract(epoch FROM now() - created_at)::float8 AS age
   FROM {table} WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
-
-/// Re-drives parked events: $1 their ids, or NULL for all of them.
-const REDRIVE: &str = "\
-UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
- WHERE dead_at IS NOT NULL AND ($1::text[] IS NULL OR id = ANY($1))";
 
 /// The outbox table of one store: its statements, rendered once.
 pub(crate) struct OutboxTable {
@@ -345,7 +341,6 @@ pub(crate) struct OutboxTable {
     failed: SqlStr,
     lag: SqlStr,
     dead: SqlStr,
-    redrive: SqlStr,
 }
 
 /// What becomes of an event whose publish failed ([`OutboxTable::failed`]).
@@ -408,6 +403,19 @@ pub struct DeadEvent {
     pub last_error: String,
     /// How long it has been parked.
     pub dead_for: Duration,
+    /// How long ago it was written (its `created_at`), by the database's clock: what the
+    /// re-drive window counts ([`DeadEvent::outside_window`]).
+    pub age: Duration,
+}
+
+impl DeadEvent {
+    /// Whether it is outside a re-drive window of `max_age`
+    /// ([`Store::redrive_max_age`](crate::Store::redrive_max_age)): written at least
+    /// `max_age` ago, so that a re-drive of it that is not forced is refused. As of when
+    /// it was listed: a re-drive checks again.
+    pub fn outside_window(&self, max_age: Duration) -> bool {
+        self.age >= max_age
+    }
 }
 
 impl OutboxTable {
@@ -456,7 +464,6 @@ impl OutboxTable {
             failed: render(FAILED),
             lag: render(LAG),
             dead: render(DEAD),
-            redrive: render(REDRIVE),
             channel,
             qualified: table,
         }
@@ -715,25 +722,10 @@ impl OutboxTable {
                     attempts: row.try_get("attempts")?,
                     last_error: row.try_get("last_error")?,
                     dead_for: Duration::from_secs_f64(row.try_get::<f64, _>("dead_for")?.max(0.0)),
+                    age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
                 })
             })
             .collect()
-    }
-
-    /// [`REDRIVE`]: how many events were parked and are pending again.
-    pub(crate) async fn redrive(
-        &self,
-        single: Single,
-        ids: Option<&[String]>,
-    ) -> Result<u64, sqlx::Error> {
-        let mut single = single;
-        let done = self
-            .query(&self.redrive)
-            .bind(ids)
-            .execute(&mut *single)
-            .await?;
-        single.finish().await?;
-        Ok(done.rows_affected())
     }
 
     /// Creates the table (see [`crate::table::create`]).
@@ -872,7 +864,6 @@ mod tests {
             &table.failed,
             &table.lag,
             &table.dead,
-            &table.redrive,
         ] {
             let lower = statement.as_str().to_lowercase();
             for exotic in ["for update", "skip locked", "notify", "advisory", "xmin"] {
