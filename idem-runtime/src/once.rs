@@ -14,13 +14,9 @@ use crate::identity::KeyInScope;
 use crate::key::{IdempotencyKey, KeyError, KeyOrigin};
 use crate::observe::{Observation, Outcome};
 use crate::spread::Spread;
-use crate::store::Store;
+use crate::store::{Store, DEFAULT_TTL};
 use crate::table::{Isolation, Record};
 use crate::tx::Tx;
-
-/// How long [`Store::run_once`] keeps a result by default ([`RunOnce::ttl`]): one day.
-/// [`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age) defaults to it.
-pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// One piece of work to run once per key; see [`Store::run_once`].
 #[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]

@@ -11,12 +11,17 @@ use http::request::Parts;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use crate::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::spread::Earlier;
-use crate::steps::StepsTable;
+use crate::table::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
+use crate::table::steps::StepsTable;
 use crate::table::{
     Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
 };
+
+/// How long [`Store::run_once`] keeps a result by default
+/// ([`RunOnce::ttl`](crate::RunOnce::ttl)): one day. [`StoreBuilder::redrive_max_age`]
+/// defaults to it.
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// At most one NOTIFY per this interval from one store ([`StoreBuilder::outbox_notify_interval`]).
 const DEFAULT_NOTIFY_INTERVAL: Duration = Duration::from_millis(5);
@@ -100,7 +105,7 @@ impl Store {
             outbox_table: None,
             outbox_notify: true,
             outbox_notify_interval: DEFAULT_NOTIFY_INTERVAL,
-            redrive_max_age: crate::once::DEFAULT_TTL,
+            redrive_max_age: DEFAULT_TTL,
             steps_table: None,
             step_timeout: Duration::from_secs(30),
             step_pool: None,

@@ -8,8 +8,8 @@ use sqlx::PgConnection;
 
 use crate::fingerprint::{hex, Fingerprint};
 use crate::identity::KeyInScope;
-use crate::outbox::OutboxTable;
 use crate::store::Store;
+use crate::table::outbox::OutboxTable;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
 ///
@@ -86,7 +86,7 @@ pub(crate) struct AttemptState {
     /// run only when the key's row was written, and in the same round trip.
     pub(crate) rides_commit: Vec<String>,
     /// Events ride the COMMIT message: it may wake the relays too
-    /// ([`crate::outbox::table::OutboxTable::wake`]).
+    /// ([`crate::table::outbox::OutboxTable::wake`]).
     pub(crate) wakes_relays: bool,
     /// The transaction's id (`txid_current()`), once asked: what a write outside the
     /// transaction checks is still in progress (invariant 11).

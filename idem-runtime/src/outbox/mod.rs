@@ -21,7 +21,6 @@
 #[cfg(any(feature = "nats", feature = "amqp"))]
 mod consume;
 mod relay;
-mod table;
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
@@ -41,8 +40,8 @@ pub use relay::{
     DuplicateWindow, OutboxEvent, PublishError, Publisher, Relay, RelayBuilder, RelayError,
     RelayStats,
 };
-pub(crate) use table::OutboxTable;
-pub use table::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};
+
+pub use crate::table::outbox::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};
 
 use crate::operate::{DeadSelection, RedriveError};
 use crate::store::Store;
@@ -184,7 +183,7 @@ impl Tx<'_> {
         // own. Elsewhere (portable mode, no key) it is written now.
         let began = self.request().and_then(|request| request.began);
         if let (Some(attempt), Some(began)) = (&attempt, began) {
-            let id = table::event_id(attempt, began);
+            let id = crate::table::outbox::event_id(attempt, began);
             let insert = outbox.riding(
                 self.store().inner.table.prepared(),
                 &id,

@@ -39,8 +39,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use super::table::{ClaimedRow, Failed, Walk};
 use crate::store::Store;
+use crate::table::outbox::{ClaimedRow, Failed, Walk};
 
 /// An event as the relay hands it to a [`Publisher`].
 #[derive(Debug, Clone, PartialEq, Eq)]

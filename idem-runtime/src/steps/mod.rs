@@ -34,8 +34,6 @@
 //! still in progress, so a request that lost its transaction (its connection dropped
 //! while the call ran) records nothing, and answers [`StepError::Lost`].
 
-mod table;
-
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,14 +44,13 @@ use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-pub(crate) use table::StepsTable;
-pub use table::STEPS_SCHEMA_SQL;
+pub use crate::table::steps::STEPS_SCHEMA_SQL;
 
 use crate::fingerprint::hex;
 use crate::observe;
 use crate::store::Store;
+use crate::table::steps::{StepWrite, StepsTable};
 use crate::tx::Tx;
-use table::StepWrite;
 
 impl Store {
     /// The DDL of this store's steps table: [`STEPS_SCHEMA_SQL`](crate::STEPS_SCHEMA_SQL)

@@ -52,6 +52,8 @@ use crate::transaction::Prepared;
 mod claim;
 #[cfg(test)]
 pub(crate) mod cost;
+pub(crate) mod outbox;
+pub(crate) mod steps;
 mod sweep;
 #[cfg(test)]
 mod tests;

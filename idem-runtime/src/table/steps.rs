@@ -14,9 +14,9 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row, SqlStr};
 
+use super::{statement, Dialect, Pooler, TableName};
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
-use crate::table::{statement, Dialect, Pooler, TableName};
 use crate::transaction::Prepared;
 
 /// The SQL that creates the steps table (under its default name) and its index, for

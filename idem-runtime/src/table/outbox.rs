@@ -60,8 +60,8 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, PgPool, Postgres, Row, SqlStr};
 
+use super::{statement, Dialect, Pooler, Single, TableName};
 use crate::literal::{self, Literal};
-use crate::table::{statement, Dialect, Pooler, Single, TableName};
 use crate::transaction::Prepared;
 
 /// The default name of the outbox table, in the schema of the store's idempotency table.

@@ -1,0 +1,556 @@
+//! The engine: one idempotent attempt in PostgreSQL terms, from the claim of a key to
+//! the commit of its record. It knows nothing of HTTP; the HTTP adapter
+//! ([`crate::web`]) and [`Store::run_once`](crate::Store::run_once) sit above it and
+//! decide what its refusals look like to their callers.
+//!
+//! [`begin`] opens the transaction and claims the key: either the caller runs its work
+//! in the returned [`Attempt`], or a stored [`Record`] is replayed, or a [`Refusal`]
+//! says why neither. The invariants this relies on (DESIGN.md):
+//!
+//! 1. **One transaction.** The claim, the work's writes and the stored record commit
+//!    together ([`Attempt::commit`]). There is no "mark complete" step that could be lost.
+//! 2. **No stuck keys.** An unfinished claim is a transaction-scoped lock (in portable
+//!    mode, an uncommitted row): a crash, a dropped connection or a dropped [`Attempt`]
+//!    releases it. No lease, no reaper.
+//! 3. **The primary key is the final arbiter.** The key's lock keeps a duplicate from
+//!    running while the first attempt is in flight (it waits, up to its conflict wait,
+//!    and then replays, or is refused as [`Refusal::InUse`]); what commits is decided by
+//!    the primary key, which the record is inserted under. An attempt the lock did not
+//!    keep out (a colliding hash only delays; an instance of an earlier version takes
+//!    no lock) loses at commit and answers the winner's record
+//!    ([`Committed::Superseded`]). The arbiter needs both attempts under one primary
+//!    key: a key without a principal that a new version keeps under its spread, and an
+//!    earlier version under the nobody value, has two ([`crate::spread`]).
+//! 4. **READ COMMITTED.** The read after a claim that waited is a new statement, so it
+//!    sees the record the winner committed.
+//! 7. **Cancellation-safe.** The transaction is an [`OpenTransaction`], rolled back when
+//!    dropped.
+//!
+//! Round trips: in the default mode (and behind a pooler) the claim rides `BEGIN` and
+//! the key's row rides `COMMIT` ([`crate::transaction`]), so a fresh request costs idem
+//! no round trip beyond the two its transaction needs anyway, and a replay or a 409 one
+//! (the `ROLLBACK` that follows is sent after the answer). `tests/tests/round_trips.rs`
+//! counts them.
+
+mod portable;
+mod take;
+#[cfg(test)]
+mod tests;
+
+use portable::begin_portable;
+use take::{take, Held, Took};
+
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::identity::KeyInScope;
+use crate::store::{is_serialization_failure, is_unavailable, Store};
+use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Timeouts};
+use crate::transaction::OpenTransaction;
+use crate::tx::{AttemptState, Request, Tx};
+
+/// What to claim: where the key lives, how long its record lasts, and what a retry must
+/// match.
+#[derive(Clone)]
+pub(crate) struct Claim {
+    pub(crate) key: KeyInScope,
+    pub(crate) ttl: Duration,
+    pub(crate) fingerprint: Fingerprint,
+    /// How long to wait for a request in flight with this key; `None` for the store's.
+    pub(crate) conflict_wait: Option<Duration>,
+    /// The bound on each statement of the work; `None` for the store's.
+    pub(crate) statement_timeout: Option<Duration>,
+}
+
+/// How a claim began. Returned once per request and matched at once: boxing the attempt
+/// would cost an allocation per request to save a move of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Begun {
+    /// The key is claimed (or there is none): run the work in this attempt.
+    Run(Attempt),
+    /// The key's record, stored by an earlier attempt with the same fingerprint.
+    Replay(Record),
+}
+
+/// Why the work must not run, when there is nothing to replay either.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Another attempt with this key is running right now.
+    InUse,
+    /// The key was used before with another fingerprint.
+    Mismatch,
+    /// The database cannot be reached (no connection within the acquire timeout, or a
+    /// connection-class error).
+    Unavailable(sqlx::Error),
+    /// Any other database error.
+    Database(sqlx::Error),
+    /// The stored record cannot be read back (its status is not a status).
+    Unreadable,
+}
+
+impl Refusal {
+    fn from_database(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+/// Why an attempt could not commit. Nothing it wrote is committed, except with
+/// [`CommitError::Escaped`], where the work itself ended the transaction.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// The work ran `COMMIT` or `ROLLBACK` itself: its writes escaped the guarantee, and
+    /// nothing was stored (invariant 6).
+    Escaped,
+    /// The database could not be reached; whether COMMIT happened is unknown only when
+    /// the failure was COMMIT's own, and a retry finds out.
+    Unavailable(sqlx::Error),
+    /// The transaction could not be serialized with concurrent ones (40001, or a
+    /// deadlock, 40P01): nothing was committed, and the same request can simply run
+    /// again.
+    Serialization(sqlx::Error),
+    /// A statement of the work failed and the work answered all the same: PostgreSQL
+    /// refuses every statement of the transaction after that (25P02), so nothing of it
+    /// can commit. It was rolled back; for a claimed key, [`Retake::store_alone`] can
+    /// store the answer by itself (`None`: an attempt without a key).
+    Aborted(Option<Retake>),
+    /// Another attempt with the same key committed first, and the primary key refused
+    /// this one's row (invariant 3): nothing of it was committed, and the winner's record
+    /// cannot be answered, for this reason (its request differed: a mismatch).
+    Refused(Refusal),
+    /// Any other database error.
+    Database(sqlx::Error),
+}
+
+impl CommitError {
+    fn from_database(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            Self::Unavailable(error)
+        } else if is_serialization_failure(&error) {
+            Self::Serialization(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+/// How an attempt committed.
+#[derive(Debug)]
+pub(crate) enum Committed {
+    /// Its writes and its record.
+    Stored,
+    /// Nothing of it: another attempt with the same key committed first, and the primary
+    /// key refused this one's row (invariant 3). The key's answer is that attempt's
+    /// record.
+    Superseded(Record),
+}
+
+/// Failures of one claim round.
+enum ClaimError {
+    /// Another request holds the key (lock timeout) or won the race (primary key).
+    InUse,
+    /// Above READ COMMITTED: the claim waited for a concurrent request's row, which then
+    /// committed (40001). A new transaction, with a new snapshot, sees what it committed.
+    NewSnapshot,
+    Database(sqlx::Error),
+}
+
+/// An open transaction that holds a key's claim (or, for an unkeyed request, records
+/// nothing). Dropping it rolls everything back.
+pub(crate) struct Attempt {
+    store: Store,
+    tx: OpenTransaction,
+    claim: Option<Claim>,
+    /// The default mode's hold on the claimed key; `None` in portable mode, where the
+    /// claim inserted the key's row.
+    held: Option<Held>,
+    isolation: Isolation,
+    /// What the work leaves for the commit.
+    state: AttemptState,
+}
+
+/// What is needed to claim a key again after its attempt was aborted.
+pub(crate) struct Retake {
+    store: Store,
+    claim: Claim,
+    isolation: Isolation,
+}
+
+impl std::fmt::Debug for Retake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retake")
+            .field("scope", &self.claim.key.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many new snapshots a claim above READ COMMITTED takes after 40001 before it
+/// answers "in use": each follows a commit of the key's row, so the next one sees it.
+const NEW_SNAPSHOTS: u32 = 3;
+
+/// How long a claim waits on the lock of an expired row: longer than a sweeper's batch
+/// takes to delete (milliseconds), so that sweeping never answers 409.
+const EXPIRY_WAIT: Duration = Duration::from_secs(1);
+
+/// Opens the transaction and, with a claim, claims its key.
+pub(crate) async fn begin(
+    store: &Store,
+    claim: Option<Claim>,
+    isolation: Isolation,
+) -> Result<Begun, Refusal> {
+    if let Some(request) = &claim {
+        if let Some(row) = earlier(store, request).await? {
+            return replay(row, &request.fingerprint);
+        }
+    }
+    if store.inner.table.portable() {
+        return begin_portable(store, claim, isolation).await;
+    }
+    let Some(request) = &claim else {
+        return Ok(Begun::Run(Attempt {
+            store: store.clone(),
+            tx: open(store, isolation).await?,
+            claim: None,
+            held: None,
+            isolation,
+            state: AttemptState::default(),
+        }));
+    };
+    let mut snapshots = 0;
+    loop {
+        match take(store, request, isolation).await {
+            Ok((tx, Took::Held(held))) => {
+                return Ok(Begun::Run(Attempt {
+                    store: store.clone(),
+                    tx,
+                    claim,
+                    held: Some(held),
+                    isolation,
+                    state: AttemptState::default(),
+                }))
+            }
+            // Nothing was written, and no lock taken: the transaction's ROLLBACK goes out
+            // after the answer.
+            Ok((_, Took::Stored(row))) => return replay(row, &request.fingerprint),
+            Err(ClaimError::InUse) => return Err(Refusal::InUse),
+            // The request it waited for has ended; a new snapshot sees its record.
+            Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
+            Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
+            Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
+        }
+    }
+}
+
+/// The key's live record where an earlier configuration kept it
+/// ([`crate::spread::earlier_places`]), in each place while its scope has live records
+/// there ([`crate::spread::Earlier`]): once they have expired, this costs nothing.
+async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refusal> {
+    let settings = &store.inner;
+    let places =
+        crate::spread::earlier_places(&claim.key, settings.dialect, settings.require_principal);
+    for place in places {
+        let live = settings
+            .earlier
+            .live(&settings.table, &settings.pool, &place.scope, place.place)
+            .await;
+        if !live {
+            continue;
+        }
+        match settings.table.earlier(&settings.pool, &place).await {
+            Ok(Some(Found::Stored(row))) if !row.expired && row.status.is_some() => {
+                return Ok(Some(row))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Refusal::from_database(e)),
+        }
+    }
+    Ok(None)
+}
+
+/// A transaction of the store's pool at `isolation`, waited for no longer than the
+/// store's acquire timeout.
+async fn open(store: &Store, isolation: Isolation) -> Result<OpenTransaction, Refusal> {
+    open_with(store, isolation.begin().to_owned(), Duration::ZERO)
+        .await
+        .map(|(tx, _)| tx)
+        .map_err(Refusal::from_database)
+}
+
+/// A transaction of the store's pool, begun by `sql` (BEGIN and what rides it), and the
+/// rows `sql` returned. Waiting for a connection and for the message's answer is bounded
+/// by the store's acquire timeout, as sqlx's own BEGIN was, plus `wait`, how long a claim
+/// riding BEGIN may wait for another request (its `lock_timeout`).
+async fn open_with(
+    store: &Store,
+    sql: String,
+    wait: Duration,
+) -> Result<(OpenTransaction, Vec<sqlx::postgres::PgRow>), sqlx::Error> {
+    let settings = &store.inner;
+    let begin = async {
+        let conn = settings.pool.acquire().await?;
+        OpenTransaction::begin(conn, sql, settings.table.prepared()).await
+    };
+    match tokio::time::timeout(settings.acquire_timeout + wait, begin).await {
+        Ok(begun) => begun,
+        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
+    }
+}
+
+/// A stored row: its record when the fingerprint matches.
+fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
+    if !fingerprint.matches(&row.fingerprint, &row.field_hashes) {
+        return Err(Refusal::Mismatch);
+    }
+    let status = row
+        .status
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (100..=999).contains(s))
+        .ok_or(Refusal::Unreadable)?;
+    Ok(Begun::Replay(Record {
+        status,
+        headers: row.headers.unwrap_or_default(),
+        body: row.body.unwrap_or_default().into(),
+    }))
+}
+
+impl Attempt {
+    /// The transaction, lent to the work.
+    pub(crate) fn tx(&mut self) -> Tx<'_> {
+        let key = self.claim.as_ref().map(|c| &c.key);
+        let began = self.held.map(|held| held.began);
+        let request = self.claim.as_ref().map(|c| Request {
+            fingerprint: &c.fingerprint,
+            ttl: c.ttl,
+            began,
+        });
+        Tx::new(&mut self.tx, &self.store, key, request, &mut self.state)
+    }
+
+    /// The claimed key; `None` for an attempt that records nothing.
+    pub(crate) fn key(&self) -> Option<&KeyInScope> {
+        self.claim.as_ref().map(|c| &c.key)
+    }
+
+    /// Stores `record` with the key and commits it with everything the work wrote.
+    /// Without a key, only commits.
+    pub(crate) async fn commit(self, record: &Record) -> Result<Committed, CommitError> {
+        let Self {
+            store,
+            tx,
+            claim,
+            held,
+            isolation,
+            mut state,
+        } = self;
+        let Some(claim) = claim else {
+            return tx
+                .commit()
+                .await
+                .map_err(CommitError::from_database)
+                .map(|()| Committed::Stored);
+        };
+        let table = &store.inner.table;
+        if state.wakes_relays {
+            if let Some(wake) = store.inner.outbox.wake() {
+                state.rides_commit.push(wake.to_owned());
+            }
+        }
+        let written = match held {
+            // The key's row rides COMMIT: committed when the message succeeds. If its
+            // answer is lost, the caller cannot tell whether COMMIT happened: it answers
+            // "unavailable", and the retry either replays the record or runs afresh.
+            Some(held) => {
+                let row = Inserting {
+                    key: &claim.key,
+                    fingerprint: &claim.fingerprint,
+                    ttl: claim.ttl,
+                    began: held.began,
+                    over: held.over,
+                };
+                match tx
+                    .finish(
+                        table.inserting_commit(&row, record, &state.rides_commit),
+                        table.prepared(),
+                    )
+                    .await
+                {
+                    Ok(()) => return Ok(Committed::Stored),
+                    Err(sqlx::Error::Database(e))
+                        if e.code().as_deref() == Some("22P02")
+                            && e.message().contains(table::LOST) =>
+                    {
+                        Written::Lost
+                    }
+                    Err(sqlx::Error::Database(e))
+                        if e.code().as_deref() == Some("22P02")
+                            && e.message().contains(table::ESCAPED) =>
+                    {
+                        Written::Escaped
+                    }
+                    Err(e) if table.is_key_conflict(&e) => Written::Lost,
+                    Err(e) => Written::Failed(e),
+                }
+            }
+            // Portable mode: the response rides COMMIT, into the row the claim inserted.
+            None => match tx
+                .finish(
+                    table.storing_commit(&claim.key, claim.ttl, record, &state.rides_commit),
+                    None,
+                )
+                .await
+            {
+                Ok(()) => return Ok(Committed::Stored),
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("22P02")
+                        && e.message().contains(table::ESCAPED) =>
+                {
+                    Written::Escaped
+                }
+                Err(e) => Written::Failed(e),
+            },
+        };
+        match written {
+            Written::Escaped => {
+                escaped(&store, &claim.key).await;
+                Err(CommitError::Escaped)
+            }
+            // Another attempt with this key committed first (invariant 3): one that the
+            // lock did not keep out, such as an instance of an earlier version during a
+            // rolling upgrade, or a duplicate that committed between the claim's read and
+            // its lock. Nothing of this attempt commits; the key's answer is the winner's.
+            Written::Lost => {
+                let retake = Retake {
+                    store,
+                    claim,
+                    isolation,
+                };
+                match retake.winner().await {
+                    Ok(record) => Ok(Committed::Superseded(record)),
+                    Err(refusal) => Err(CommitError::Refused(refusal)),
+                }
+            }
+            // 25P02: a statement of the work failed, and it answered all the same.
+            Written::Failed(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                Err(CommitError::Aborted(Some(Retake {
+                    store,
+                    claim,
+                    isolation,
+                })))
+            }
+            Written::Failed(e) => Err(CommitError::from_database(e)),
+        }
+    }
+
+    /// Commits what the work wrote, storing nothing: only for an attempt without a key.
+    ///
+    /// With `claims_success` (the answer is a 2xx or 3xx), one statement before COMMIT,
+    /// in the same message, asks whether a statement of the work failed: PostgreSQL
+    /// answers the COMMIT of such a transaction with a silent ROLLBACK, and the success
+    /// would claim writes that never happened ([`CommitError::Aborted`], as for a keyed
+    /// attempt); the failed question makes PostgreSQL skip the COMMIT. Any other answer
+    /// commits at once: a rejection after a failed statement is true either way.
+    pub(crate) async fn commit_unrecorded(self, claims_success: bool) -> Result<(), CommitError> {
+        debug_assert!(self.claim.is_none(), "a claimed key must commit its record");
+        let sql = if claims_success {
+            "SELECT 1;\nCOMMIT"
+        } else {
+            "COMMIT"
+        };
+        match self.tx.finish(sql.to_owned(), None).await {
+            Ok(()) => Ok(()),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+                Err(CommitError::Aborted(None))
+            }
+            Err(e) => Err(CommitError::from_database(e)),
+        }
+    }
+
+    /// Rolls back everything the work wrote, and the claim with it.
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+/// What [`Retake::store_alone`] did.
+#[derive(Debug)]
+pub(crate) enum Alone {
+    /// The answer is stored, and committed by itself.
+    Stored,
+    /// Another attempt claimed the key after the aborted one rolled back, and committed
+    /// this record: it is the key's answer now.
+    Replay(Record),
+}
+
+impl Retake {
+    /// Stores `record` as the key's answer in a transaction of its own, with none of the
+    /// aborted work's writes (PostgreSQL rolled all of them back). The key is claimed
+    /// afresh, so the primary key still decides (invariant 3): a concurrent attempt that
+    /// claimed it in between wins, and its outcome is answered.
+    pub(crate) async fn store_alone(self, record: &Record) -> Result<Alone, Refusal> {
+        let Self {
+            store,
+            claim,
+            isolation,
+        } = self;
+        match begin(&store, Some(claim), isolation).await? {
+            Begun::Run(attempt) => match attempt.commit(record).await {
+                Ok(Committed::Stored) => Ok(Alone::Stored),
+                Ok(Committed::Superseded(record)) => Ok(Alone::Replay(record)),
+                Err(CommitError::Refused(refusal)) => Err(refusal),
+                Err(CommitError::Unavailable(e)) => Err(Refusal::Unavailable(e)),
+                Err(CommitError::Serialization(e) | CommitError::Database(e)) => {
+                    Err(Refusal::Database(e))
+                }
+                // Nothing runs in this attempt but the store itself, so nothing can end
+                // or abort its transaction.
+                Err(CommitError::Escaped | CommitError::Aborted(_)) => Err(Refusal::Database(
+                    sqlx::Error::Protocol("the answer's own transaction was aborted".into()),
+                )),
+            },
+            Begun::Replay(record) => Ok(Alone::Replay(record)),
+        }
+    }
+}
+
+impl Retake {
+    /// The record of the attempt that committed this key first, read by a new claim.
+    async fn winner(self) -> Result<Record, Refusal> {
+        match begin(&self.store, Some(self.claim), self.isolation).await? {
+            Begun::Replay(record) => Ok(record),
+            // The winner's record is gone already (expired and swept): the key is free,
+            // and a retry runs afresh.
+            Begun::Run(_) => Err(Refusal::InUse),
+        }
+    }
+}
+
+/// Why the key's record was not committed.
+enum Written {
+    /// The work ended the transaction itself (invariant 6).
+    Escaped,
+    /// Another attempt's record holds the key (invariant 3).
+    Lost,
+    Failed(sqlx::Error),
+}
+
+/// The work ran `COMMIT` or `ROLLBACK` itself (invariant 6): its writes may have
+/// committed without the key's record. In portable mode the claim's row may have
+/// committed with them, and is removed so the key is not stuck (the claim path would
+/// take such a row over anyway); in the default mode the key's row is only ever written
+/// with its record, so nothing of idem's committed.
+async fn escaped(store: &Store, key: &KeyInScope) {
+    tracing::error!(
+        scope = &*key.scope,
+        "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
+         its writes escaped the idempotency guarantee; nothing was stored"
+    );
+    if !store.inner.table.portable() {
+        return;
+    }
+    if let Err(e) = store.inner.table.forget(&store.inner.pool, key).await {
+        tracing::warn!(error = %e, "idem: could not remove the escaped claim");
+    }
+}
