@@ -131,9 +131,10 @@ pub enum VerifyError {
     ReadOnly,
     /// The role the store connects as lacks privileges idem needs on its tables.
     Privileges {
-        /// The role (`current_user`).
+        /// The role (`current_user`), quoted as SQL writes it where it must be.
         role: String,
-        /// Each table, as the database names it, with the privileges missing on it.
+        /// Each table (as the store names it) or sequence (as the database does), with the
+        /// privileges missing on it.
         missing: Vec<(String, Vec<String>)>,
     },
     /// The store is portable on a distributed engine, but its table is not distributed by
@@ -199,17 +200,39 @@ impl fmt::Display for VerifyError {
                  service's role"
             ),
             Self::Privileges { role, missing } => {
-                let tables: Vec<String> = missing
+                let lacks: Vec<String> = missing
                     .iter()
-                    .map(|(table, privileges)| format!("{} on {table}", privileges.join(", ")))
+                    .map(|(object, privileges)| format!("{} on {object}", privileges.join(", ")))
                     .collect();
-                let names: Vec<&str> = missing.iter().map(|(table, _)| table.as_str()).collect();
+                let (sequences, tables): (Vec<_>, Vec<_>) = missing
+                    .iter()
+                    .map(|(object, privileges)| (object.as_str(), privileges))
+                    .partition(|(_, privileges)| privileges.iter().any(|p| p == "USAGE"));
+                let names = |objects: &[(&str, _)]| {
+                    objects
+                        .iter()
+                        .map(|(o, _)| *o)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let mut grants = Vec::new();
+                if !tables.is_empty() {
+                    grants.push(format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}",
+                        names(&tables)
+                    ));
+                }
+                if !sequences.is_empty() {
+                    grants.push(format!(
+                        "GRANT USAGE ON SEQUENCE {} TO {role}",
+                        names(&sequences)
+                    ));
+                }
                 write!(
                     f,
-                    "the role `{role}` lacks privileges idem needs: {}; grant them with \
-                     `GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}`",
-                    tables.join("; "),
-                    names.join(", ")
+                    "the role {role} lacks privileges idem needs: {}; grant them with `{}`",
+                    lacks.join("; "),
+                    grants.join("; ")
                 )
             }
             Self::NotPortable { engine } => write!(
@@ -388,6 +411,13 @@ SELECT t.name::text, p.privilege
    AND NOT has_table_privilege(to_regclass(t.name), p.privilege)
  ORDER BY t.i, p.j";
 
+/// The outbox's `seq` sequence ($1 the outbox table), when the role may not use it: an
+/// event's insert takes its next value.
+const MISSING_SEQUENCE_USAGE: &str = "\
+SELECT seq FROM (SELECT CASE WHEN to_regclass($1) IS NOT NULL
+                             THEN pg_get_serial_sequence($1, 'seq') END AS seq) s
+ WHERE seq IS NOT NULL AND NOT has_sequence_privilege(seq, 'USAGE')";
+
 /// What idem does to each of its tables: claims and replays read, requests insert and
 /// complete their rows, sweeps and the relay delete.
 const PRIVILEGES: [&str; 4] = ["SELECT", "INSERT", "UPDATE", "DELETE"];
@@ -400,11 +430,12 @@ impl Store {
         conn: &mut crate::table::Single,
         persistent: bool,
     ) -> Result<(), VerifyError> {
-        let (role, read_only): (String, String) =
-            sqlx::query_as("SELECT current_user::text, current_setting('transaction_read_only')")
-                .persistent(persistent)
-                .fetch_one(&mut **conn)
-                .await?;
+        let (role, read_only): (String, String) = sqlx::query_as(
+            "SELECT quote_ident(current_user), current_setting('transaction_read_only')",
+        )
+        .persistent(persistent)
+        .fetch_one(&mut **conn)
+        .await?;
         if read_only == "on" {
             return Err(VerifyError::ReadOnly);
         }
@@ -419,8 +450,16 @@ impl Store {
             .persistent(persistent)
             .fetch_all(&mut **conn)
             .await?;
+        let outbox = self.inner.outbox.qualified().to_owned();
+        let sequence: Option<String> = sqlx::query_scalar(MISSING_SEQUENCE_USAGE)
+            .bind(outbox)
+            .persistent(persistent)
+            .fetch_optional(&mut **conn)
+            .await?
+            .flatten();
         let mut missing: Vec<(String, Vec<String>)> = Vec::new();
-        for (table, privilege) in rows {
+        let sequence = sequence.map(|name| (name, "USAGE".to_owned()));
+        for (table, privilege) in rows.into_iter().chain(sequence) {
             match missing.last_mut() {
                 Some((last, privileges)) if *last == table => privileges.push(privilege),
                 _ => missing.push((table, vec![privilege])),

@@ -73,8 +73,8 @@ pub struct Tx<'t> {
 pub(crate) struct Request<'t> {
     pub(crate) fingerprint: &'t Fingerprint,
     pub(crate) ttl: Duration,
-    /// The transaction's start (`extract(epoch FROM now())::float8`), when the claim read
-    /// it: in the default mode and behind a pooler, where the key's row rides COMMIT.
+    /// The transaction's start (`extract(epoch FROM now())`, exact to the microsecond),
+    /// as the claim read it: the events' ids, which ride COMMIT.
     pub(crate) began: Option<f64>,
 }
 

@@ -53,6 +53,17 @@ use tokio::sync::Notify;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+/// What broke a promise, said.
+type Broken = String;
+
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            return Err(format!($($arg)*));
+        }
+    };
+}
+
 axis! {
     /// What the environment changes.
     Setting as "setting" {
@@ -352,6 +363,8 @@ fn errors() -> &'static ClosedSpans {
 /// A cell's database, its service's role, and the test's own connection as its owner.
 struct Site {
     db: TestDb,
+    /// The schema of the service's idem tables, and the other one ([`Site::home`]).
+    home: (&'static str, &'static str),
     role: String,
     owner: PgPool,
     /// PgBouncer in front of it, as the role, in the pooler mode.
@@ -403,7 +416,7 @@ impl Site {
                 "GRANT USAGE ON SCHEMA public, tenant TO {role}; \
                  GRANT SELECT, INSERT ON public.notes, tenant.notes TO {role}; \
                  GRANT SELECT ON idempotency_keys, idempotency_steps, idem_outbox TO {role}; \
-                 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public, tenant TO {role}"
+                 GRANT USAGE ON public.notes_id_seq, tenant.notes_id_seq TO {role}"
             )
         } else {
             format!(
@@ -447,6 +460,7 @@ impl Site {
         });
         Self {
             db,
+            home: Self::home(cell),
             role,
             owner,
             bouncer,
@@ -488,6 +502,15 @@ impl Site {
         })
     }
 
+    /// The schema whose idem tables the service's unqualified names resolve to: the
+    /// tenant's where the database's or the role's path puts it first, else `public`.
+    fn home(cell: &Cell) -> (&'static str, &'static str) {
+        match (cell.setting, cell.setter) {
+            (Setting::SearchPath, Setter::Database | Setter::Role) => ("tenant", "public"),
+            _ => ("public", "tenant"),
+        }
+    }
+
     /// How many times `text` was written by a handler, in either schema.
     async fn effects(&self, text: &str) -> i64 {
         sqlx::query_scalar(
@@ -500,28 +523,49 @@ impl Site {
         .expect("count the effects")
     }
 
-    /// How many events name `text`.
-    async fn events(&self, text: &str) -> i64 {
-        sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM public.idem_outbox WHERE position($1 in payload) > 0) \
-                  + (SELECT count(*) FROM tenant.idem_outbox WHERE position($1 in payload) > 0)",
-        )
+    /// How many events name `text`, in the service's schema; `Err` when the other
+    /// schema's outbox or key table holds a row: a request's rows moved.
+    async fn events(&self, text: &str) -> Result<i64, Broken> {
+        self.elsewhere().await?;
+        let (home, _) = self.home;
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {home}.idem_outbox WHERE position($1 in payload) > 0"
+        )))
         .bind(format!("\"text\":\"{text}\"").into_bytes())
         .fetch_one(&self.owner)
         .await
-        .expect("count the events")
+        .expect("count the events"))
     }
 
-    /// How many key rows `key` has.
-    async fn key_rows(&self, key: &str) -> i64 {
-        sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM public.idempotency_keys WHERE key = $1) \
-                  + (SELECT count(*) FROM tenant.idempotency_keys WHERE key = $1)",
-        )
+    /// How many key rows `key` has, in the service's schema.
+    async fn key_rows(&self, key: &str) -> Result<i64, Broken> {
+        self.elsewhere().await?;
+        let (home, _) = self.home;
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {home}.idempotency_keys WHERE key = $1"
+        )))
         .bind(key)
         .fetch_one(&self.owner)
         .await
-        .expect("count the key rows")
+        .expect("count the key rows"))
+    }
+
+    /// `Err` when idem's tables in the schema the service does not resolve hold a row.
+    async fn elsewhere(&self) -> Result<(), Broken> {
+        let (_, other) = self.home;
+        let moved: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT (SELECT count(*) FROM {other}.idempotency_keys) \
+                  + (SELECT count(*) FROM {other}.idem_outbox) \
+                  + (SELECT count(*) FROM {other}.idempotency_steps)"
+        )))
+        .fetch_one(&self.owner)
+        .await
+        .expect("count the other schema's rows");
+        ensure!(
+            moved == 0,
+            "{moved} of idem's rows landed in {other}'s tables"
+        );
+        Ok(())
     }
 
     /// Drops the database and the role.
@@ -542,17 +586,6 @@ impl Site {
 
 // ---------------------------------------------------------------------------------------
 // The checks.
-
-/// What broke a promise, said.
-type Broken = String;
-
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)*) => {
-        if !$cond {
-            return Err(format!($($arg)*));
-        }
-    };
-}
 
 fn said(answer: &Answer) -> String {
     format!(
@@ -587,7 +620,7 @@ impl Run<'_> {
     /// Each of `text`'s effect, event and outside call happened `n` times.
     async fn once(&self, text: &str, n: i64, what: &str) -> Result<(), Broken> {
         let effects = self.site.effects(text).await;
-        let events = self.site.events(text).await;
+        let events = self.site.events(text).await?;
         let calls = self.calls(text);
         ensure!(
             effects == n && events == n && calls == usize::try_from(n).unwrap_or(0),
@@ -666,7 +699,7 @@ impl Run<'_> {
             "the failing request: {}",
             said(&failed)
         );
-        let effects = self.site.effects("fail").await + self.site.events("fail").await;
+        let effects = self.site.effects("fail").await + self.site.events("fail").await?;
         ensure!(
             effects == 0,
             "the failed request left {effects} effects and events"
@@ -685,6 +718,7 @@ impl Run<'_> {
         let mut refusals = 0;
         for n in 0..4 {
             let (key, text) = (format!("k-refused-{n}"), format!("refused-{n}"));
+            let before = errors().errors().len();
             let answer = Self::send(self.a, &key, json!({ "text": text })).await;
             if answer.status == 201 && self.site.bouncer.is_some() {
                 self.once(&text, 1, "a request the setting did not reach")
@@ -693,13 +727,13 @@ impl Run<'_> {
             }
             ensure!(answer.status == 500, "expected 500, got {}", said(&answer));
             refusals += 1;
-            let named = errors()
-                .errors()
+            // The ERROR events since this request was sent (other cells' among them).
+            let named = errors().errors()[before..]
                 .iter()
                 .any(|e| e.0.values().any(|v| v.contains(setting)));
             ensure!(named, "no ERROR event names {setting}");
             ensure!(
-                self.site.key_rows(&key).await == 0,
+                self.site.key_rows(&key).await? == 0,
                 "the refused request wrote its key row"
             );
             self.once(&text, 0, "the refused request").await?;
@@ -743,7 +777,45 @@ async fn check_cell(cell: &Cell, site: &Site) -> Result<String, Broken> {
                 error.contains(names) && error.lines().count() == 1,
                 "refused at start without naming {names}: {error}"
             );
-            return Ok(format!("refused at start: {error}"));
+            if cell.setting != Setting::Privileges {
+                return Ok(format!("refused at start: {error}"));
+            }
+            // The line names the role, each table and the sequence, and the GRANT it
+            // suggests is enough.
+            for name in [
+                site.role.as_str(),
+                "idempotency_keys",
+                "idem_outbox",
+                "idempotency_steps",
+                "idem_outbox_seq_seq",
+            ] {
+                ensure!(
+                    error.contains(name),
+                    "the refusal does not name {name}: {error}"
+                );
+            }
+            let grant = error
+                .split('`')
+                .nth(1)
+                .ok_or_else(|| format!("the refusal suggests no GRANT: {error}"))?;
+            sqlx::raw_sql(AssertSqlSafe(grant.to_owned()))
+                .execute(&site.owner)
+                .await
+                .map_err(|e| format!("the suggested {grant:?}: {e}"))?;
+            let again = tokio::try_join!(site.start(cell, &handler), site.start(cell, &handler));
+            let (a, b) = again.map_err(|e| format!("after the suggested GRANT: {e}"))?;
+            let run = Run {
+                site,
+                handler: &handler,
+                a: &a,
+                b: &b,
+            };
+            run.warm_up().await?;
+            run.replay().await?;
+            run.resume().await?;
+            return Ok(format!(
+                "refused at start, then kept the contract after its GRANT: {error}"
+            ));
         }
         (Err(error), _) => return Err(format!("refused at start: {error}")),
         (Ok(_), Expect::RefusedAtStart(names)) => {

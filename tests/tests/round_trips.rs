@@ -113,7 +113,7 @@ const EXPECTED: [(Path, [u64; 3]); 9] = [
     (Path::Keyless, [3, 4, 3]),
     (Path::RunOnceFresh, [3, 4, 5]),
     (Path::RunOnceReplay, [2, 2, 3]),
-    (Path::Emit, [3, 4, 6]),
+    (Path::Emit, [3, 4, 5]),
     (Path::Step, [6, 7, 8]),
 ];
 

@@ -155,7 +155,18 @@ enum ClaimError {
     /// Above READ COMMITTED: the claim waited for a concurrent request's row, which then
     /// committed (40001). A new transaction, with a new snapshot, sees what it committed.
     NewSnapshot,
+    /// The database cannot take the request's writes now (a standby).
+    Unavailable(sqlx::Error),
     Database(sqlx::Error),
+}
+
+impl From<table::Unwritable> for ClaimError {
+    fn from(unwritable: table::Unwritable) -> Self {
+        match unwritable {
+            table::Unwritable::Standby(e) => Self::Unavailable(e),
+            table::Unwritable::ReadOnly(e) => Self::Database(e),
+        }
+    }
 }
 
 /// An open transaction that holds a key's claim (or, for an unkeyed request, records
@@ -167,6 +178,9 @@ pub(crate) struct Attempt {
     /// The default mode's hold on the claimed key; `None` in portable mode, where the
     /// claim inserted the key's row.
     held: Option<Held>,
+    /// The transaction's start, as the claim read it (the event ids' and the key row's
+    /// `began`); `None` without a key.
+    began: Option<f64>,
     isolation: Isolation,
     /// What the work leaves for the commit.
     state: AttemptState,
@@ -215,6 +229,7 @@ pub(crate) async fn begin(
             tx: open(store, isolation).await?,
             claim: None,
             held: None,
+            began: None,
             isolation,
             state: AttemptState::default(),
         }));
@@ -228,6 +243,7 @@ pub(crate) async fn begin(
                     tx,
                     claim,
                     held: Some(held),
+                    began: Some(held.began),
                     isolation,
                     state: AttemptState::default(),
                 }))
@@ -239,6 +255,7 @@ pub(crate) async fn begin(
             // The request it waited for has ended; a new snapshot sees its record.
             Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
             Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
+            Err(ClaimError::Unavailable(e)) => return Err(Refusal::Unavailable(e)),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
     }
@@ -320,7 +337,7 @@ impl Attempt {
     /// The transaction, lent to the work.
     pub(crate) fn tx(&mut self) -> Tx<'_> {
         let key = self.claim.as_ref().map(|c| &c.key);
-        let began = self.held.map(|held| held.began);
+        let began = self.began;
         let request = self.claim.as_ref().map(|c| Request {
             fingerprint: &c.fingerprint,
             ttl: c.ttl,
@@ -344,6 +361,7 @@ impl Attempt {
             held,
             isolation,
             mut state,
+            ..
         } = self;
         let Some(claim) = claim else {
             return tx

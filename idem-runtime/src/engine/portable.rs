@@ -31,23 +31,25 @@ pub(super) async fn begin_portable(
                 tx: open(store, isolation).await?,
                 claim: None,
                 held: None,
+                began: None,
                 isolation,
                 state: AttemptState::default(),
             }));
         };
         match claim_row(store, request, isolation, wait).await {
-            Ok((tx, Found::Claimed)) => {
+            Ok((tx, Found::Claimed, began)) => {
                 return Ok(Begun::Run(Attempt {
                     store: store.clone(),
                     tx,
                     claim,
                     held: None,
+                    began: Some(began),
                     isolation,
                     state: AttemptState::default(),
                 }))
             }
             // Nothing was written; the transaction's ROLLBACK goes out after the answer.
-            Ok((_, Found::Stored(row))) => return replay(row, &request.fingerprint),
+            Ok((_, Found::Stored(row), _)) => return replay(row, &request.fingerprint),
             Err(ClaimError::InUse) => {
                 // The row is locked, but what is committed is an expired row: a sweeper
                 // is deleting it, or a request is taking the expired key over. A sweep
@@ -76,6 +78,7 @@ pub(super) async fn begin_portable(
                 round -= 1;
             }
             Err(ClaimError::NewSnapshot) => return Err(Refusal::InUse),
+            Err(ClaimError::Unavailable(e)) => return Err(Refusal::Unavailable(e)),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
     }
@@ -89,7 +92,7 @@ pub(super) async fn claim_row(
     claim: &Claim,
     isolation: Isolation,
     wait: Duration,
-) -> Result<(OpenTransaction, Found), ClaimError> {
+) -> Result<(OpenTransaction, Found, f64), ClaimError> {
     let table = &store.inner.table;
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
@@ -126,8 +129,8 @@ pub(super) async fn claim_row(
     // As in the default mode's claim: each names the setting, and the adapter logs it.
     table
         .pinned_path(&saved.search_path)
-        .and_then(|()| crate::table::Table::writable(saved.read_only))
         .map_err(ClaimError::Database)?;
+    crate::table::Table::writable(&saved.access)?;
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     let claimed = 'rounds: {
@@ -148,7 +151,7 @@ pub(super) async fn claim_row(
             match found {
                 Found::Stored(row) if row.expired || row.status.is_none() => {}
                 Found::Claimed => break 'rounds true,
-                found => return Ok((tx, found)),
+                found => return Ok((tx, found, saved.began)),
             }
             if table
                 .reclaim(&mut tx, key, fingerprint, timeouts)
@@ -166,7 +169,7 @@ pub(super) async fn claim_row(
             .restore_wait(&mut tx, &saved)
             .await
             .map_err(classify)?;
-        return Ok((tx, Found::Claimed));
+        return Ok((tx, Found::Claimed, saved.began));
     }
     Err(ClaimError::InUse)
 }

@@ -62,7 +62,7 @@ pub(super) async fn take(
     if let Some(row) = stored.take_if(|row| row.live()) {
         return Ok((tx, Took::Stored(row)));
     }
-    table::Table::writable(tried.read_only).map_err(ClaimError::Database)?;
+    table::Table::writable(&tried.access)?;
     if !tried.locked {
         let wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
         // The shortest wait is no wait: the lock was just tried.

@@ -466,7 +466,7 @@ impl Store {
                     .bind(i64::from(limit))
             })
             .await?;
-        rows.iter().map(dead).collect()
+        rows.iter().map(DeadEvent::from_row).collect()
     }
 
     /// How many dead events `selection` names: what a re-drive or a discard of it would
@@ -501,7 +501,7 @@ impl Store {
         };
         let headers: Option<Vec<u8>> = row.try_get("headers")?;
         Ok(Some(DeadDetail {
-            event: dead(row)?,
+            event: DeadEvent::from_row(row)?,
             created_at: instant(row.try_get("created_at")?),
             headers: String::from_utf8_lossy(&headers.unwrap_or_default()).into_owned(),
             payload: row.try_get("payload")?,
@@ -600,17 +600,5 @@ fn lease(row: &PgRow) -> Result<Lease, sqlx::Error> {
         owner: row.try_get("lease_owner")?,
         last_error: row.try_get("last_error")?,
         until: instant(row.try_get("until")?),
-    })
-}
-
-fn dead(row: &PgRow) -> Result<DeadEvent, sqlx::Error> {
-    Ok(DeadEvent {
-        id: row.try_get("id")?,
-        topic: row.try_get("topic")?,
-        ordering_key: row.try_get("ordering_key")?,
-        attempts: row.try_get("attempts")?,
-        last_error: row.try_get("last_error")?,
-        dead_for: seconds(row.try_get("dead_for")?),
-        age: seconds(row.try_get("age")?),
     })
 }

@@ -138,11 +138,12 @@ impl Tx<'_> {
     /// after it expired writes new ones. Without a key (an endpoint with
     /// `required = false` called without one), the id is random.
     ///
-    /// With a key, outside the portable mode, the event's row rides the message that
-    /// carries the key's row and COMMIT (no round trip of its own), so a failure to write
-    /// it (the outbox table missing, say) fails the commit: the request answers 500 and
-    /// nothing commits. Elsewhere it is written at once, and such a failure is this
-    /// call's `Err`.
+    /// With a key, the event's row rides the message that carries the key's row (or, in
+    /// the portable mode, its response) and COMMIT: no round trip of its own, and the
+    /// table it names is the one the claim resolved, whatever `search_path` the handler
+    /// set since. So a failure to write it (the outbox table missing, say) fails the
+    /// commit: the request answers 500 and nothing commits. Without a key it is written
+    /// at once, and such a failure is this call's `Err`.
     ///
     /// ```no_run
     /// # async fn f(mut tx: idem::Tx<'_>, charge_id: i64) -> Result<(), idem::outbox::EmitError> {
@@ -179,8 +180,8 @@ impl Tx<'_> {
             hasher.finalize().to_vec()
         });
         let outbox = self.outbox();
-        // Where the key's row rides COMMIT, the event rides it too: no round trip of its
-        // own. Elsewhere (portable mode, no key) it is written now.
+        // Where a key's row (or its response) rides COMMIT, the event rides it too: no
+        // round trip of its own. Without a key it is written now.
         let began = self.request().and_then(|request| request.began);
         if let (Some(attempt), Some(began)) = (&attempt, began) {
             let id = crate::table::outbox::event_id(attempt, began);

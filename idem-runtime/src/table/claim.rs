@@ -35,7 +35,8 @@ SELECT pg_try_advisory_xact_lock($1) AS locked,
        (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
        current_setting('statement_timeout') AS statement_timeout,
        current_setting('search_path') AS search_path,
-       current_setting('transaction_read_only') AS read_only,
+       CASE WHEN pg_is_in_recovery() THEN 'standby'
+            ELSE current_setting('transaction_read_only') END AS read_only,
        CASE WHEN $2::text IS NOT NULL THEN set_config('statement_timeout', $2, true) END AS bounded";
 
 /// The claim's read: the key's committed row, if any, in a snapshot taken after [`TRY`]
@@ -234,6 +235,14 @@ pub(crate) enum Found {
     Stored(StoredRow),
 }
 
+/// Why a claim's session cannot take fresh work ([`Table::writable`]).
+pub(crate) enum Unwritable {
+    /// A standby: the database unavailable for writes, for now.
+    Standby(sqlx::Error),
+    /// A read-only setting.
+    ReadOnly(sqlx::Error),
+}
+
 /// What [`TRY`] found.
 pub(crate) struct Tried {
     /// The transaction's start, as [`INSERT`] checks it.
@@ -245,8 +254,9 @@ pub(crate) struct Tried {
     pub(crate) statement_timeout: String,
     /// The session's `search_path` ([`Table::pinned_path`]).
     pub(crate) search_path: String,
-    /// Whether the transaction is read-only ([`writable`]).
-    pub(crate) read_only: bool,
+    /// `on` where the transaction is read-only, `standby` on a standby, else `off`
+    /// ([`Table::writable`]).
+    pub(crate) access: String,
 }
 
 /// A held key, as [`Table::insert`] writes its row.
@@ -320,21 +330,34 @@ impl Table {
     }
 
     /// Invariant 12 for a read-only session (`default_transaction_read_only` set by the
-    /// database, the role, or a handler session-wide on its connection; a hot standby):
-    /// idem could not write the key's row, so a request that would run its handler is
-    /// refused before it runs, with one line that names the setting. (In the default mode
-    /// a stored answer still replays: that writes nothing.)
-    pub(crate) fn writable(read_only: bool) -> Result<(), sqlx::Error> {
-        if !read_only {
-            return Ok(());
-        }
-        Err(sqlx::Error::Configuration(
-            "idem: this connection's transactions are read-only (transaction_read_only is on: \
-             default_transaction_read_only set by the database, the role or a handler's SET, \
-             or a standby), and idem writes the key's row: the request is refused before its \
-             handler runs"
-                .into(),
-        ))
+    /// database, the role, or a handler session-wide on its connection) or a standby
+    /// (`access` as the claim read it: `on`, `standby` or `off`): idem could not write the
+    /// key's row, so a request that would run its handler is refused before it runs, with
+    /// one line that names the setting. (In the default mode and behind a pooler a stored
+    /// answer still replays: that writes nothing.) A standby is [`Unwritable::Standby`]:
+    /// what a failover leaves for a while, answered as the database unavailable (503,
+    /// and not counted against a consumer's deliveries).
+    pub(crate) fn writable(access: &str) -> Result<(), Unwritable> {
+        let why = match access {
+            "off" => return Ok(()),
+            "standby" => "this connection reaches a standby (pg_is_in_recovery())",
+            _ => {
+                "this connection's transactions are read-only (transaction_read_only is on: \
+                 default_transaction_read_only set by the database, the role or a handler's SET)"
+            }
+        };
+        let error = sqlx::Error::Configuration(
+            format!(
+                "idem: {why}, and idem writes the key's row: the request is refused before its \
+                 handler runs"
+            )
+            .into(),
+        );
+        Err(if access == "standby" {
+            Unwritable::Standby(error)
+        } else {
+            Unwritable::ReadOnly(error)
+        })
     }
 
     /// A statement whose first three parameters are the key: (scope, principal, key).
@@ -530,7 +553,10 @@ impl Table {
         format!(
             "{begin};\nSET LOCAL citus.propagate_set_commands = 'local';\n\
              SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), \
-             current_setting('search_path'), current_setting('transaction_read_only');\n\
+             current_setting('search_path'), \
+             CASE WHEN pg_is_in_recovery() THEN 'standby' \
+                  ELSE current_setting('transaction_read_only') END, \
+             (extract(epoch FROM now()) * 1000000)::bigint;\n\
              SET LOCAL lock_timeout = '{}';\nSET LOCAL statement_timeout = 0",
             lock_timeout(timeouts.wait)
         )
@@ -546,7 +572,9 @@ impl Table {
                 None => row.try_get(1)?,
             },
             search_path: row.try_get(2)?,
-            read_only: row.try_get::<String, _>(3)? == "on",
+            access: row.try_get(3)?,
+            // Exact, as `tried` reads the default mode's (`began_us`).
+            began: row.try_get::<i64, _>(4)? as f64 / 1e6,
         })
     }
 
@@ -748,8 +776,11 @@ pub(crate) struct Saved {
     statement_timeout: String,
     /// The session's `search_path` ([`Table::pinned_path`]).
     pub(crate) search_path: String,
-    /// Whether the transaction is read-only ([`writable`]).
-    pub(crate) read_only: bool,
+    /// `on` where the transaction is read-only, `standby` on a standby, else `off`
+    /// ([`Table::writable`]).
+    pub(crate) access: String,
+    /// The transaction's start: the events' ids, which ride the COMMIT message.
+    pub(crate) began: f64,
 }
 
 /// The row of [`TRY`].
@@ -762,7 +793,7 @@ pub(crate) fn tried(row: &PgRow) -> Result<Tried, sqlx::Error> {
         locked: row.try_get("locked")?,
         statement_timeout: row.try_get("statement_timeout")?,
         search_path: row.try_get("search_path")?,
-        read_only: row.try_get::<String, _>("read_only")? == "on",
+        access: row.try_get("read_only")?,
     })
 }
 

@@ -171,13 +171,12 @@ async fn a_claim_reads_as_much_at_a_large_table_as_at_a_small_one() {
     }
 }
 
-/// The buffers of one [`PURGE`] batch of 1 000, from `reached`, explained (and run)
-/// in a transaction rolled back.
-async fn purge_buffers(pool: &PgPool, table: &Table, reached: Option<i64>) -> u64 {
+/// The buffers of one batch of 1 000 of `purge` ([`PURGE`], or the steps table's), from
+/// `reached`, explained (and run) in a transaction rolled back.
+pub(crate) async fn purge_buffers(pool: &PgPool, purge: &str, reached: Option<i64>) -> u64 {
     let mut tx = pool.begin().await.unwrap();
     let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {}",
-        table.purge.as_str()
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {purge}"
     )))
     .bind(1_000_i64)
     .bind(reached)
@@ -196,13 +195,13 @@ async fn purge_buffers(pool: &PgPool, table: &Table, reached: Option<i64>) -> u6
 async fn a_purge_reads_as_much_in_its_last_batches_as_in_its_first() {
     let pool = pool().await;
     let (table, schema) = filled(&pool, 220_000).await;
-    let first = purge_buffers(&pool, &table, None).await;
+    let first = purge_buffers(&pool, table.purge.as_str(), None).await;
     let mut reached = None;
     for _ in 0..99 {
         let deleted = table.purge(&pool, 1_000, &mut reached).await.unwrap();
         assert_eq!(deleted, 1_000);
     }
-    let hundredth = purge_buffers(&pool, &table, reached).await;
+    let hundredth = purge_buffers(&pool, table.purge.as_str(), reached).await;
     drop_schema(&pool, &schema).await;
     assert!(
         hundredth as f64 <= first as f64 * 1.5 + 50.0,

@@ -416,6 +416,24 @@ impl DeadEvent {
     pub fn outside_window(&self, max_age: Duration) -> bool {
         self.age >= max_age
     }
+
+    /// A row with the columns of that name, `dead_for` and `age` in seconds.
+    pub(crate) fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let seconds = |column: &str| -> Result<Duration, sqlx::Error> {
+            Ok(Duration::from_secs_f64(
+                row.try_get::<f64, _>(column)?.max(0.0),
+            ))
+        };
+        Ok(Self {
+            id: row.try_get("id")?,
+            topic: row.try_get("topic")?,
+            ordering_key: row.try_get("ordering_key")?,
+            attempts: row.try_get("attempts")?,
+            last_error: row.try_get("last_error")?,
+            dead_for: seconds("dead_for")?,
+            age: seconds("age")?,
+        })
+    }
 }
 
 impl OutboxTable {
@@ -713,19 +731,7 @@ impl OutboxTable {
             .fetch_all(&mut *single)
             .await?;
         single.finish().await?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadEvent {
-                    id: row.try_get("id")?,
-                    topic: row.try_get("topic")?,
-                    ordering_key: row.try_get("ordering_key")?,
-                    attempts: row.try_get("attempts")?,
-                    last_error: row.try_get("last_error")?,
-                    dead_for: Duration::from_secs_f64(row.try_get::<f64, _>("dead_for")?.max(0.0)),
-                    age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
-                })
-            })
-            .collect()
+        rows.iter().map(DeadEvent::from_row).collect()
     }
 
     /// Creates the table (see [`crate::table::create`]).

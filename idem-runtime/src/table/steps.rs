@@ -377,7 +377,7 @@ mod tests {
     /// buffers; the 150th from the oldest read 6 818).
     #[tokio::test(flavor = "multi_thread")]
     async fn a_steps_purge_reads_as_much_in_its_last_batches_as_in_its_first() {
-        use crate::table::cost::{buffers, drop_schema, pool, schema};
+        use crate::table::cost::{drop_schema, pool, purge_buffers, schema};
         use sqlx::AssertSqlSafe;
 
         let pool = pool().await;
@@ -401,21 +401,7 @@ mod tests {
             .execute(&pool)
             .await
             .expect("the statistics");
-        let batch = async |reached: Option<i64>| -> u64 {
-            let mut tx = pool.begin().await.unwrap();
-            let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {}",
-                table.purge.as_str()
-            )))
-            .bind(1_000_i64)
-            .bind(reached)
-            .fetch_all(&mut *tx)
-            .await
-            .expect("the purge's plan");
-            tx.rollback().await.unwrap();
-            buffers(&plan).0
-        };
-        let first = batch(None).await;
+        let first = purge_buffers(&pool, table.purge.as_str(), None).await;
         let mut reached = None;
         let mut conn = pool.acquire().await.unwrap();
         for _ in 0..149 {
@@ -423,7 +409,7 @@ mod tests {
             assert_eq!(deleted, 1_000);
         }
         drop(conn);
-        let last = batch(reached).await;
+        let last = purge_buffers(&pool, table.purge.as_str(), reached).await;
         drop_schema(&pool, &schema).await;
         assert!(
             last as f64 <= first as f64 * 1.2 + 50.0,
