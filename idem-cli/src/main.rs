@@ -472,6 +472,10 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
 fn verify(error: VerifyError, target: &Target) -> Failure {
     match error {
         VerifyError::Database(e) => database(&e, target),
+        // The role may not use idem's tables: as PostgreSQL's own 42501.
+        e @ VerifyError::Privileges { .. } => {
+            Failure::new(exit::PERMISSION, format!("{}: {e}", target.server))
+        }
         other => Failure::new(exit::TABLES, format!("{}: {other}", target.server)),
     }
 }

@@ -331,8 +331,8 @@ impl StoreBuilder {
     ///
     /// Set it to the ttl of the records your consumers deduplicate deliveries on
     /// ([`RunOnce::ttl`](crate::RunOnce::ttl), which `Received::once` uses), less the
-    /// time a re-driven event may take to reach them (its retries, the consumers' lag).
-    /// A dead event may have reached its consumers even though its publish failed (the
+    /// time a re-driven event may take to reach them (its retries, the consumers' lag):
+    /// the default leaves no such margin, as it cannot know your consumers. A dead event may have reached its consumers even though its publish failed (the
     /// broker took it, its acknowledgement was lost). A consumer recorded that delivery
     /// after the event was written, so its record is still kept while the event is
     /// younger than the record's ttl; past it, the record may be gone, and a re-driven

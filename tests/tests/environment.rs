@@ -8,7 +8,7 @@
 //! database, a handler's session-wide `SET`, a handler's `SET LOCAL`), the server encoding
 //! (`UTF8`, `SQL_ASCII`, `LATIN1`) and the mode (the default, behind a PgBouncer of its
 //! own in transaction mode, portable). A pairwise cover of them
-//! ([`idem_tests::pairwise`]) gives some sixty cells.
+//! ([`idem_tests::pairwise`]) gives 55 cells.
 //!
 //! Each cell has a database of its own in its encoding, its tables migrated by the
 //! database's owner, and a service that connects as a role of its own (as services are

@@ -198,7 +198,8 @@ async fn a_returned_message_is_not_a_success() {
 /// Issue 37's suspicion, settled: a publish the broker answers by closing the channel
 /// (here 404 NOT_FOUND, an exchange that does not exist) is that publish's own failure,
 /// counted and parked after the relay's attempts, not read as the broker unavailable
-/// (which would be waited out for ever); the relay opens a new channel for the next.
+/// (which would be waited out for ever). Both events are tried their three times: each
+/// attempt after the first closed channel runs on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_publish_that_closes_its_channel_is_counted_and_parked() {
     with_test_db(async |db| {

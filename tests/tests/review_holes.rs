@@ -1,6 +1,6 @@
 //! Issue 19, the review's holes, where they show over HTTP: a final 4xx answered after
 //! a failed statement (item 6), and principals that equal "no principal" (item 7). The
-//! engine-level items are tested in `idem-runtime/src/engine.rs`, the compile errors in
+//! engine-level items are tested in `idem-runtime/src/engine/tests.rs`, the compile errors in
 //! `ui/fail`.
 
 use axum::extract::FromRef;

@@ -184,7 +184,7 @@ SELECT EXISTS (SELECT 1 FROM {table} WHERE scope = $1 AND expires_at > now())";
 /// The claim of portable mode: one statement that inserts the key's row (its response
 /// still NULL), or returns the stored row. A distributed engine has no cluster-wide
 /// advisory lock, so the uncommitted row is the key's lock here: a duplicate's insert
-/// waits for it, and `lock_timeout` (set by `SET LOCAL` before, [`Table::set_waits`])
+/// waits for it, and `lock_timeout` (set by `SET LOCAL` before, [`Table::begin_waiting`])
 /// turns the wait into 55P03. `ON CONFLICT DO NOTHING` takes no lock on a live row, so
 /// concurrent replays do not serialize. When the conflicting row was committed after
 /// this statement's snapshot began (it waited for it), neither branch returns a row and
@@ -579,7 +579,7 @@ impl Table {
     }
 
     /// Portable mode: after a successful claim, gives the handler the settings
-    /// [`Self::set_waits`] replaced: the `lock_timeout` the transaction had before the
+    /// [`Self::begin_waiting`] replaced: the `lock_timeout` the transaction had before the
     /// claim (the session's, by its role, database, connection options or a `SET` of its
     /// own), and the request's statement timeout, else the one it had before.
     pub(crate) async fn restore_wait(
@@ -769,7 +769,7 @@ pub(crate) struct Timeouts {
     pub(crate) statement: Option<Duration>,
 }
 
-/// The settings a portable claim replaced for its wait ([`Table::set_waits`]), and gives
+/// The settings a portable claim replaced for its wait ([`Table::begin_waiting`]), and gives
 /// back when it holds the key ([`Table::restore_wait`]).
 pub(crate) struct Saved {
     lock_timeout: String,

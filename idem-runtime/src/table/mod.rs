@@ -1,6 +1,9 @@
-//! The idempotency table: its name, its DDL, and every statement idem runs on it, each
-//! written whole beside the function that binds its parameters and decodes its rows.
-//! Only the table's name is filled in, once per store.
+//! idem's tables: the idempotency table here (its name, its DDL, the connections its
+//! statements run on), its claim and commit in [`claim`], its sweep in [`sweep`]; the
+//! outbox's in [`outbox`] and the steps' in [`steps`]. Every statement is written whole
+//! beside the function that binds its parameters and decodes its rows; only the table's
+//! name is filled in, once per store. The store stands on this module, and the outbox and
+//! steps modules on the store.
 //!
 //! # How a key is held
 //!
@@ -28,7 +31,7 @@
 //! and gives it back in one statement, with `set_config(.., true)`, the function form of
 //! `SET LOCAL`. A duplicate that does not wait is answered after [`TRY`], which tries the
 //! lock without waiting. Portable mode sets and resets the wait with `SET LOCAL`
-//! ([`Table::set_waits`], [`Table::restore_wait`]).
+//! ([`Table::begin_waiting`], [`Table::restore_wait`]).
 //!
 //! `lock_timeout = 0` means "wait forever" to PostgreSQL, so the shortest wait bound is
 //! 1 ms ([`lock_timeout`]).
@@ -487,10 +490,6 @@ impl Table {
         table
     }
 
-    /// The table, its prepared statements joined by `more` (role, parameter types, text):
-    /// statements of the store's other tables that ride the same messages, prepared on a
-    /// connection when the claim's are, so that a message that rides a claim executed by
-    /// name finds them too; each only where its table exists.
     /// The table, pinning the `search_path` its store's first claim finds, where the
     /// store names tables without their schema (`unqualified`, each quoted as the
     /// statements write it: [`Table::pinned_path`]); its prepared statements name them
@@ -504,6 +503,10 @@ impl Table {
         self
     }
 
+    /// The table, its prepared statements joined by `more` (role, parameter types, text):
+    /// statements of the store's other tables that ride the same messages, prepared on a
+    /// connection when the claim's are, so that a message that rides a claim executed by
+    /// name finds them too; each only where its table exists.
     pub(crate) fn prepare_also(mut self, more: &[(&str, &str, &str)]) -> Self {
         self.prepared = self.preparing(more);
         self

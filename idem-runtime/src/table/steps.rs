@@ -289,11 +289,7 @@ impl StepsTable {
             .bind(batch_size)
             .bind(*reached);
         if !self.dialect.portable {
-            let row = query.fetch_one(conn).await?;
-            if let Some(at) = row.try_get("reached")? {
-                *reached = Some(at);
-            }
-            return Ok(u64::try_from(row.try_get::<i64, _>("deleted")?).unwrap_or(0));
+            return super::purged(&query.fetch_one(conn).await?, reached);
         }
         let expired = query.fetch_all(&mut *conn).await?;
         let mut deleted = 0;

@@ -84,10 +84,7 @@ impl Table {
             .fetch_one(&mut *conn)
             .await?;
         conn.finish().await?;
-        if let Some(at) = row.try_get("reached")? {
-            *reached = Some(at);
-        }
-        Ok(u64::try_from(row.try_get::<i64, _>("deleted")?).unwrap_or(0))
+        purged(&row, reached)
     }
 
     pub(super) async fn purge_portable(
@@ -138,4 +135,13 @@ impl Table {
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         self.bounded(pool.begin()).await
     }
+}
+
+/// A purge batch's row (`deleted`, and `reached` as [`REACHES`] writes it): how many rows
+/// it deleted; `reached` becomes where it stopped, if it deleted any.
+pub(crate) fn purged(row: &PgRow, reached: &mut Option<i64>) -> Result<u64, sqlx::Error> {
+    if let Some(at) = row.try_get("reached")? {
+        *reached = Some(at);
+    }
+    Ok(u64::try_from(row.try_get::<i64, _>("deleted")?).unwrap_or(0))
 }
