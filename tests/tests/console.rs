@@ -306,6 +306,7 @@ async fn a_redrive_past_the_window_asks_first() {
             format!("name=\"id\" value=\"{old}\""),
             format!("name=\"id\" value=\"{young}\""),
             "name=\"force\" value=\"1\"".to_owned(),
+            "name=\"expected\" value=\"2\"".to_owned(),
         ] {
             assert!(page.contains(&field), "{field} in {page}");
         }
@@ -323,6 +324,25 @@ async fn a_redrive_past_the_window_asks_first() {
         .await;
         assert_eq!(status, 200, "{page}");
         assert!(page.contains("Re-drove 1 dead event(s)"), "{page}");
+        // The confirmation of two, sent when the selection holds one: shown again.
+        let (status, page) = post(
+            &app,
+            "/ops/dead/redrive",
+            &[
+                ("id", old),
+                ("id", young),
+                ("force", "1"),
+                ("expected", "2"),
+                ("csrf", &token),
+            ],
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.contains("Nothing was re-driven: the selection holds 1 dead event(s) now"),
+            "{page}"
+        );
+        assert_eq!(store.dead_events(10).await.unwrap().len(), 1);
         let (status, page) = post(
             &app,
             "/ops/dead/redrive",

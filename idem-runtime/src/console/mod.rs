@@ -554,6 +554,25 @@ async fn dead_action(
         return back(base, "/dead", "Nothing was selected.");
     };
     let force = redrive && field(fields, "force").is_some();
+    // The confirmation names how many it counted: a selection by reason, or of all,
+    // that holds others by now (events parked since) is shown again, not re-driven.
+    let expected = field(fields, "expected").and_then(|n| n.parse::<u64>().ok());
+    if let (true, Some(expected)) = (force, expected) {
+        match console.store.dead_count(&selection).await {
+            Ok(now) if now != expected => {
+                return back(
+                    base,
+                    "/dead",
+                    &format!(
+                        "Nothing was re-driven: the selection holds {now} dead event(s) now, \
+                         not the {expected} you confirmed. Review it again."
+                    ),
+                );
+            }
+            Ok(_) => {}
+            Err(e) => return failed(e),
+        }
+    }
     let done = if force {
         console.store.redrive_dead_forced(&selection).await
     } else if redrive {

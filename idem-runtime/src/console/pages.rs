@@ -556,7 +556,9 @@ pub(crate) fn redrive_past_window(
         DeadSelection::Reason(reason) => vec![("reason", reason.as_str())],
         DeadSelection::Ids(ids) => ids.iter().map(|id| ("id", id.as_str())).collect(),
     };
+    let expected = selected.to_string();
     fields.push(("force", "1"));
+    fields.push(("expected", &expected));
     let body = html! {
         section.warn role="status" {
             p {
