@@ -35,7 +35,7 @@ SELECT pg_try_advisory_xact_lock($1) AS locked,
        (extract(epoch FROM now()) * 1000000)::bigint AS began_us,
        current_setting('statement_timeout') AS statement_timeout,
        current_setting('search_path') AS search_path,
-       CASE WHEN pg_is_in_recovery() THEN 'standby'
+       CASE WHEN current_setting('in_hot_standby', true) = 'on' THEN 'standby'
             ELSE current_setting('transaction_read_only') END AS read_only,
        CASE WHEN $2::text IS NOT NULL THEN set_config('statement_timeout', $2, true) END AS bounded";
 
@@ -336,11 +336,14 @@ impl Table {
     /// one line that names the setting. (In the default mode and behind a pooler a stored
     /// answer still replays: that writes nothing.) A standby is [`Unwritable::Standby`]:
     /// what a failover leaves for a while, answered as the database unavailable (503,
-    /// and not counted against a consumer's deliveries).
+    /// and not counted against a consumer's deliveries). A standby is known by the
+    /// setting `in_hot_standby` (PostgreSQL 14 and later; a function such as
+    /// `pg_is_in_recovery()` would leave invariant 5's portable SQL): before 14 it reads
+    /// as read-only, a 500.
     pub(crate) fn writable(access: &str) -> Result<(), Unwritable> {
         let why = match access {
             "off" => return Ok(()),
-            "standby" => "this connection reaches a standby (pg_is_in_recovery())",
+            "standby" => "this connection reaches a standby (in_hot_standby is on)",
             _ => {
                 "this connection's transactions are read-only (transaction_read_only is on: \
                  default_transaction_read_only set by the database, the role or a handler's SET)"
@@ -554,7 +557,7 @@ impl Table {
             "{begin};\nSET LOCAL citus.propagate_set_commands = 'local';\n\
              SELECT current_setting('lock_timeout'), current_setting('statement_timeout'), \
              current_setting('search_path'), \
-             CASE WHEN pg_is_in_recovery() THEN 'standby' \
+             CASE WHEN current_setting('in_hot_standby', true) = 'on' THEN 'standby' \
                   ELSE current_setting('transaction_read_only') END, \
              (extract(epoch FROM now()) * 1000000)::bigint;\n\
              SET LOCAL lock_timeout = '{}';\nSET LOCAL statement_timeout = 0",
