@@ -295,7 +295,9 @@ impl Store {
     /// - the session is writable ([`VerifyError::ReadOnly`]: `default_transaction_read_only`
     ///   set for the database or the role, or a standby), and the role it connects as may
     ///   read, insert, update and delete in each of idem's tables that exists
-    ///   ([`VerifyError::Privileges`], `has_table_privilege`);
+    ///   ([`VerifyError::Privileges`], `has_table_privilege`); a
+    ///   [`step_pool`](crate::StoreBuilder::step_pool) of its own is checked the same for
+    ///   the steps table;
     /// - on a distributed engine, found by Citus's function `citus_version()`, the store
     ///   is portable ([`VerifyError::NotPortable`]) and its table is hash-distributed by
     ///   `principal` ([`VerifyError::NotDistributed`]), as Citus's metadata table
@@ -382,7 +384,21 @@ impl Store {
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
-        self.verify_session(&mut conn, persistent).await?;
+        let tables = [
+            self.inner.table_name.qualified(),
+            self.inner.outbox.qualified().to_owned(),
+            self.inner.steps_table.qualified(),
+        ];
+        self.verify_session(&mut conn, persistent, &tables, true)
+            .await?;
+        // A step pool of its own (another role, or another host) records the steps.
+        if self.inner.step_pool_given {
+            let mut steps = self.inner.table.single(self.outside()).await?;
+            let tables = [self.inner.steps_table.qualified()];
+            self.verify_session(&mut steps, persistent, &tables, false)
+                .await?;
+            steps.finish().await?;
+        }
         let outcome = match deployment::distributed_engine(&mut conn, persistent).await? {
             None => Ok(()),
             Some(engine) if !self.inner.table.portable() => {
@@ -423,12 +439,15 @@ SELECT seq FROM (SELECT CASE WHEN to_regclass($1) IS NOT NULL
 const PRIVILEGES: [&str; 4] = ["SELECT", "INSERT", "UPDATE", "DELETE"];
 
 impl Store {
-    /// [`Store::verify`]'s checks of the session itself (invariant 12): writable, and the
-    /// role allowed to read and write each of idem's tables that exists.
+    /// [`Store::verify`]'s checks of a session (invariant 12): writable, and its role
+    /// allowed to read and write each of `tables` that exists (and, with `outbox`, to use
+    /// the outbox's sequence).
     async fn verify_session(
         &self,
         conn: &mut crate::table::Single,
         persistent: bool,
+        tables: &[String],
+        outbox: bool,
     ) -> Result<(), VerifyError> {
         let (role, read_only): (String, String) = sqlx::query_as(
             "SELECT quote_ident(current_user), current_setting('transaction_read_only')",
@@ -439,24 +458,22 @@ impl Store {
         if read_only == "on" {
             return Err(VerifyError::ReadOnly);
         }
-        let tables = vec![
-            self.inner.table_name.qualified(),
-            self.inner.outbox.qualified().to_owned(),
-            self.inner.steps_table.qualified(),
-        ];
         let rows: Vec<(String, String)> = sqlx::query_as(MISSING_PRIVILEGES)
-            .bind(tables)
+            .bind(tables.to_vec())
             .bind(PRIVILEGES.map(str::to_owned).to_vec())
             .persistent(persistent)
             .fetch_all(&mut **conn)
             .await?;
-        let outbox = self.inner.outbox.qualified().to_owned();
-        let sequence: Option<String> = sqlx::query_scalar(MISSING_SEQUENCE_USAGE)
-            .bind(outbox)
-            .persistent(persistent)
-            .fetch_optional(&mut **conn)
-            .await?
-            .flatten();
+        let sequence: Option<String> = if outbox {
+            sqlx::query_scalar(MISSING_SEQUENCE_USAGE)
+                .bind(self.inner.outbox.qualified().to_owned())
+                .persistent(persistent)
+                .fetch_optional(&mut **conn)
+                .await?
+                .flatten()
+        } else {
+            None
+        };
         let mut missing: Vec<(String, Vec<String>)> = Vec::new();
         let sequence = sequence.map(|name| (name, "USAGE".to_owned()));
         for (table, privilege) in rows.into_iter().chain(sequence) {

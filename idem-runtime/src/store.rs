@@ -88,6 +88,9 @@ pub(crate) struct Settings {
     /// The connections for writes that must commit outside a request's transaction
     /// ([`Store::outside`]): given, or made on first use.
     outside: OnceLock<PgPool>,
+    /// Whether `outside` was given ([`StoreBuilder::step_pool`]): [`Store::verify`]
+    /// checks it too.
+    pub(crate) step_pool_given: bool,
     outside_connections: u32,
 }
 
@@ -522,6 +525,7 @@ impl StoreBuilder {
             None => table_name.sibling(DEFAULT_STEPS_TABLE),
         };
         let outside = OnceLock::new();
+        let step_pool_given = self.step_pool.is_some();
         if let Some(pool) = self.step_pool {
             let _ = outside.set(pool);
         }
@@ -565,6 +569,7 @@ impl StoreBuilder {
                 step_timeout: self.step_timeout,
                 redrive_max_age: self.redrive_max_age,
                 outside,
+                step_pool_given,
                 outside_connections: self.step_connections,
             }),
         }

@@ -602,7 +602,25 @@ struct Run<'a> {
     b: &'a Instance,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    fn new(site: &'a Site, handler: &'a Handler, a: &'a Instance, b: &'a Instance) -> Self {
+        Self {
+            site,
+            handler,
+            a,
+            b,
+        }
+    }
+
+    /// The warm-up, then every check of the contract.
+    async fn contract(&self) -> Result<(), Broken> {
+        self.warm_up().await?;
+        self.replay().await?;
+        self.payload().await?;
+        self.conflict().await?;
+        self.resume().await
+    }
+
     async fn send(instance: &Instance, key: &str, body: Value) -> Answer {
         instance.app.post("/notes", Some(key), &body).await
     }
@@ -804,15 +822,7 @@ async fn check_cell(cell: &Cell, site: &Site) -> Result<String, Broken> {
                 .map_err(|e| format!("the suggested {grant:?}: {e}"))?;
             let again = tokio::try_join!(site.start(cell, &handler), site.start(cell, &handler));
             let (a, b) = again.map_err(|e| format!("after the suggested GRANT: {e}"))?;
-            let run = Run {
-                site,
-                handler: &handler,
-                a: &a,
-                b: &b,
-            };
-            run.warm_up().await?;
-            run.replay().await?;
-            run.resume().await?;
+            Run::new(site, &handler, &a, &b).contract().await?;
             return Ok(format!(
                 "refused at start, then kept the contract after its GRANT: {error}"
             ));
@@ -825,21 +835,13 @@ async fn check_cell(cell: &Cell, site: &Site) -> Result<String, Broken> {
         }
         (Ok(instances), _) => instances,
     };
-    let run = Run {
-        site,
-        handler: &handler,
-        a: &a,
-        b: &b,
-    };
-    run.warm_up().await?;
+    let run = Run::new(site, &handler, &a, &b);
     if let Expect::Refused(setting) = expect {
+        run.warm_up().await?;
         run.refused(setting).await?;
         return Ok(format!("each request refused, naming {setting}"));
     }
-    run.replay().await?;
-    run.payload().await?;
-    run.conflict().await?;
-    run.resume().await?;
+    run.contract().await?;
     Ok("kept the contract".to_owned())
 }
 

@@ -350,3 +350,46 @@ async fn a_handler_that_makes_its_connection_read_only() {
     })
     .await;
 }
+
+/// A step pool of its own (`StoreBuilder::step_pool`), connecting as a role that may not
+/// write the steps table, is refused at start with one line that names the role and the
+/// table: its first step would have called out, then failed to record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_pool_whose_role_may_not_record_steps_is_refused_at_start() {
+    with_test_db(async |db| {
+        let pool = db.pool(2).await;
+        Store::new(pool.clone()).migrate().await.unwrap();
+        let role = format!("{}_steps", db.name);
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON idempotency_steps TO {role}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let steps = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(db.options.clone().username(&role))
+            .await
+            .unwrap();
+        let store = Store::builder(pool.clone())
+            .step_pool(steps.clone())
+            .build()
+            .unwrap();
+        let refused = store.verify().await.expect_err("a refusal").to_string();
+        steps.close().await;
+        assert!(
+            refused.contains(&role)
+                && refused.contains("INSERT, UPDATE, DELETE on \"idempotency_steps\"")
+                && !refused.contains("idempotency_keys"),
+            "{refused}"
+        );
+        assert!(Store::new(pool.clone()).verify().await.is_ok());
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "REVOKE ALL ON idempotency_steps FROM {role}; DROP ROLE {role}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+    })
+    .await;
+}
