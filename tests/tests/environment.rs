@@ -8,7 +8,7 @@
 //! database, a handler's session-wide `SET`, a handler's `SET LOCAL`), the server encoding
 //! (`UTF8`, `SQL_ASCII`, `LATIN1`) and the mode (the default, behind a PgBouncer of its
 //! own in transaction mode, portable). A pairwise cover of them
-//! ([`idem_tests::pairwise`]) gives 55 cells.
+//! ([`idem_tests::pairwise`]) gives 55 cells, and four more try the refusals of each request in every mode.
 //!
 //! Each cell has a database of its own in its encoding, its tables migrated by the
 //! database's owner, and a service that connects as a role of its own (as services are
@@ -179,9 +179,12 @@ impl std::fmt::Display for Cell {
     }
 }
 
+/// The cover's cells, then a cell for each mode the cover leaves a per-request refusal
+/// untried in: a pair covers a refused setting in one mode only, and each mode refuses by
+/// its own statements.
 fn cells() -> (pairwise::Cover, Vec<Cell>) {
     let cover = pairwise::cover(&AXES, refuse);
-    let cells = cover
+    let mut cells: Vec<Cell> = cover
         .cells
         .iter()
         .enumerate()
@@ -193,6 +196,24 @@ fn cells() -> (pairwise::Cover, Vec<Cell>) {
             mode: Mode::ALL[c[3]],
         })
         .collect();
+    for &setting in Setting::ALL {
+        for &mode in Mode::ALL {
+            let cell = Cell {
+                n: cells.len(),
+                setting,
+                setter: Setter::Handler,
+                encoding: Encoding::Utf8,
+                mode,
+            };
+            let refused = matches!(expect(&cell), Expect::Refused(_));
+            let tried = cells
+                .iter()
+                .any(|c| (c.setting, c.setter, c.mode) == (setting, Setter::Handler, mode));
+            if refused && !tried {
+                cells.push(cell);
+            }
+        }
+    }
     (cover, cells)
 }
 
