@@ -215,15 +215,8 @@ pub(crate) async fn begin(
     claim: Option<Claim>,
     isolation: Isolation,
 ) -> Result<Begun, Refusal> {
-    if let Some(request) = &claim {
-        if let Some(row) = earlier(store, request).await? {
-            return replay(row, &request.fingerprint);
-        }
-    }
-    if store.inner.table.portable() {
-        return begin_portable(store, claim, isolation).await;
-    }
-    let Some(request) = &claim else {
+    // Without a key there is nothing to claim, in every mode.
+    let Some(claim) = claim else {
         return Ok(Begun::Run(Attempt {
             store: store.clone(),
             tx: open(store, isolation).await?,
@@ -234,6 +227,13 @@ pub(crate) async fn begin(
             state: AttemptState::default(),
         }));
     };
+    if let Some(row) = earlier(store, &claim).await? {
+        return replay(row, &claim.fingerprint);
+    }
+    if store.inner.table.portable() {
+        return begin_portable(store, claim, isolation).await;
+    }
+    let request = &claim;
     let mut snapshots = 0;
     loop {
         match take(store, request, isolation).await {
@@ -241,7 +241,7 @@ pub(crate) async fn begin(
                 return Ok(Begun::Run(Attempt {
                     store: store.clone(),
                     tx,
-                    claim,
+                    claim: Some(claim),
                     held: Some(held),
                     began: Some(held.began),
                     isolation,

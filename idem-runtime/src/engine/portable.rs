@@ -7,14 +7,11 @@ use super::*;
 /// transaction ends ([`claim_row`]).
 pub(super) async fn begin_portable(
     store: &Store,
-    claim: Option<Claim>,
+    claim: Claim,
     isolation: Isolation,
 ) -> Result<Begun, Refusal> {
     let settings = &store.inner;
-    let mut wait = claim
-        .as_ref()
-        .and_then(|c| c.conflict_wait)
-        .unwrap_or(settings.conflict_wait);
+    let mut wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
     // A short lock_timeout also expires on locks that have nothing to do with this key,
     // such as the relation-extension lock of concurrent inserts. A duplicate in flight
     // holds its key for its whole handler and times out again; a passing lock does not.
@@ -23,31 +20,11 @@ pub(super) async fn begin_portable(
     let mut round = 0;
     let mut snapshots = 0;
     let mut checked_expiry = false;
-    loop {
+    let request = &claim;
+    let (tx, began) = loop {
         round += 1;
-        let Some(request) = &claim else {
-            return Ok(Begun::Run(Attempt {
-                store: store.clone(),
-                tx: open(store, isolation).await?,
-                claim: None,
-                held: None,
-                began: None,
-                isolation,
-                state: AttemptState::default(),
-            }));
-        };
         match claim_row(store, request, isolation, wait).await {
-            Ok((tx, Found::Claimed, began)) => {
-                return Ok(Begun::Run(Attempt {
-                    store: store.clone(),
-                    tx,
-                    claim,
-                    held: None,
-                    began: Some(began),
-                    isolation,
-                    state: AttemptState::default(),
-                }))
-            }
+            Ok((tx, Found::Claimed, began)) => break (tx, began),
             // Nothing was written; the transaction's ROLLBACK goes out after the answer.
             Ok((_, Found::Stored(row), _)) => return replay(row, &request.fingerprint),
             Err(ClaimError::InUse) => {
@@ -81,7 +58,16 @@ pub(super) async fn begin_portable(
             Err(ClaimError::Unavailable(e)) => return Err(Refusal::Unavailable(e)),
             Err(ClaimError::Database(e)) => return Err(Refusal::from_database(e)),
         }
-    }
+    };
+    Ok(Begun::Run(Attempt {
+        store: store.clone(),
+        tx,
+        claim: Some(claim),
+        held: None,
+        began: Some(began),
+        isolation,
+        state: AttemptState::default(),
+    }))
 }
 
 /// Portable mode: opens the transaction, its waits riding `BEGIN`
