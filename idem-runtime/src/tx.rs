@@ -3,8 +3,12 @@
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
 use sha2::{Digest, Sha256};
-use sqlx::PgConnection;
+use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Either, Error, Execute, Executor, PgConnection, Postgres, SqlStr};
+use sqlx_core::describe::Describe;
 
 use crate::fingerprint::{hex, Fingerprint};
 use crate::identity::KeyInScope;
@@ -17,10 +21,10 @@ use crate::table::outbox::OutboxTable;
 /// transaction, claims the key and lends the `Tx` to the handler. Without the attribute,
 /// axum has nothing to extract it from.
 ///
-/// `Tx` derefs to the transaction's [`PgConnection`], so `&mut *tx` is an sqlx
-/// [`Executor`](sqlx::Executor), exactly as `&mut *transaction` is for sqlx's own
-/// `Transaction` (sqlx 0.9 made the dereference the one spelling for both). A function
-/// taking `&mut PgConnection` also takes `&mut tx`, by deref coercion:
+/// `&mut tx` is an sqlx [`Executor`](sqlx::Executor), and so is `&mut *tx`, the
+/// transaction's [`PgConnection`] that `Tx` derefs to, as `&mut *transaction` is for
+/// sqlx's own `Transaction`. A function taking `&mut PgConnection` takes `&mut tx` too,
+/// by deref coercion:
 ///
 /// ```
 /// use sqlx::{PgConnection, PgExecutor};
@@ -35,16 +39,12 @@ use crate::table::outbox::OutboxTable;
 /// }
 ///
 /// # async fn f(mut tx: idem::Tx<'_>, amount: i64) -> Result<(), sqlx::Error> {
+/// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut tx).await?;
 /// sqlx::query("INSERT INTO charges (amount) VALUES ($1)").bind(amount).execute(&mut *tx).await?;
-/// insert(&mut *tx, amount).await?;
+/// insert(&mut tx, amount).await?;
 /// let _n = count(&mut tx).await?;
 /// # Ok(()) }
 /// ```
-///
-/// `Tx` is not an `Executor` itself: sqlx 0.9 requires an executor to implement a
-/// hidden, feature-dependent method (`describe`, present only with sqlx's `macros`
-/// feature) that is outside its stability promise, so an implementation outside sqlx
-/// would break with a user's feature choice or a patch release.
 ///
 /// A function that takes `&mut Transaction<'_, Postgres>` cannot be given a `Tx`: a
 /// `Transaction` can commit, and idem owns the commit. Change its parameter to
@@ -204,6 +204,104 @@ impl Deref for Tx<'_> {
 impl DerefMut for Tx<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         self.conn
+    }
+}
+
+/// `&mut tx` runs its statements on the transaction's connection, exactly as `&mut *tx`
+/// does: every method hands the query to the connection's own `Executor`, so what runs,
+/// and in how many round trips, is sqlx's.
+///
+/// The trait has one method only while sqlx-core's `offline` feature is on (`describe`,
+/// for the query macros), so an implementation outside sqlx must know that feature: idem
+/// turns it on itself (its `Cargo.toml`), and this impl always forwards `describe` too.
+impl<'c> sqlx::Executor<'c> for &'c mut Tx<'_> {
+    type Database = Postgres;
+
+    fn execute<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<PgQueryResult, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::execute(&mut *self.conn, query)
+    }
+
+    fn execute_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<PgQueryResult, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::execute_many(&mut *self.conn, query)
+    }
+
+    fn fetch<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<PgRow, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::fetch(&mut *self.conn, query)
+    }
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::fetch_many(&mut *self.conn, query)
+    }
+
+    fn fetch_all<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<Vec<PgRow>, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::fetch_all(&mut *self.conn, query)
+    }
+
+    fn fetch_one<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<PgRow, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::fetch_one(&mut *self.conn, query)
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Executor::fetch_optional(&mut *self.conn, query)
+    }
+
+    fn prepare<'e>(self, query: SqlStr) -> BoxFuture<'e, Result<PgStatement, Error>>
+    where
+        'c: 'e,
+    {
+        Executor::prepare(&mut *self.conn, query)
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, Error>>
+    where
+        'c: 'e,
+    {
+        Executor::prepare_with(&mut *self.conn, sql, parameters)
+    }
+
+    fn describe<'e>(self, sql: SqlStr) -> BoxFuture<'e, Result<Describe<Postgres>, Error>>
+    where
+        'c: 'e,
+    {
+        Executor::describe(&mut *self.conn, sql)
     }
 }
 
