@@ -268,10 +268,7 @@ impl<'c> sqlx::Executor<'c> for &'c mut Tx<'_> {
         Executor::fetch_one(&mut *self.conn, query)
     }
 
-    fn fetch_optional<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxFuture<'e, Result<Option<PgRow>, Error>>
+    fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<Option<PgRow>, Error>>
     where
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,

@@ -1,418 +1,50 @@
-//! The README's Rust snippets, compiled. Every ```rust block of README.md is either a
-//! whole file of the new service (marked `<!-- compatibility: .. -->`, built by
-//! `compatibility.rs` from crates.io's newest releases) or appears here, whitespace
-//! aside, inside the few definitions it leaves to the reader (`Account`, `NewCharge`,
-//! `ApiError` ...). `every_rust_block_of_the_readme_is_compiled` holds that: a snippet
-//! edited in the README and not here fails it. Nothing here runs; it must build.
+//! The README's Rust snippets, compiled. Every ```rust block of README.md appears,
+//! whitespace aside, in a file of the guide's new service (marked
+//! `<!-- compatibility: .. -->` in a chapter and built by `compatibility.rs` from
+//! crates.io's newest releases) or among the guide's compiled snippets (`book.rs`).
+//! `every_rust_block_of_the_readme_is_compiled` holds that: a snippet edited in the
+//! README and not in the guide fails it.
 
-// The snippets are never called, and so neither is what they use.
-#![allow(dead_code)]
+mod docs;
 
-use std::error::Error;
+use docs::{program, rust_blocks, squashed, PROGRAMS, README};
 
-use axum::extract::{FromRef, FromRequestParts};
-use axum::http::request::Parts;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
-use idem::webhook::{GitHub, Signed, StandardWebhooks, Verifier};
-use idem::{idempotent, Pooler, PrincipalType, Problem, Store, Tx};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
-use sqlx::PgPool;
+const BOOK_SNIPPETS: &str = include_str!("book.rs");
 
-const README: &str = include_str!("../../README.md");
-const THIS_FILE: &str = include_str!("readme.rs");
-
-/// The Rust files of the new service that `compatibility.rs` writes and builds.
-const PROGRAMS: [&str; 2] = ["src/main.rs", "src/bin/events.rs"];
-
-/// The README's ```rust blocks, each with the file its `compatibility` marker names.
-fn rust_blocks() -> Vec<(Option<&'static str>, &'static str)> {
-    let mut blocks = Vec::new();
-    let mut rest = README;
-    while let Some(start) = rest.find("```rust\n") {
-        let file = rest[..start]
-            .trim_end()
-            .rsplit('\n')
-            .next()
-            .and_then(|line| line.strip_prefix("<!-- compatibility: "))
-            .and_then(|line| line.strip_suffix(" -->"));
-        let body = &rest[start + "```rust\n".len()..];
-        let end = body.find("\n```").expect("a closing ```");
-        blocks.push((file, &body[..end]));
-        rest = &body[end..];
-    }
-    blocks
-}
-
-/// The text without its whitespace: a snippet may sit indented in a function here.
-fn squashed(text: &str) -> String {
-    text.chars().filter(|c| !c.is_whitespace()).collect()
-}
+/// The README's dependency on idem, as the guide's `Cargo.toml` writes it, features aside.
+const README_IDEM: &str = r#"idem = { package = "idem-axum", version = "0.1""#;
 
 #[test]
 fn every_rust_block_of_the_readme_is_compiled() {
-    let here = squashed(THIS_FILE);
-    let blocks = rust_blocks();
-    assert!(blocks.len() > 10, "the README's blocks were not found");
-    let programs: Vec<String> = blocks
+    let blocks = rust_blocks(README);
+    assert!(!blocks.is_empty(), "the README's blocks were not found");
+    let programs: Vec<String> = PROGRAMS
         .iter()
-        .filter(|(file, _)| file.is_some())
-        .map(|(_, block)| squashed(block))
+        .filter(|file| file.ends_with(".rs"))
+        .map(|file| squashed(program(file)))
         .collect();
+    let snippets = squashed(BOOK_SNIPPETS);
     for (file, block) in blocks {
-        if let Some(file) = file {
-            assert!(
-                PROGRAMS.contains(&file),
-                "`compatibility.rs` does not build a file called {file}"
-            );
-            continue;
-        }
+        assert!(
+            file.is_none(),
+            "the README's whole files moved to the guide; this one names {file:?}"
+        );
         let text = squashed(block);
         assert!(
-            here.contains(&text) || programs.iter().any(|p| p.contains(&text)),
-            "this README block is compiled neither here nor as a file of the new service:\n{block}"
+            snippets.contains(&text) || programs.iter().any(|p| p.contains(&text)),
+            "this README block is compiled neither by book.rs nor as a file of the guide's new service:\n{block}"
         );
     }
 }
 
-// What the snippets leave to the reader.
-
-#[derive(Clone)]
-struct Account(String);
-
-#[derive(Clone)]
-struct Tenant(String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Tenant {
-    type Rejection = StatusCode;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-        parts
-            .extensions
-            .get::<Self>()
-            .cloned()
-            .ok_or(StatusCode::UNAUTHORIZED)
-    }
-}
-
-impl idem::Principal for Tenant {
-    fn principal_id(&self) -> String {
-        self.0.clone()
-    }
-}
-
-#[derive(Deserialize, Serialize, utoipa::ToSchema)]
-struct NewCharge {
-    amount: i64,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct Charge {
-    id: i64,
-}
-
-#[derive(Deserialize, Serialize)]
-struct PaymentEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    data: Value,
-}
-
-#[derive(Deserialize, Serialize)]
-struct Message {
-    message_id: String,
-    account: String,
-    amount: i64,
-}
-
-#[derive(Deserialize, Serialize)]
-struct Credited {
-    balance: i64,
-}
-
-/// A service's own error type, as the webhook snippet assumes one.
-struct ApiError(sqlx::Error);
-
-impl From<idem::StepError<reqwest::Error>> for ApiError {
-    fn from(_: idem::StepError<reqwest::Error>) -> Self {
-        Self(sqlx::Error::PoolClosed)
-    }
-}
-
-/// Where the steps snippet sends its charges.
-#[derive(Clone)]
-struct Processor {
-    client: reqwest::Client,
-    url: String,
-}
-
-#[derive(Deserialize, Serialize)]
-struct ProcessorCharge {
-    id: String,
-}
-
-#[derive(Deserialize, Serialize)]
-struct Booked {
-    entry: String,
-}
-
-#[derive(Deserialize, Serialize)]
-struct LedgerEntry {
-    id: String,
-}
-
-/// The ledger the consumer's step posts to.
-struct Ledger;
-
-impl Ledger {
-    async fn post(&self, _key: &str, _message: &Message) -> Result<LedgerEntry, std::io::Error> {
-        Ok(LedgerEntry { id: String::new() })
-    }
-}
-
-impl From<sqlx::Error> for ApiError {
-    fn from(error: sqlx::Error) -> Self {
-        Self(error)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (StatusCode::INTERNAL_SERVER_ERROR, self.0.to_string()).into_response()
-    }
-}
-
-fn app(store: Store) -> Router {
-    Router::new().with_state(store)
-}
-
-/// The snippets, as written in the README (rustfmt would reflow them).
-#[rustfmt::skip]
-#[allow(dead_code, unused, unnameable_test_items, clippy::all)]
-mod snippets {
-    use super::*;
-
-    // Setup.
-    async fn setup(pool: PgPool) -> Result<(), Box<dyn Error>> {
-        use axum::extract::FromRef;
-        use idem::Store;
-
-        #[derive(Clone, FromRef)]
-        struct AppState {
-            store: Store,
-            pool: sqlx::PgPool,
-        }
-
-        let store = Store::builder(pool.clone())
-            // keys are looked up per (scope, principal, key): one account never sees another's responses
-            .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
-            .build()?;                  // every setting is checked here, once (`BuildError`)
-        store.migrate().await?;         // CREATE TABLE IF NOT EXISTS; safe from many processes
-        Ok(())
-    }
-
-    // Setup: verify, and sqlx's test harness (`tests/migrations` is idem's, as a
-    // service copies them).
-    async fn verify(store: Store) -> Result<(), Box<dyn Error>> {
-        store.verify().await?;
-
-        // Tests: sqlx's own harness, a fresh database per test, your migrations and idem's.
-        #[sqlx::test(migrations = "./migrations")]
-        async fn a_retry_is_replayed(pool: PgPool) {
-            let app = app(Store::new(pool.clone()));   // your router, served or driven with tower's oneshot
-            /* ... */
-        }
-        Ok(())
-    }
-
-    // The attribute.
-    #[idempotent(scope = "refunds", ttl = "24h", fields = [amount], principal = Tenant)]
-    async fn refund(mut tx: Tx, Json(req): Json<NewCharge>) -> StatusCode {
-        StatusCode::CREATED
-    }
-
-    // OpenAPI (utoipa).
-    #[idempotent(scope = "charges")]
-    #[utoipa::path(post, path = "/charges", request_body = NewCharge,
-        responses((status = 201, body = Charge)))]
-    async fn create_charge(mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, Problem> {
-        /* ... */
-        Ok(StatusCode::CREATED)
-    }
-
-    // Webhooks.
-    mod webhooks {
-        use super::*;
-
-        #[derive(Clone, FromRef)]
-        struct AppState {
-            idempotency: Store,
-            payments: Verifier<StandardWebhooks>, // Verifier::new("whsec_...")?
-            github: Verifier<GitHub>,
-        }
-
-        // `ApiError`: your own error type, an `IntoResponse` with `From<sqlx::Error>` for `?`.
-        #[idempotent(scope = "payment_events", ttl = "7d", key = header("webhook-id"), concurrency = wait("30s"))]
-        async fn payment_event(mut tx: Tx, Signed(event, ..): Signed<PaymentEvent>) -> Result<Json<Value>, ApiError> {
-            let id = tx.idempotency_key().unwrap_or_default().to_owned(); // the webhook-id
-            sqlx::query("INSERT INTO webhook_events (provider, id, type, payload) VALUES ('payments', $1, $2, $3)")
-                .bind(&id).bind(&event.kind).bind(sqlx::types::Json(&event.data))
-                .execute(&mut *tx).await?;
-            Ok(Json(json!({ "received": id })))
-        }
-
-        #[idempotent(scope = "github_deliveries", ttl = "7d", key = digest(body), concurrency = wait("30s"))]
-        async fn github_event(mut tx: Tx, Signed(payload, ..): Signed<Value, GitHub>) -> Result<Json<Value>, ApiError> {
-            /* ... */
-            Ok(Json(json!({ "received": true })))
-        }
-    }
-
-    // Queue consumers and jobs.
-    async fn consume(store: Store, message: Message) -> Result<(), Box<dyn Error>> {
-        use std::time::Duration;
-
-        let credited: Credited = store
-            .run_once("ledger_credits", &message.message_id)
-            .ttl(Duration::from_secs(7 * 86_400))
-            .payload(&message)          // the same key with another payload is a mismatch
-            .run(async |mut tx| {
-                sqlx::query("INSERT INTO ledger_entries (message_id, account, amount) VALUES ($1, $2, $3)")
-                    .bind(&message.message_id).bind(&message.account).bind(message.amount)
-                    .execute(&mut *tx).await?;
-                Ok::<_, sqlx::Error>(Credited { balance: 0 })
-            })
-            .await?;
-        Ok(())
-    }
-
-    // Steps.
-    mod steps {
-    use super::super::{ApiError, NewCharge, Processor, ProcessorCharge};
-    use axum::extract::State;
-    use axum::http::StatusCode;
-    use axum::Json;
-    use idem::{idempotent, Tx};
-    use serde_json::json;
-
-    #[idempotent(scope = "charges", ttl = "24h", fields = [amount])]
-    async fn create_charge(State(processor): State<Processor>, mut tx: Tx, Json(req): Json<NewCharge>) -> Result<StatusCode, ApiError> {
-        let body = json!({ "amount": req.amount });
-        // Once per request: a retry after a failure below gets the recorded charge back.
-        let charged: ProcessorCharge = tx
-            .step("processor", |key| async move {
-                processor.client.post(&processor.url).header("Idempotency-Key", key).json(&body)
-                    .send().await?.error_for_status()?.json().await
-            })
-            .await?;                    // `ApiError: From<StepError<reqwest::Error>>`
-        sqlx::query("INSERT INTO charges (processor_id, amount) VALUES ($1, $2)")
-            .bind(&charged.id).bind(req.amount)
-            .execute(&mut *tx).await?;
-        Ok(StatusCode::CREATED)
-    }
-    }
-
-    // Steps, in a consumer.
-    async fn consume_with_a_step(store: Store, message: Message, ledger: &Ledger) -> Result<(), Box<dyn Error>> {
-        let booked: Booked = store
-            .run_once("ledger_credits", &message.message_id)
-            .payload(&message)
-            .run(async |mut tx| {
-                let entry: LedgerEntry = tx
-                    .step("ledger", |key| async move { ledger.post(&key, &message).await })
-                    .await?;            // the ledger's `Err`, not recorded: the redelivery calls again
-                Ok::<_, idem::StepError<std::io::Error>>(Booked { entry: entry.id })
-            })
-            .await?;
-        Ok(())
-    }
-
-    // Events: run a relay.
-    async fn relays(store: Store) -> Result<(), Box<dyn Error>> {
-        // features = ["nats"]
-        let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
-        let relay = store.relay(idem::outbox::nats::JetStreamPublisher::new(js)).spawn()?;
-        // features = ["amqp"]: publisher confirms, `mandatory`, persistent
-        let relay = store.relay(idem::outbox::amqp::AmqpPublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f", "events")).spawn()?;
-        // at shutdown
-        relay.stopped().await;
-        Ok(())
-    }
-
-    // Running in production: behind a transaction pooler.
-    async fn pooler(url: String, mut tx: Tx<'_>) -> Result<(), Box<dyn Error>> {
-        use std::str::FromStr;
-        use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-        let options = PgConnectOptions::from_str(&url)?.statement_cache_capacity(0);
-        let pool = PgPoolOptions::new().connect_with(options).await?;
-        let store = Store::builder(pool.clone()).pooler(Pooler::Transaction).build()?;
-        // Your own statements: unnamed too (capacity 0 alone still names them).
-        sqlx::query("INSERT ...").persistent(false).execute(&mut *tx).await?;
-        Ok(())
-    }
-
-    // Running in production: Citus.
-    async fn citus(pool: PgPool) -> Result<(), Box<dyn Error>> {
-        let store = Store::builder(pool)
-            .portable()
-            .principal_type(PrincipalType::Uuid)      // your tenant column's type: Text, Uuid or Bigint
-            .principal(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.to_string()))
-            .build()?;
-        store.migrate().await?;
-        store.distribute(Some("accounts")).await?;    // by principal, colocated with your tenant table
-        store.verify().await?;
-        Ok(())
-    }
-}
-
-/// "The console": mounted behind a bearer-token layer.
-mod console {
-    use std::sync::Arc;
-
-    use axum::extract::{Request, State};
-    use axum::http::{HeaderName, HeaderValue, StatusCode};
-    use axum::middleware::{self, Next};
-    use axum::response::{IntoResponse, Response};
-    use axum::Router;
-    use idem::console::Console;
-    use idem::Store;
-
-    /// `Authorization: Bearer <token>`, or 401; the token's holder is the operator `admin`.
-    async fn admin_only(
-        State(token): State<Arc<str>>,
-        mut request: Request,
-        next: Next,
-    ) -> Response {
-        let expected = format!("Bearer {token}");
-        let sent = request
-            .headers()
-            .get("authorization")
-            .map_or(&b""[..], |v| v.as_bytes());
-        // In constant time: how long a refusal takes must not tell how much of a guess was right.
-        let same = sent.len() == expected.len()
-            && sent
-                .iter()
-                .zip(expected.as_bytes())
-                .fold(0, |acc, (a, b)| acc | (a ^ b))
-                == 0;
-        if !same {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        request
-            .headers_mut()
-            .insert("x-operator", HeaderValue::from_static("admin"));
-        next.run(request).await
-    }
-
-    fn with_console(app: Router, store: Store, token: Arc<str>) -> Router {
-        let console = Console::new(store)
-            .actions(true)
-            .operator_header(HeaderName::from_static("x-operator"))
-            .router()
-            .layer(middleware::from_fn_with_state(token, admin_only));
-        app.nest("/admin/idem", console)
-    }
+#[test]
+fn the_readme_depends_on_idem_as_the_guide_does() {
+    assert!(
+        README.contains(&format!("{README_IDEM} }}")),
+        "the README does not show the dependency {README_IDEM} }}"
+    );
+    assert!(
+        program("Cargo.toml").contains(README_IDEM),
+        "the guide's Cargo.toml does not depend on idem as {README_IDEM}"
+    );
 }
