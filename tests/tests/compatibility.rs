@@ -55,7 +55,7 @@ fn the_first_example_is_part_of_the_program_the_suite_builds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_service_from_the_readme_builds_with_the_newest_releases_and_serves() {
+async fn the_guides_new_service_builds_with_the_newest_releases_and_serves() {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
