@@ -41,3 +41,8 @@ CREATE INDEX IF NOT EXISTS "idem_outbox_pending_idx" ON "idem_outbox" (seq) WHER
 CREATE INDEX IF NOT EXISTS "idem_outbox_heads_idx" ON "idem_outbox" (ordering_key, seq)
     WHERE dead_at IS NULL;
 DROP INDEX IF EXISTS "idem_outbox_ordering_idx";
+-- Half of each page left free: a take's lease is an update of every row it takes, and
+-- rows written together share a page, so only a page half empty holds each one's new
+-- version beside it (a HOT update: no new index entries). Full pages cost the drain two
+-- and a half times the database's work per event (issue 36).
+ALTER TABLE "idem_outbox" SET (fillfactor = 50);

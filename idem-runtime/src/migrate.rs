@@ -6,7 +6,7 @@
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
 //!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, then the
-//!   outbox's walk index) into your own
+//!   outbox's walk index and free space) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
@@ -54,7 +54,8 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/20261125000000_idempotency_steps.sql"),
     ),
     // The outbox's walk index (issue 36): the relay's take reads as much at a backlog of
-    // a million events as at a thousand.
+    // a million events as at a thousand; and its pages half free, so that a take's lease
+    // is a HOT update.
     (
         "20261127000000_idem_outbox_heads.sql",
         include_str!("../migrations/20261127000000_idem_outbox_heads.sql"),

@@ -7,11 +7,16 @@
 //! 2. the drain's cost curve: a pre-filled outbox drained by one relay to JetStream, at
 //!    each backlog and spread of ordering keys;
 //! 3. commit-to-consumer-commit latency: events written one by one at a steady rate, the
-//!    relay woken by LISTEN/NOTIFY, the ledger consumer's `run_once` commit timed.
+//!    relay woken by LISTEN/NOTIFY, the ledger consumer's `run_once` commit timed;
+//! 4. the consumers' throughput: a backlog already in the stream, consumed by 1, 4 ...
+//!    [`JetStreamConsumer`]s on one durable consumer, each event's work a `run_once`
+//!    insert into a ledger.
 //!
 //! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--batch N]
 //! [--backlogs 5000,50000,500000 | --events N] [--keys 1000,1,100000,0]` (keys 0: events without an
-//! ordering key; one key's curve stops at 50 000, a round per event) [--drain-only].
+//! ordering key; one key's curve stops at 50 000, a round per event) [--consume N]
+//! [--consumers 1,4] (0: none) [--fillfactor 50] (the outbox's) [--drain-only] (figures 2
+//! and 4 only).
 
 #[path = "../args.rs"]
 mod args;
@@ -63,6 +68,100 @@ async fn fill(pool: &sqlx::PgPool, topic: &str, events: i64, keys: Option<i64>) 
 }
 
 const CONCURRENCY: usize = 16;
+
+/// Figure 4: `events` events put in the stream by the relay, then, for each count in
+/// `consumers`, a durable consumer of its own read by that many [`JetStreamConsumer`]s,
+/// each event's work a `run_once` insert into a ledger, timed until every event committed.
+async fn consume(
+    pool: &sqlx::PgPool,
+    store: &Store,
+    js: &jetstream::Context,
+    prefix: &str,
+    events: u64,
+    consumers: &[i64],
+) {
+    let subject = format!("{prefix}.consume");
+    fill(pool, &subject, events as i64, Some(1_000)).await;
+    let relayed = store
+        .relay(JetStreamPublisher::new(js.clone()))
+        .run_until_idle()
+        .await
+        .unwrap();
+    assert_eq!(relayed.published, events, "every event in the stream");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS consumed_credits (id text, run integer, PRIMARY KEY (run, id))",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let stream = js.get_stream(prefix).await.unwrap();
+    println!("\n4. JetStream consumers, {events} events already in the stream, each one `run_once` insert");
+    println!("| consumers | events/s | µs per event |");
+    println!("|---|---|---|");
+    for &count in consumers {
+        let durable = format!("consume{count}");
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some(durable.clone()),
+                filter_subject: subject.clone(),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..count)
+            .map(|_| {
+                let (store, js, consumer) = (store.clone(), js.clone(), consumer.clone());
+                let (done, durable) = (Arc::clone(&done), durable.clone());
+                tokio::spawn(async move {
+                    JetStreamConsumer::new(js, consumer)
+                        .run(async |event: Received<serde_json::Value>| {
+                            let result = event
+                                .once(&store, &durable)
+                                .run(async |mut tx| {
+                                    sqlx::query(
+                                        "INSERT INTO consumed_credits (id, run) VALUES ($1, $2)",
+                                    )
+                                    .bind(event.id())
+                                    .bind(count as i32)
+                                    .execute(&mut *tx)
+                                    .await?;
+                                    Ok::<_, sqlx::Error>(())
+                                })
+                                .await;
+                            if result.is_ok() {
+                                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            result
+                        })
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while done.load(std::sync::atomic::Ordering::Relaxed) < events && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        tasks.iter().for_each(tokio::task::JoinHandle::abort);
+        let consumed: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM consumed_credits WHERE run = $1")
+                .bind(count as i32)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        assert_eq!(consumed as u64, events, "every event's work committed once");
+        println!(
+            "| {count} | {:.0} | {:.1} |",
+            events as f64 / elapsed,
+            elapsed * 1e6 / events as f64
+        );
+    }
+}
 
 /// Fresh charges for `seconds` at `CONCURRENCY`: requests per second, p50 and p99 ms.
 async fn fresh_charges(app: &TestApp, seconds: u64, tag: &str) -> (f64, f64, f64) {
@@ -119,6 +218,16 @@ async fn main() {
     let db = TestDb::create().await;
     let pool = db.pool(24).await;
     charges::migrate(&pool).await.expect("migrate");
+    // The outbox's pages half free (its migration) unless told otherwise: `--fillfactor
+    // 100` measures the drain as it was before (full pages, no HOT lease updates).
+    let fillfactor = arg("--fillfactor", 50);
+    // A number: nothing to quote.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE idem_outbox SET (fillfactor = {fillfactor})"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
     let store = Store::new(pool.clone());
     let js = jetstream::new(async_nats::connect(nats_url()).await.expect("NATS"));
     let prefix = unique("bench");
@@ -169,6 +278,16 @@ async fn main() {
             );
             assert_eq!(stats.published, size as u64, "every event published");
         }
+    }
+
+    // 4. The consumers' throughput.
+    let consumers: Vec<i64> = list("--consumers", &[1, 4])
+        .into_iter()
+        .filter(|&n| n > 0)
+        .collect();
+    if !consumers.is_empty() {
+        let events = arg("--consume", 5_000);
+        consume(&pool, &store, &js, &prefix, events, &consumers).await;
     }
 
     if std::env::args().any(|a| a == "--drain-only") {
