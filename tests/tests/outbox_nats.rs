@@ -882,6 +882,64 @@ async fn two_relays_and_two_consumers_in_portable_mode() {
     .await;
 }
 
+/// A fetched batch waits behind slow work without its ack waits running out (issue 36:
+/// the consumer fetches the messages waiting, instead of pulling one at a time): ten
+/// events fetched together, each one's work 400 ms, an ack wait of 1 s, so 4 s for the
+/// batch, while a second consumer waits for messages. Every message still held is
+/// reported in progress, counted from the fetch, so the server delivers each one once;
+/// reporting only the one being worked on, the later ones went to the second consumer
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fetched_batch_waits_behind_slow_work_without_a_redelivery() {
+    with_test_db(async |db| {
+        let (pool, store) = ledger(db).await;
+        let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
+        emit_credits(&store, &broker.subject, 0, 10).await;
+        store
+            .relay(JetStreamPublisher::new(broker.js.clone()))
+            .run_until_idle()
+            .await
+            .unwrap();
+        let mut consumer = broker.consumer("ledger", Duration::from_secs(1), 5).await;
+        let worked = Arc::new(AtomicU64::new(0));
+        let run = |worked: Arc<AtomicU64>| {
+            let store = store.clone();
+            tokio::spawn(
+                JetStreamConsumer::new(broker.js.clone(), consumer.clone()).run(
+                    move |credit: Received<Credit>| {
+                        let store = store.clone();
+                        worked.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            tokio::time::sleep(Duration::from_millis(400)).await;
+                            book(&store, &credit).await
+                        }
+                    },
+                ),
+            )
+        };
+        let first = run(Arc::clone(&worked));
+        // The first consumer fetched all ten before it started on one; a second one on
+        // the same durable consumer waits on the server, where a message whose ack wait
+        // ran out would be sent again.
+        while worked.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let second = run(Arc::clone(&worked));
+        let after = credits(&pool, 10, Duration::from_secs(30)).await;
+        assert_eq!(
+            after,
+            (0..10).map(|c| (c, 1)).collect::<HashMap<_, _>>(),
+            "once each"
+        );
+        let delivered = consumer.info().await.unwrap().delivered.consumer_sequence;
+        assert_eq!(delivered, 10, "deliveries");
+        first.abort();
+        second.abort();
+        broker.delete().await;
+    })
+    .await;
+}
+
 /// Issue 27, finding 6: PostgreSQL refusing connections while the consumer has events in
 /// JetStream (`OUTBOX_OUTAGE_SECS`, 15 s by default; RELIABILITY.md has a 90 s run), with
 /// `max_deliver` 3 and an ack wait of 2 s. Every delivery that fails meanwhile fails

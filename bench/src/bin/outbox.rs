@@ -15,7 +15,7 @@
 //! `cargo run --release -p idem-bench --bin outbox -- [--seconds N] [--batch N]
 //! [--backlogs 5000,50000,500000 | --events N] [--keys 1000,1,100000,0]` (keys 0: events without an
 //! ordering key; one key's curve stops at 50 000, a round per event) [--consume N]
-//! [--consumers 1,4] (0: none) [--fillfactor 50] (the outbox's) [--drain-only] (figures 2
+//! [--consumers 1,4] (0: none) [--consumer-batch 1,32] [--fillfactor 50] (the outbox's) [--drain-only] (figures 2
 //! and 4 only).
 
 #[path = "../args.rs"]
@@ -79,6 +79,7 @@ async fn consume(
     prefix: &str,
     events: u64,
     consumers: &[i64],
+    batches: &[usize],
 ) {
     let subject = format!("{prefix}.consume");
     fill(pool, &subject, events as i64, Some(1_000)).await;
@@ -96,10 +97,15 @@ async fn consume(
     .unwrap();
     let stream = js.get_stream(prefix).await.unwrap();
     println!("\n4. JetStream consumers, {events} events already in the stream, each one `run_once` insert");
-    println!("| consumers | events/s | µs per event |");
-    println!("|---|---|---|");
-    for &count in consumers {
-        let durable = format!("consume{count}");
+    println!("| consumers | fetched at once | events/s | µs per event |");
+    println!("|---|---|---|---|");
+    for (run, (&count, &batch)) in consumers
+        .iter()
+        .flat_map(|c| batches.iter().map(move |b| (c, b)))
+        .enumerate()
+    {
+        let run = run as i32;
+        let durable = format!("consume{run}");
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::Config {
                 durable_name: Some(durable.clone()),
@@ -117,6 +123,7 @@ async fn consume(
                 let (done, durable) = (Arc::clone(&done), durable.clone());
                 tokio::spawn(async move {
                     JetStreamConsumer::new(js, consumer)
+                        .batch_size(batch)
                         .run(async |event: Received<serde_json::Value>| {
                             let result = event
                                 .once(&store, &durable)
@@ -125,7 +132,7 @@ async fn consume(
                                         "INSERT INTO consumed_credits (id, run) VALUES ($1, $2)",
                                     )
                                     .bind(event.id())
-                                    .bind(count as i32)
+                                    .bind(run)
                                     .execute(&mut *tx)
                                     .await?;
                                     Ok::<_, sqlx::Error>(())
@@ -150,13 +157,13 @@ async fn consume(
         tasks.iter().for_each(tokio::task::JoinHandle::abort);
         let consumed: i64 =
             sqlx::query_scalar("SELECT count(*) FROM consumed_credits WHERE run = $1")
-                .bind(count as i32)
+                .bind(run)
                 .fetch_one(pool)
                 .await
                 .unwrap();
         assert_eq!(consumed as u64, events, "every event's work committed once");
         println!(
-            "| {count} | {:.0} | {:.1} |",
+            "| {count} | {batch} | {:.0} | {:.1} |",
             events as f64 / elapsed,
             elapsed * 1e6 / events as f64
         );
@@ -287,7 +294,12 @@ async fn main() {
         .collect();
     if !consumers.is_empty() {
         let events = arg("--consume", 5_000);
-        consume(&pool, &store, &js, &prefix, events, &consumers).await;
+        // 1: one message at a time, as the consumer pulled before issue 36.
+        let batches: Vec<usize> = list("--consumer-batch", &[1, 32])
+            .into_iter()
+            .map(|n| n.max(1) as usize)
+            .collect();
+        consume(&pool, &store, &js, &prefix, events, &consumers, &batches).await;
     }
 
     if std::env::args().any(|a| a == "--drain-only") {

@@ -30,11 +30,14 @@
 //! broker. A consumer cannot tell those from another consumer's work failure; they err
 //! towards fewer tries of the work, never towards a dead letter for a transient failure.
 //!
-//! To keep a message without a redelivery, the consumer must hold no other: it pulls one
-//! message at a time, and pulls the next once the first is settled. A prefetched message
-//! would wait through the first one's outage, its ack wait would run out, and each
-//! redelivery would count. Run several consumers on one durable consumer for parallel
-//! work.
+//! To keep a message without a redelivery, the consumer reports in progress every message
+//! it holds, not only the one it works on. It fetches up to
+//! [`batch_size`](JetStreamConsumer::batch_size) messages at once when that many are
+//! waiting (one message at a time when none is, waiting on the server for the next), works
+//! on them one after another in the stream's order, and reports each one still held in
+//! progress every third of the ack wait, counted from the fetch: a fetched message waits
+//! through the first one's outage, or behind slow work, without its ack wait running out.
+//! Run several consumers on one durable consumer for parallel work.
 //!
 //! The dead-letter subject must be captured by a stream (JetStream refuses a publish no
 //! stream takes) other than the consumed one: in the consumed stream, every consumer of it
@@ -169,7 +172,11 @@ pub struct JetStreamConsumer {
     max_retry_delay: Duration,
     dead_letter_subject: Option<String>,
     id_header: String,
+    batch_size: usize,
 }
+
+/// How many waiting messages one fetch takes by default.
+const DEFAULT_BATCH: usize = 32;
 
 /// How long one pull waits on the server for a message before it is sent again.
 const PULL_WAIT: Duration = Duration::from_secs(5);
@@ -185,7 +192,18 @@ impl JetStreamConsumer {
             max_retry_delay: Duration::from_secs(10),
             dead_letter_subject: None,
             id_header: MSG_ID.to_owned(),
+            batch_size: DEFAULT_BATCH,
         }
+    }
+
+    /// How many messages one fetch takes when they are waiting (default 32; at least 1).
+    /// They are worked on in order, and held meanwhile (see the [module's docs](self)):
+    /// a larger batch costs fewer round trips per message, and keeps more messages from
+    /// the other consumers of the same durable consumer while this one works. The
+    /// consumer's `max_ack_pending` bounds it too.
+    pub fn batch_size(mut self, size: usize) -> Self {
+        self.batch_size = size.max(1);
+        self
     }
 
     /// The pause after the first failure of a delivery (default 1 s); it doubles at each
@@ -283,11 +301,26 @@ impl JetStreamConsumer {
         // Pulls in a row that failed: the broker away.
         let mut failed_pulls = 0;
         loop {
+            // The messages waiting, fetched together, worked on in order.
+            match self.fetch().await {
+                Ok(batch) if !batch.is_empty() => {
+                    failed_pulls = 0;
+                    let mut held = Held::new(batch, limits.keep_alive);
+                    while let Some(message) = held.next() {
+                        self.settle(message, &mut held, &mut handle, &limits).await;
+                    }
+                    continue;
+                }
+                // None waiting, or the fetch failed: the pull below waits for the next
+                // message, or says what failed.
+                Ok(_) | Err(_) => {}
+            }
             let started = tokio::time::Instant::now();
             let error = match self.pull().await {
                 Ok(Some(message)) => {
                     failed_pulls = 0;
-                    self.settle(message, &mut handle, &limits).await;
+                    let mut held = Held::new(Vec::new(), limits.keep_alive);
+                    self.settle(message, &mut held, &mut handle, &limits).await;
                     continue;
                 }
                 // The pull's wait ran out with nothing to consume.
@@ -303,6 +336,30 @@ impl JetStreamConsumer {
             tracing::warn!(%error, ?pause, "idem: JetStream consumer: pulling failed; pulling again after a pause");
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// The messages waiting now, up to the batch size, without waiting on the server for
+    /// more (one subscription and one round trip for the lot).
+    async fn fetch(&self) -> Result<Vec<Message>, async_nats::Error> {
+        if self.batch_size == 1 {
+            return Ok(Vec::new());
+        }
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(self.batch_size)
+            .messages()
+            .await?;
+        let mut messages = Vec::with_capacity(self.batch_size);
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(message) => messages.push(message),
+                // What was fetched before the failure is held, and worked on.
+                Err(error) if messages.is_empty() => return Err(error),
+                Err(_) => break,
+            }
+        }
+        Ok(messages)
     }
 
     /// The next message, pulled alone (see the [module's docs](self)); `None` when the
@@ -331,8 +388,13 @@ impl JetStreamConsumer {
 
     /// Runs one message's work until its verdict is final, and acknowledges, NAKs or
     /// dead-letters it (see the [module's docs](self)).
-    async fn settle<T, F, Fut, R, E>(&self, message: Message, handle: &mut F, limits: &Limits)
-    where
+    async fn settle<T, F, Fut, R, E>(
+        &self,
+        message: Message,
+        held: &mut Held,
+        handle: &mut F,
+        limits: &Limits,
+    ) where
         T: DeserializeOwned,
         F: FnMut(Received<T>) -> Fut,
         Fut: Future<Output = Result<R, OnceError<E>>>,
@@ -360,7 +422,7 @@ impl JetStreamConsumer {
                 handle,
             );
             // Every delivery whose work failed counts (see the module's docs).
-            let verdict = working(&message, limits.keep_alive, work)
+            let verdict = working(&message, held, work)
                 .await
                 .limited(delivered, limits.max_deliver);
             let acked = match verdict {
@@ -369,7 +431,7 @@ impl JetStreamConsumer {
                     tries += 1;
                     let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
                     tracing::warn!(event_id, topic, tries, ?pause, %reason, "idem: JetStream consumer: a failure that can pass; trying again after a pause, holding the message (not counted as a delivery)");
-                    working(&message, limits.keep_alive, tokio::time::sleep(pause)).await;
+                    working(&message, held, tokio::time::sleep(pause)).await;
                     continue;
                 }
                 Verdict::Failed(reason) => {
@@ -380,7 +442,7 @@ impl JetStreamConsumer {
                 Verdict::Dead(reason) => {
                     log_dead(event_id, &topic, &reason);
                     if let Some(subject) = &self.dead_letter_subject {
-                        self.bury(&message, subject, event_id, &topic, &reason, limits)
+                        self.bury(&message, held, subject, event_id, &topic, &reason)
                             .await;
                     }
                     message.double_ack_with(AckKind::Term).await
@@ -399,17 +461,17 @@ impl JetStreamConsumer {
     async fn bury(
         &self,
         message: &Message,
+        held: &mut Held,
         subject: &str,
         id: &str,
         topic: &str,
         reason: &str,
-        limits: &Limits,
     ) {
         let mut tries = 0;
         loop {
             let published = working(
                 message,
-                limits.keep_alive,
+                held,
                 self.dead_letter(subject, id, topic, reason, &message.payload),
             )
             .await;
@@ -419,7 +481,7 @@ impl JetStreamConsumer {
             tries += 1;
             let pause = backoff((self.retry_delay, self.max_retry_delay), tries);
             tracing::error!(%error, event_id = id, ?pause, "idem: JetStream consumer: the dead-letter subject refused the message; trying again after a pause");
-            working(message, limits.keep_alive, tokio::time::sleep(pause)).await;
+            working(message, held, tokio::time::sleep(pause)).await;
         }
     }
 
@@ -533,21 +595,49 @@ enum Check {
     Unanswered(String),
 }
 
-/// Runs `work` while telling JetStream every `every` that `message` is still being worked
-/// on (`+WPI`), which resets its ack wait: the message is not redelivered meanwhile, so
-/// the server does not count a delivery.
-async fn working<O>(message: &Message, every: Duration, work: impl Future<Output = O>) -> O {
+/// The messages of one fetch not yet settled, and when JetStream was last told that the
+/// consumer is working on them: each message's ack wait runs from its delivery, not from
+/// when its own work starts.
+struct Held {
+    waiting: std::collections::VecDeque<Message>,
+    /// A third of the ack wait.
+    every: Duration,
+    reported: tokio::time::Instant,
+}
+
+impl Held {
+    /// `batch` as just fetched (or pulled), reported every `every`.
+    fn new(batch: Vec<Message>, every: Duration) -> Self {
+        Self {
+            waiting: batch.into(),
+            every,
+            reported: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The next message to work on, in the stream's order.
+    fn next(&mut self) -> Option<Message> {
+        self.waiting.pop_front()
+    }
+}
+
+/// Runs `work` on `message` while telling JetStream every third of the ack wait that
+/// `message` and every message still `held` are being worked on (`+WPI`), which resets
+/// their ack waits: none is redelivered meanwhile, so the server counts no delivery.
+async fn working<O>(message: &Message, held: &mut Held, work: impl Future<Output = O>) -> O {
     let mut work = std::pin::pin!(work);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             out = &mut work => return out,
-            _ = ticks.tick() => {
-                if let Err(error) = message.ack_with(AckKind::Progress).await {
-                    // The broker away: the next tick tries again. Past the ack wait the
-                    // message is redelivered, and the work replays or fails again then.
-                    tracing::debug!(%error, "idem: JetStream consumer: cannot report progress");
+            () = tokio::time::sleep_until(held.reported + held.every) => {
+                held.reported = tokio::time::Instant::now();
+                for message in std::iter::once(message).chain(&held.waiting) {
+                    if let Err(error) = message.ack_with(AckKind::Progress).await {
+                        // The broker away: the next report tries again. Past the ack wait
+                        // the message is redelivered, and the work replays or fails again
+                        // then.
+                        tracing::debug!(%error, "idem: JetStream consumer: cannot report progress");
+                    }
                 }
             }
         }
