@@ -175,6 +175,7 @@
 
 #[doc(hidden)]
 pub mod __private;
+mod answers;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub mod console;

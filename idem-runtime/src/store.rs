@@ -11,6 +11,7 @@ use http::request::Parts;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+use crate::answers::Answers;
 use crate::spread::Earlier;
 use crate::table::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::table::steps::StepsTable;
@@ -85,6 +86,9 @@ pub(crate) struct Settings {
     /// How old a dead event may be for a re-drive that is not forced
     /// ([`StoreBuilder::redrive_max_age`]).
     pub(crate) redrive_max_age: Duration,
+    /// Committed answers replayed from memory ([`StoreBuilder::replay_cache`]); `None`:
+    /// every replay asks PostgreSQL.
+    pub(crate) answers: Option<Answers>,
     /// The connections for writes that must commit outside a request's transaction
     /// ([`Store::outside`]): given, or made on first use.
     outside: OnceLock<PgPool>,
@@ -113,6 +117,7 @@ impl Store {
             step_timeout: Duration::from_secs(30),
             step_pool: None,
             step_connections: 4,
+            replay_cache: None,
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -228,9 +233,30 @@ pub struct StoreBuilder {
     step_timeout: Duration,
     step_pool: Option<PgPool>,
     step_connections: u32,
+    replay_cache: Option<(usize, Duration)>,
 }
 
 impl StoreBuilder {
+    /// Replays committed answers from memory (default: off, every replay asks
+    /// PostgreSQL). The answers this store commits, and those it reads to replay, are
+    /// kept up to `max_bytes` in all (keys and answers; the oldest go first), each for at
+    /// most `max_stale`, and never past its key's expiry for an answer this store
+    /// committed. A retry whose key's answer is kept, with the same fingerprint, is
+    /// answered without a round trip to PostgreSQL or a connection of the pool; any other
+    /// request goes to PostgreSQL as before.
+    ///
+    /// What it costs: a purge of a key on another instance (`idem key purge`, the
+    /// console, [`Store::purge_key`] on another store), or the expiry of an answer this
+    /// store only read, is seen here up to `max_stale` late, and a retry meanwhile replays
+    /// the answer that was purged or expired. A purge through this store empties the
+    /// cache at once. Keep `max_stale` short (a second or a few) where operators purge
+    /// keys to let a request run again; `Duration::ZERO` or `max_bytes` 0 turn it off.
+    pub fn replay_cache(mut self, max_bytes: usize, max_stale: Duration) -> Self {
+        self.replay_cache =
+            (max_bytes > 0 && !max_stale.is_zero()).then_some((max_bytes, max_stale));
+        self
+    }
+
     /// What sits between the service and PostgreSQL (default [`Pooler::Session`]: nothing,
     /// or a pooler in session mode). Behind a pooler in transaction mode (PgBouncer's
     /// `pool_mode = transaction`), set [`Pooler::Transaction`]: idem then prepares
@@ -568,6 +594,9 @@ impl StoreBuilder {
                 steps_table,
                 step_timeout: self.step_timeout,
                 redrive_max_age: self.redrive_max_age,
+                answers: self
+                    .replay_cache
+                    .map(|(max_bytes, max_stale)| Answers::new(max_bytes, max_stale)),
                 outside,
                 step_pool_given,
                 outside_connections: self.step_connections,

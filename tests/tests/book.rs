@@ -329,6 +329,21 @@ mod snippets {
     }
 }
 
+/// "Performance": replays from memory.
+mod replay_cache {
+    use std::time::Duration;
+
+    use idem::Store;
+
+    fn store(pool: sqlx::PgPool) -> Store {
+        Store::builder(pool)
+            // 64 MiB of keys and answers at most, each kept for at most 5 s.
+            .replay_cache(64 << 20, Duration::from_secs(5))
+            .build()
+            .expect("valid settings")
+    }
+}
+
 /// "The console": mounted behind a bearer-token layer.
 mod console {
     use std::sync::Arc;

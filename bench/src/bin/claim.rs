@@ -4,7 +4,8 @@
 //!
 //! 1. the profile: `--requests N` requests of each kind, `--concurrency C` at a time
 //!    (the bench's server over HTTP on loopback): the bare handler, the floor (the bare
-//!    handler and one complete key row), idem's fresh request, its replay and its 409.
+//!    handler and one complete key row), idem's fresh request, its replay, its replay
+//!    from a store with a replay cache (`StoreBuilder::replay_cache`) and its 409.
 //!    For each, PostgreSQL's CPU per request (the time of its processes, from `/proc`),
 //!    and where the server loads `pg_stat_statements`, each statement's calls, execution
 //!    and planning time and shared buffers per request (planning time needs
@@ -16,7 +17,7 @@
 //!    smallest.
 //!
 //! `cargo run --release -p idem-bench --bin claim -- [--requests 20000] [--concurrency 16]
-//! [--sizes 1000000,10000000] [--profile-only] [--kinds bare,floor,fresh,replay,409]`
+//! [--sizes 1000000,10000000] [--profile-only] [--kinds bare,floor,fresh,replay,cached,409]`
 //!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`).
 
@@ -89,12 +90,18 @@ async fn run(db: &TestDb, requests: u64, concurrency: usize, sizes: &[i64]) -> R
     let statements = Statements::open(&pool).await;
     let addr = server::serve(pool.clone()).await?;
     let base = format!("http://{addr}");
+    let cached = server::serve_with(pool.clone(), |store| {
+        store.replay_cache(64 << 20, Duration::from_secs(5))
+    })
+    .await?;
+    let cached = format!("http://{cached}");
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()?;
     let load = Load {
         client,
         base,
+        cached,
         concurrency,
         statements,
     };
@@ -124,6 +131,8 @@ async fn run(db: &TestDb, requests: u64, concurrency: usize, sizes: &[i64]) -> R
 struct Load {
     client: reqwest::Client,
     base: String,
+    /// The same service, its store with a replay cache.
+    cached: String,
     concurrency: usize,
     statements: Option<Statements>,
 }
@@ -136,6 +145,9 @@ enum Kind {
     Fresh,
     /// Replays of the keys `replayed-0..n` (the 201s of a fresh batch before).
     Replay(u64),
+    /// The same, to a server whose store keeps answers in memory
+    /// (`StoreBuilder::replay_cache`), warmed by one replay of each key.
+    Cached(u64),
     /// Duplicates of a key held by a request in flight.
     Conflict,
 }
@@ -145,7 +157,7 @@ impl Kind {
         match self {
             Self::Bare => "/bare",
             Self::Floor => "/floor",
-            Self::Fresh | Self::Replay(_) => "/idem",
+            Self::Fresh | Self::Replay(_) | Self::Cached(_) => "/idem",
             Self::Conflict => "/hold",
         }
     }
@@ -154,7 +166,7 @@ impl Kind {
         match self {
             Self::Bare => None,
             Self::Floor | Self::Fresh => Some(format!("k-{run}-{n}")),
-            Self::Replay(keys) => Some(format!("replayed-{}", n % keys)),
+            Self::Replay(keys) | Self::Cached(keys) => Some(format!("replayed-{}", n % keys)),
             Self::Conflict => Some("held".to_owned()),
         }
     }
@@ -162,7 +174,7 @@ impl Kind {
     /// The body of the `n`-th copy: a replay's is its key's.
     fn body(self, n: u64) -> u64 {
         match self {
-            Self::Replay(keys) => n % keys,
+            Self::Replay(keys) | Self::Cached(keys) => n % keys,
             Self::Conflict => 0,
             _ => n,
         }
@@ -224,7 +236,11 @@ impl Load {
         let workers = (0..self.concurrency).map(|_| {
             let next = Arc::clone(&next);
             let client = self.client.clone();
-            let url = format!("{}{}", self.base, kind.path());
+            let base = match kind {
+                Kind::Cached(_) => &self.cached,
+                _ => &self.base,
+            };
+            let url = format!("{base}{}", kind.path());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut statuses = Vec::new();
@@ -395,12 +411,14 @@ async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error>
     }
     let keys = 256;
     load.record_replayed(keys).await?;
+    load.batch(Kind::Cached(keys), keys).await?;
     load.hold(pool).await?;
     let kinds = [
         ("bare", Kind::Bare),
         ("floor", Kind::Floor),
         ("idem fresh", Kind::Fresh),
         ("idem replay", Kind::Replay(keys)),
+        ("idem replay, cached", Kind::Cached(keys)),
         ("idem 409", Kind::Conflict),
     ];
     // `--kinds fresh,replay`: only those (for a profiler attached to PostgreSQL).

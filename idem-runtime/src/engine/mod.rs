@@ -40,7 +40,7 @@ mod tests;
 use portable::begin_portable;
 use take::{take, Held, Took};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
@@ -184,6 +184,25 @@ pub(crate) struct Attempt {
     isolation: Isolation,
     /// What the work leaves for the commit.
     state: AttemptState,
+    /// When the claim was asked for, before its transaction began: the database counts
+    /// the key's expiry from later ([`crate::answers`]).
+    opened: Instant,
+}
+
+/// A record just committed for `claim`: kept in the store's
+/// [`replay_cache`](crate::StoreBuilder::replay_cache), if it has one, until its key's
+/// expiry counted from `opened`.
+fn kept(store: &Store, claim: &Claim, record: &Record, opened: Instant) -> Committed {
+    if let Some(answers) = &store.inner.answers {
+        answers.keep(
+            &claim.key,
+            claim.fingerprint.combined(),
+            claim.fingerprint.parts(),
+            record,
+            opened.checked_add(claim.ttl),
+        );
+    }
+    Committed::Stored
 }
 
 /// What is needed to claim a key again after its attempt was aborted.
@@ -215,6 +234,7 @@ pub(crate) async fn begin(
     claim: Option<Claim>,
     isolation: Isolation,
 ) -> Result<Begun, Refusal> {
+    let opened = Instant::now();
     // Without a key there is nothing to claim, in every mode.
     let Some(claim) = claim else {
         return Ok(Begun::Run(Attempt {
@@ -225,13 +245,20 @@ pub(crate) async fn begin(
             began: None,
             isolation,
             state: AttemptState::default(),
+            opened,
         }));
     };
+    // A retry of an answer kept in memory asks PostgreSQL nothing.
+    if let Some(answers) = &store.inner.answers {
+        if let Some(record) = answers.get(&claim.key, &claim.fingerprint) {
+            return Ok(Begun::Replay(record));
+        }
+    }
     if let Some(row) = earlier(store, &claim).await? {
-        return replay(row, &claim.fingerprint);
+        return replay(store, row, &claim);
     }
     if store.inner.table.portable() {
-        return begin_portable(store, claim, isolation).await;
+        return begin_portable(store, claim, isolation, opened).await;
     }
     let request = &claim;
     let mut snapshots = 0;
@@ -246,11 +273,12 @@ pub(crate) async fn begin(
                     began: Some(held.began),
                     isolation,
                     state: AttemptState::default(),
+                    opened,
                 }))
             }
             // Nothing was written, and no lock taken: the transaction's ROLLBACK goes out
             // after the answer.
-            Ok((_, Took::Stored(row))) => return replay(row, &request.fingerprint),
+            Ok((_, Took::Stored(row))) => return replay(store, row, request),
             Err(ClaimError::InUse) => return Err(Refusal::InUse),
             // The request it waited for has ended; a new snapshot sees its record.
             Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
@@ -316,9 +344,13 @@ async fn open_with(
     }
 }
 
-/// A stored row: its record when the fingerprint matches.
-fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
-    if !fingerprint.matches(&row.fingerprint, &row.field_hashes) {
+/// A stored row: its record when the fingerprint matches, kept in the store's
+/// [`replay_cache`](crate::StoreBuilder::replay_cache) if it has one.
+fn replay(store: &Store, row: StoredRow, claim: &Claim) -> Result<Begun, Refusal> {
+    if !claim
+        .fingerprint
+        .matches(&row.fingerprint, &row.field_hashes)
+    {
         return Err(Refusal::Mismatch);
     }
     let status = row
@@ -326,11 +358,21 @@ fn replay(row: StoredRow, fingerprint: &Fingerprint) -> Result<Begun, Refusal> {
         .and_then(|s| u16::try_from(s).ok())
         .filter(|s| (100..=999).contains(s))
         .ok_or(Refusal::Unreadable)?;
-    Ok(Begun::Replay(Record {
+    let record = Record {
         status,
         headers: row.headers.unwrap_or_default(),
         body: row.body.unwrap_or_default().into(),
-    }))
+    };
+    if let Some(answers) = &store.inner.answers {
+        answers.keep(
+            &claim.key,
+            &row.fingerprint,
+            row.field_hashes,
+            &record,
+            None,
+        );
+    }
+    Ok(Begun::Replay(record))
 }
 
 impl Attempt {
@@ -361,6 +403,7 @@ impl Attempt {
             held,
             isolation,
             mut state,
+            opened,
             ..
         } = self;
         let Some(claim) = claim else {
@@ -395,7 +438,7 @@ impl Attempt {
                     )
                     .await
                 {
-                    Ok(()) => return Ok(Committed::Stored),
+                    Ok(()) => return Ok(kept(&store, &claim, record, opened)),
                     Err(sqlx::Error::Database(e))
                         if e.code().as_deref() == Some("22P02")
                             && e.message().contains(table::LOST) =>
@@ -420,7 +463,7 @@ impl Attempt {
                 )
                 .await
             {
-                Ok(()) => return Ok(Committed::Stored),
+                Ok(()) => return Ok(kept(&store, &claim, record, opened)),
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some("22P02")
                         && e.message().contains(table::ESCAPED) =>

@@ -9,6 +9,7 @@ pub(super) async fn begin_portable(
     store: &Store,
     claim: Claim,
     isolation: Isolation,
+    opened: Instant,
 ) -> Result<Begun, Refusal> {
     let settings = &store.inner;
     let mut wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
@@ -26,7 +27,7 @@ pub(super) async fn begin_portable(
         match claim_row(store, request, isolation, wait).await {
             Ok((tx, Found::Claimed, began)) => break (tx, began),
             // Nothing was written; the transaction's ROLLBACK goes out after the answer.
-            Ok((_, Found::Stored(row), _)) => return replay(row, &request.fingerprint),
+            Ok((_, Found::Stored(row), _)) => return replay(store, row, request),
             Err(ClaimError::InUse) => {
                 // The row is locked, but what is committed is an expired row: a sweeper
                 // is deleting it, or a request is taking the expired key over. A sweep
@@ -67,6 +68,7 @@ pub(super) async fn begin_portable(
         began: Some(began),
         isolation,
         state: AttemptState::default(),
+        opened,
     }))
 }
 

@@ -398,7 +398,9 @@ impl Store {
     /// [`Store::inspect`] looks, so that the next request with the key runs afresh.
     /// Returns how many records went (0: none was there). A request in flight with the
     /// key is not touched (in the portable mode, where such a request holds the key's
-    /// row, the delete waits for it to end).
+    /// row, the delete waits for it to end). This store's
+    /// [`replay_cache`](crate::StoreBuilder::replay_cache) is emptied; another
+    /// instance's replays from its own within its `max_stale`.
     pub async fn purge_key(
         &self,
         scope: &str,
@@ -419,6 +421,10 @@ impl Store {
                 .await?;
             conn.finish().await?;
             purged += done.rows_affected();
+        }
+        // Whatever this store kept in memory (`StoreBuilder::replay_cache`) goes too.
+        if let Some(answers) = &self.inner.answers {
+            answers.clear();
         }
         Ok(purged)
     }
