@@ -48,9 +48,13 @@ fn now_us() -> u64 {
 }
 
 /// Writes `events` pending events to the outbox in one statement, over `keys` ordering
-/// keys round-robin (`None`: without one), after emptying it.
+/// keys round-robin (`None`: without one), after emptying it. Emptied by `TRUNCATE`, not
+/// `DELETE`: each cell starts from a table and indexes without the dead entries of the
+/// cells before it, as a table that autovacuum keeps does. (Without it, the index entries
+/// of the million events drained before, not yet vacuumed, were walked by each take of a
+/// later cell's: one ordering key drained at 45 events/s instead of 950.)
 async fn fill(pool: &sqlx::PgPool, topic: &str, events: i64, keys: Option<i64>) {
-    sqlx::query("DELETE FROM idem_outbox")
+    sqlx::query("TRUNCATE idem_outbox")
         .execute(pool)
         .await
         .unwrap();
