@@ -138,6 +138,16 @@ async fn messages_of(js: &Context, stream: &str) -> Vec<(String, String, Vec<u8>
     out
 }
 
+/// Credits `0..n` emitted and relayed: in the stream, for a consumer to read.
+async fn in_stream(store: &Store, broker: &Broker, n: i64) {
+    emit_credits(store, &broker.subject, 0, n).await;
+    store
+        .relay(JetStreamPublisher::new(broker.js.clone()))
+        .run_until_idle()
+        .await
+        .unwrap();
+}
+
 /// Writes `n` credits to the outbox through `run_once` (charge i, amount 100 + i).
 async fn emit_credits(store: &Store, subject: &str, from: i64, n: i64) {
     for charge in from..from + n {
@@ -497,12 +507,7 @@ async fn a_dead_letter_subject_that_would_come_back_is_refused_at_start() {
     with_test_db(async |db| {
         let (pool, store) = ledger(db).await;
         let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
-        emit_credits(&store, &broker.subject, 0, 1).await;
-        store
-            .relay(JetStreamPublisher::new(broker.js.clone()))
-            .run_until_idle()
-            .await
-            .unwrap();
+        in_stream(&store, &broker, 1).await;
         let refusal = async |dead_letters: String| {
             let consumer = broker.consumer("ledger", Duration::from_secs(5), 3).await;
             let run = JetStreamConsumer::new(broker.js.clone(), consumer)
@@ -702,12 +707,7 @@ async fn a_consumer_killed_between_commit_and_ack_credits_once() {
     with_test_db(async |db| {
         let (pool, store) = ledger(db).await;
         let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
-        emit_credits(&store, &broker.subject, 0, 10).await;
-        store
-            .relay(JetStreamPublisher::new(broker.js.clone()))
-            .run_until_idle()
-            .await
-            .unwrap();
+        in_stream(&store, &broker, 10).await;
         let consumer = broker.consumer("ledger", Duration::from_secs(1), 10).await;
         let env = [
             ("HANG_AFTER", "3".to_owned()),
@@ -894,12 +894,7 @@ async fn a_fetched_batch_waits_behind_slow_work_without_a_redelivery() {
     with_test_db(async |db| {
         let (pool, store) = ledger(db).await;
         let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
-        emit_credits(&store, &broker.subject, 0, 10).await;
-        store
-            .relay(JetStreamPublisher::new(broker.js.clone()))
-            .run_until_idle()
-            .await
-            .unwrap();
+        in_stream(&store, &broker, 10).await;
         let mut consumer = broker.consumer("ledger", Duration::from_secs(1), 5).await;
         let worked = Arc::new(AtomicU64::new(0));
         let run = |worked: Arc<AtomicU64>| {
@@ -953,12 +948,7 @@ async fn a_database_outage_dead_letters_nothing() {
         let (pool, store) = ledger(db).await;
         let broker = Broker::new(&nats_url(), Duration::from_secs(120)).await;
         let dead_letters = broker.dead_letter_subject().await;
-        emit_credits(&store, &broker.subject, 0, 20).await;
-        store
-            .relay(JetStreamPublisher::new(broker.js.clone()))
-            .run_until_idle()
-            .await
-            .unwrap();
+        in_stream(&store, &broker, 20).await;
         let mut ids: Vec<String> = broker.messages().await.into_iter().map(|m| m.0).collect();
         ids.sort();
         let mut gate = Gate::start(&db.options).await;
