@@ -405,7 +405,10 @@ impl StoreBuilder {
 
     /// How many connections the default step pool opens at most (default 4). Each step
     /// holds one for one statement at a time: two statements for the first step of a
-    /// request, one for each later one.
+    /// request, one for each later one. Where many requests make steps at once, size it
+    /// near the number of requests in flight: at 16 concurrent requests with a step each,
+    /// 16 connections served 1.7 to 1.8 times the steps that 4 did (BENCHMARKS.md, "Steps and
+    /// the claim's curve").
     pub fn step_connections(mut self, connections: u32) -> Self {
         self.step_connections = connections;
         self

@@ -4,7 +4,11 @@
 //! on loopback (`idem_tests::ProcessorServer`) or a local function (no I/O: what the step
 //! itself costs). Each cell: requests per second at a fixed concurrency, p50 and p99.
 //!
-//! `cargo run --release -p idem-bench --bin steps -- [--seconds N]`
+//! `cargo run --release -p idem-bench --bin steps -- [--seconds N] [--step-connections 4,16]`
+//! (the step pool's size, `StoreBuilder::step_connections`: a row of cells for each).
+
+#[path = "../args.rs"]
+mod args;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -100,15 +104,6 @@ async fn local_step(mut tx: Tx, Json(v): Json<Value>) -> Result<StatusCode, Stat
     write(&mut tx, &id).await
 }
 
-fn seconds() -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == "--seconds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
-}
-
 /// Fresh keys on `path` for `seconds` at `concurrency`: requests per second, p50 and p99.
 async fn cell(app: &TestApp, path: &str, concurrency: usize, seconds: u64) -> (f64, f64, f64) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -138,11 +133,10 @@ async fn cell(app: &TestApp, path: &str, concurrency: usize, seconds: u64) -> (f
 
 #[tokio::main]
 async fn main() {
-    let seconds = seconds();
+    let seconds = args::arg("--seconds", 3);
     let db = TestDb::create().await;
     let pool = db.pool(40).await;
-    let store = Store::new(pool.clone());
-    store.migrate().await.expect("migrate");
+    Store::new(pool.clone()).migrate().await.expect("migrate");
     sqlx::raw_sql("CREATE TABLE charges (id bigserial PRIMARY KEY, processor_id text NOT NULL)")
         .execute(&pool)
         .await
@@ -152,39 +146,47 @@ async fn main() {
         client: reqwest::Client::new(),
         url: format!("{}/v1/charges", processor.url()),
     });
-    let app = Router::new()
-        .route("/direct", post(direct))
-        .route("/stepped", post(stepped))
-        .route("/local", post(local))
-        .route("/local_step", post(local_step))
-        .with_state(AppState { store, outside });
-    let app = TestApp::serve(pool.clone(), app).await;
-    // Warm-up: connections open, statements prepared.
-    for path in ["/direct", "/stepped", "/local", "/local_step"] {
-        cell(&app, path, 4, 1).await;
-    }
-    println!("| concurrency | call | without a step (req/s, p50 ms, p99 ms) | in a step | step / without |");
-    println!("|---|---|---|---|---|");
-    for concurrency in [1, 16] {
-        for (call, without, with) in [
-            ("HTTP processor", "/direct", "/stepped"),
-            ("local function", "/local", "/local_step"),
-        ] {
-            let a = cell(&app, without, concurrency, seconds).await;
-            let b = cell(&app, with, concurrency, seconds).await;
-            println!(
-                "| {concurrency} | {call} | {:.0}, {:.2}, {:.2} | {:.0}, {:.2}, {:.2} | {:.2} |",
-                a.0,
-                a.1,
-                a.2,
-                b.0,
-                b.1,
-                b.2,
-                b.0 / a.0
-            );
+    println!("| step pool | concurrency | call | without a step (req/s, p50 ms, p99 ms) | in a step | step / without |");
+    println!("|---|---|---|---|---|---|");
+    for connections in args::list("--step-connections", &[4, 16]) {
+        let store = Store::builder(pool.clone())
+            .step_connections(u32::try_from(connections).unwrap_or(4))
+            .build()
+            .expect("the store");
+        let app = Router::new()
+            .route("/direct", post(direct))
+            .route("/stepped", post(stepped))
+            .route("/local", post(local))
+            .route("/local_step", post(local_step))
+            .with_state(AppState {
+                store,
+                outside: Arc::clone(&outside),
+            });
+        let app = TestApp::serve(pool.clone(), app).await;
+        // Warm-up: connections open, statements prepared.
+        for path in ["/direct", "/stepped", "/local", "/local_step"] {
+            cell(&app, path, 4, 1).await;
+        }
+        for concurrency in [1, 16] {
+            for (call, without, with) in [
+                ("HTTP processor", "/direct", "/stepped"),
+                ("local function", "/local", "/local_step"),
+            ] {
+                let a = cell(&app, without, concurrency, seconds).await;
+                let b = cell(&app, with, concurrency, seconds).await;
+                println!(
+                    "| {connections} | {concurrency} | {call} | {:.0}, {:.2}, {:.2} | {:.0}, {:.2}, {:.2} | {:.2} |",
+                    a.0,
+                    a.1,
+                    a.2,
+                    b.0,
+                    b.1,
+                    b.2,
+                    b.0 / a.0
+                );
+            }
         }
     }
-    drop(app);
     pool.close().await;
     db.drop_database().await.expect("drop the bench database");
 }
