@@ -351,12 +351,20 @@ impl JetStreamConsumer {
             .messages()
             .await?;
         let mut messages = Vec::with_capacity(self.batch_size);
-        while let Some(message) = batch.next().await {
-            match message {
-                Ok(message) => messages.push(message),
-                // What was fetched before the failure is held, and worked on.
-                Err(error) if messages.is_empty() => return Err(error),
+        loop {
+            // A fetch that waits for nothing has no deadline of its own: an answer lost
+            // with the connection would hold the consumer for ever.
+            let next = match tokio::time::timeout(PULL_WAIT, batch.next()).await {
+                Ok(next) => next,
+                Err(_) if messages.is_empty() => return Err("the fetch got no answer".into()),
                 Err(_) => break,
+            };
+            match next {
+                Some(Ok(message)) => messages.push(message),
+                None => break,
+                // What was fetched before the failure is held, and worked on.
+                Some(Err(error)) if messages.is_empty() => return Err(error),
+                Some(Err(_)) => break,
             }
         }
         Ok(messages)
