@@ -1,4 +1,5 @@
-//! `tx` by value where sqlx wants an executor: the error lists `&mut PgConnection` (`&mut *tx`).
+//! `tx` by value where sqlx wants an executor: the error lists `&mut Tx` (`&mut tx`) among
+//! the executors.
 use axum::Json;
 use idem::{idempotent, Tx};
 use serde_json::Value;

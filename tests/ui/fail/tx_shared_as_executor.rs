@@ -1,5 +1,5 @@
 //! `&tx` where sqlx wants an executor: a shared borrow cannot run statements; the error
-//! lists `&mut PgConnection` (`&mut *tx`) among the executors.
+//! lists `&mut Tx` (`&mut tx`) among the executors.
 use axum::Json;
 use idem::{idempotent, Tx};
 use serde_json::Value;
