@@ -203,6 +203,7 @@ impl fmt::Debug for Store {
             .field("portable", &self.inner.dialect.portable)
             .field("principal_type", &self.inner.dialect.principal_type)
             .field("redrive_max_age", &self.inner.redrive_max_age)
+            .field("replay_cache", &self.inner.answers.is_some())
             .finish_non_exhaustive()
     }
 }
