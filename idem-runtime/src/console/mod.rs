@@ -141,6 +141,7 @@ impl Console {
         let mut router = Router::new()
             .route("/", get(overview))
             .route("/keys", get(keys))
+            .route("/abandoned", get(abandoned))
             .route("/key", get(key))
             .route("/outbox", get(outbox))
             .route("/dead", get(dead))
@@ -375,6 +376,46 @@ async fn keys(
             q.older_than.as_deref().unwrap_or(""),
             &listed,
         ),
+    )
+}
+
+#[derive(Deserialize, Default)]
+struct AbandonedQuery {
+    idle: Option<String>,
+    done: Option<String>,
+}
+
+/// How long a request must have made no step to be listed, unless asked otherwise.
+const ABANDONED_AFTER: Duration = Duration::from_secs(300);
+
+async fn abandoned(
+    State(console): Console_,
+    Base(base): Base,
+    headers: HeaderMap,
+    Query(q): Query<AbandonedQuery>,
+) -> Response {
+    let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
+    let idle_for = match typed {
+        None => ABANDONED_AFTER,
+        Some(text) => match crate::operate::parse_age(text) {
+            Some(age) => age,
+            None => {
+                return page_error(
+                    StatusCode::BAD_REQUEST,
+                    "\"no step for\" is a whole number and a unit: 90s, 30m, 24h or 7d.",
+                )
+            }
+        },
+    };
+    let limit = 100;
+    let listed = match console.store.abandoned(idle_for, limit).await {
+        Ok(listed) => listed,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&base, &headers, q.done);
+    html(
+        StatusCode::OK,
+        pages::abandoned(&frame, typed.unwrap_or("5m"), limit, &listed),
     )
 }
 

@@ -8,8 +8,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::Frame;
 use crate::operate::{
-    format_time, BlockedKey, DeadDetail, DeadReason, DeadSelection, KeyCounts, KeyDetail,
-    KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
+    format_time, Abandoned, BlockedKey, DeadDetail, DeadReason, DeadSelection, KeyCounts,
+    KeyDetail, KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -91,6 +91,7 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                     // Mounted with `Router::nest`, the overview is the base itself.
                     a href=(if base.is_empty() { "/" } else { base.as_str() }) { "Overview" }
                     a href=(format!("{base}/keys")) { "Keys" }
+                    a href=(format!("{base}/abandoned")) { "Abandoned" }
                     a href=(format!("{base}/outbox")) { "Outbox" }
                     a href=(format!("{base}/dead")) { "Dead events" }
                     @if frame.token.is_none() {
@@ -297,6 +298,55 @@ pub(crate) fn keys(
         }
     };
     layout(frame, "Keys", body)
+}
+
+/// Requests that recorded steps and have not committed ([`Store::abandoned`]): each
+/// links to its key's page, where the steps' results are.
+///
+/// [`Store::abandoned`]: crate::Store::abandoned
+pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Abandoned]) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        p.muted {
+            "Requests whose outside calls (steps) were made and recorded, and which have not "
+            "committed since: unless their clients retry, the service has no record of them."
+        }
+        form method="get" action=(format!("{base}/abandoned")) {
+            label { "no step for " input type="text" name="idle" placeholder="5m" value=(idle_for); } " "
+            button type="submit" { "List" }
+        }
+        @if listed.is_empty() {
+            p.muted { "None." }
+        } @else {
+            table {
+                tr { th { "scope" } th { "principal" } th { "key" } th { "steps" } th { "last step" } }
+                @for a in listed {
+                    tr {
+                        td { code { (a.scope) } @if let Some(spread) = &a.spread { " " span.muted { "(spread by " (spread) ")" } } }
+                        td { code { (a.principal) } }
+                        td {
+                            @if a.spread.is_some() {
+                                code { (a.key) }
+                            } @else {
+                                a href=(format!("{base}/key?scope={}&principal={}&key={}", encode(&a.scope), encode(&a.principal), encode(&a.key))) { code { (a.key) } }
+                            }
+                        }
+                        td {
+                            @for (i, step) in a.steps.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                code { (step.step) } " " span.muted { (format_time(step.recorded_at)) }
+                            }
+                        }
+                        td { (ago(a.idle)) " ago" }
+                    }
+                }
+            }
+            @if listed.len() as u32 >= limit {
+                p.muted { "The oldest " (limit) " shown." }
+            }
+        }
+    };
+    layout(frame, "Abandoned requests", body)
 }
 
 pub(crate) fn key(

@@ -72,7 +72,7 @@ SELECT step, extract(epoch FROM created_at)::float8 AS created_at,
  ORDER BY created_at, step";
 
 /// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
-const SPREAD_MARK: char = '\u{1f}';
+pub(super) const SPREAD_MARK: char = '\u{1f}';
 
 /// One key's committed record, as [`Store::key`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

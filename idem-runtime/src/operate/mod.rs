@@ -4,7 +4,8 @@
 //!
 //! - keys: one key's record ([`Store::key`]), a list by scope, principal or age
 //!   ([`Store::keys`]), counts per scope ([`Store::key_counts`]), purging one key
-//!   ([`Store::purge_key`]); sweeping is [`Store::purge_expired`];
+//!   ([`Store::purge_key`]); sweeping is [`Store::purge_expired`]; the requests that
+//!   recorded steps and have not committed ([`Store::abandoned`]);
 //! - the outbox: pending events per topic ([`Store::outbox_pending`]), the events that
 //!   are leased or backing off ([`Store::outbox_leases`]), ordering keys held up behind
 //!   an event ([`Store::outbox_blocked`]), dead events grouped by reason
@@ -25,6 +26,7 @@
 //! [`Store::key_counts`]: crate::Store::key_counts
 //! [`Store::purge_key`]: crate::Store::purge_key
 //! [`Store::purge_expired`]: crate::Store::purge_expired
+//! [`Store::abandoned`]: crate::Store::abandoned
 //! [`Store::outbox_pending`]: crate::Store::outbox_pending
 //! [`Store::outbox_leases`]: crate::Store::outbox_leases
 //! [`Store::outbox_blocked`]: crate::Store::outbox_blocked
@@ -34,11 +36,13 @@
 //! [`Store::redrive_dead_forced`]: crate::Store::redrive_dead_forced
 //! [`Store::discard_dead`]: crate::Store::discard_dead
 
+mod abandoned;
 mod keys;
 mod outbox;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use abandoned::{Abandoned, AbandonedStep};
 pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,

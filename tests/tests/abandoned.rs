@@ -1,0 +1,157 @@
+//! Abandoned requests, visible (issue 38, its first part): a request that recorded a
+//! step and has not committed is listed by `Store::abandoned` and on the console's
+//! `/abandoned` page once it has made no step for the window asked; its client's retry,
+//! which commits, takes it off.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::{idempotent, Store, Tx};
+use idem_tests::{with_test_db, TestApp};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    idempotency: Store,
+    calls: Arc<AtomicUsize>,
+}
+
+#[derive(Deserialize)]
+struct Charge {
+    amount: i64,
+    /// Answer 503 after the step: the transaction rolls back, the step stays recorded.
+    #[serde(default)]
+    fail: bool,
+}
+
+/// A step (the outside call, counted), then a business write.
+#[idempotent(scope = "charges", fields = [amount])]
+async fn charge(
+    State(calls): State<Arc<AtomicUsize>>,
+    mut tx: Tx,
+    Json(charge): Json<Charge>,
+) -> Result<(StatusCode, Json<Value>), (StatusCode, String)> {
+    let call: usize = tx
+        .step("processor", |_key| async move {
+            Ok::<_, String>(calls.fetch_add(1, Ordering::SeqCst) + 1)
+        })
+        .await
+        .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+    sqlx::query("INSERT INTO charges (amount) VALUES ($1)")
+        .bind(charge.amount)
+        .execute(&mut tx)
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if charge.fail {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "failed after the step".into(),
+        ));
+    }
+    Ok((StatusCode::CREATED, Json(json!({ "call": call }))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        sqlx::query("CREATE TABLE charges (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = Router::new()
+            .route("/charges", post(charge))
+            .nest("/ops", idem::console::Console::new(store.clone()).router())
+            .with_state(AppState {
+                idempotency: store.clone(),
+                calls: Arc::clone(&calls),
+            });
+        let app = TestApp::serve(pool.clone(), app).await;
+
+        let failed = app
+            .post(
+                "/charges",
+                Some("ch-1"),
+                &json!({ "amount": 100, "fail": true }),
+            )
+            .await;
+        assert_eq!(failed.status, 503, "{failed:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // A request that committed, with a step of its own, is not listed.
+        let done = app
+            .post("/charges", Some("ch-2"), &json!({ "amount": 200 }))
+            .await;
+        assert_eq!(done.status, 201, "{done:?}");
+
+        let listed = store.abandoned(Duration::ZERO, 10).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let first = &listed[0];
+        assert_eq!(
+            (
+                first.scope.as_str(),
+                first.principal.as_str(),
+                first.key.as_str()
+            ),
+            ("charges", "", "ch-1")
+        );
+        let steps: Vec<&str> = first.steps.iter().map(|s| s.step.as_str()).collect();
+        assert_eq!(steps, ["processor"]);
+        // Within the window it may still be working: not listed.
+        let recent = store
+            .abandoned(Duration::from_secs(3_600), 10)
+            .await
+            .unwrap();
+        assert!(recent.is_empty(), "{recent:?}");
+
+        let page = app
+            .client
+            .get(app.url("/ops/abandoned?idle=0s"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 200);
+        let page = page.text().await.unwrap();
+        assert!(
+            page.contains("<code>ch-1</code>") && page.contains("<code>processor</code>"),
+            "{page}"
+        );
+        assert!(!page.contains("ch-2"), "{page}");
+        let refused = app
+            .client
+            .get(app.url("/ops/abandoned?idle=soon"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400);
+
+        // The client comes back: the step replays (no second call), the request commits,
+        // and it is no longer abandoned.
+        let retried = app
+            .post("/charges", Some("ch-1"), &json!({ "amount": 100 }))
+            .await;
+        assert_eq!(retried.status, 201, "{retried:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one call per request");
+        assert!(store
+            .abandoned(Duration::ZERO, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let page = app
+            .client
+            .get(app.url("/ops/abandoned?idle=0s"))
+            .send()
+            .await
+            .unwrap();
+        assert!(page.text().await.unwrap().contains("None."));
+    })
+    .await;
+}
