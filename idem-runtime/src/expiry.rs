@@ -64,7 +64,12 @@ impl Store {
     /// Starts a tokio task that purges expired records every `every`, in batches of
     /// `batch_size`, until [`Sweeper::stop`] (the task outlives a dropped handle).
     /// Failures (the database restarting, say) are logged and retried at the next tick.
-    /// A zero interval is refused: it would sweep in a busy loop.
+    /// A zero interval is refused: it would sweep in a busy loop. With the `metrics`
+    /// feature, each tick also counts the requests abandoned after their steps
+    /// ([`Store::abandoned`], [`StoreBuilder::abandoned_after`]) into the gauge
+    /// `idem_abandoned_requests`.
+    ///
+    /// [`StoreBuilder::abandoned_after`]: crate::StoreBuilder::abandoned_after
     pub fn spawn_sweeper(&self, every: Duration, batch_size: u32) -> Result<Sweeper, SweeperError> {
         if every.is_zero() {
             return Err(SweeperError::ZeroInterval);
@@ -85,6 +90,14 @@ impl Store {
                     }
                     Err(error) => {
                         tracing::warn!(%error, "idem: sweeping expired records failed; retrying at the next tick")
+                    }
+                }
+                if cfg!(feature = "metrics") {
+                    match store.abandoned_count().await {
+                        Ok(n) => crate::observe::metrics::abandoned(n),
+                        Err(error) => {
+                            tracing::warn!(%error, "idem: counting abandoned requests failed; retrying at the next tick")
+                        }
                     }
                 }
             }

@@ -142,6 +142,7 @@
 //! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//! | `idem_abandoned_requests` | gauge | | requests idle after their steps, uncommitted ([`StoreBuilder::abandoned_after`]), as the sweeper last counted |
 //! | `idem_outbox_published_total` | counter | | outbox events published and deleted |
 //! | `idem_outbox_retried_total` | counter | | failed publishes that will be tried again |
 //! | `idem_outbox_dead_total` | counter | | outbox events parked as dead |

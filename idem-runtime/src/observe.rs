@@ -254,6 +254,11 @@ pub(crate) mod metrics {
         ::metrics::counter!("idem_swept_rows_total").increment(rows);
     }
 
+    /// The requests abandoned after their steps, as the sweeper last counted them.
+    pub(crate) fn abandoned(requests: u64) {
+        ::metrics::gauge!("idem_abandoned_requests").set(requests as f64);
+    }
+
     /// A step ended (`Tx::step`): `scope` `None` for a request without a key.
     pub(crate) fn step(
         scope: Option<Cow<'static, str>>,
@@ -281,6 +286,8 @@ pub(crate) mod metrics {
     pub(crate) fn request(_: Cow<'static, str>, _: Outcome, _: Duration) {}
 
     pub(crate) fn swept(_: u64) {}
+
+    pub(crate) fn abandoned(_: u64) {}
 
     pub(crate) fn step(_: Option<Cow<'static, str>>, _: &str, _: &'static str, _: Duration) {}
 }

@@ -89,6 +89,9 @@ pub(crate) struct Settings {
     /// Committed answers replayed from memory ([`StoreBuilder::replay_cache`]); `None`:
     /// every replay asks PostgreSQL.
     pub(crate) answers: Option<Answers>,
+    /// How long a request that recorded a step may make none before it counts as
+    /// abandoned ([`StoreBuilder::abandoned_after`]).
+    pub(crate) abandoned_after: Duration,
     /// The connections for writes that must commit outside a request's transaction
     /// ([`Store::outside`]): given, or made on first use.
     outside: OnceLock<PgPool>,
@@ -118,6 +121,7 @@ impl Store {
             step_pool: None,
             step_connections: 4,
             replay_cache: None,
+            abandoned_after: Duration::from_secs(300),
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -150,6 +154,12 @@ impl Store {
     /// unnamed (sqlx's `.persistent(false)`).
     pub fn pooler(&self) -> Pooler {
         self.inner.dialect.pooler
+    }
+
+    /// How long a request that recorded a step may go without committing before it
+    /// counts as abandoned ([`StoreBuilder::abandoned_after`]).
+    pub fn abandoned_after(&self) -> Duration {
+        self.inner.abandoned_after
     }
 
     /// The re-drive window ([`StoreBuilder::redrive_max_age`]): a dead event written
@@ -235,9 +245,21 @@ pub struct StoreBuilder {
     step_pool: Option<PgPool>,
     step_connections: u32,
     replay_cache: Option<(usize, Duration)>,
+    abandoned_after: Duration,
 }
 
 impl StoreBuilder {
+    /// How long a request that recorded a step ([`Tx::step`](crate::Tx::step)) may go
+    /// without committing or recording another before it counts as abandoned (default 5
+    /// minutes): what the console's "Abandoned" page lists by default, and what the
+    /// sweeper ([`Store::spawn_sweeper`]) counts in the gauge `idem_abandoned_requests`
+    /// (feature `metrics`). Set it above the longest a handler of yours takes after a
+    /// step, or requests in flight are counted.
+    pub fn abandoned_after(mut self, idle: Duration) -> Self {
+        self.abandoned_after = idle;
+        self
+    }
+
     /// Replays committed answers from memory (default: off, every replay asks
     /// PostgreSQL). The answers this store commits, and those it reads to replay, are
     /// kept up to `max_bytes` in all (keys and answers; the oldest go first), each for at
@@ -601,6 +623,7 @@ impl StoreBuilder {
                 answers: self
                     .replay_cache
                     .map(|(max_bytes, max_stale)| Answers::new(max_bytes, max_stale)),
+                abandoned_after: self.abandoned_after,
                 outside,
                 step_pool_given,
                 outside_connections: self.step_connections,

@@ -1,7 +1,8 @@
 //! Abandoned requests, visible (issue 38, its first part): a request that recorded a
 //! step and has not committed is listed by `Store::abandoned` and on the console's
-//! `/abandoned` page once it has made no step for the window asked; its client's retry,
-//! which commits, takes it off.
+//! `/abandoned` page once it has made no step for the window asked, and the sweeper
+//! counts it in the gauge `idem_abandoned_requests`; its client's retry, which commits,
+//! takes it off.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
 use idem_tests::{with_test_db, TestApp};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -57,12 +59,43 @@ async fn charge(
     Ok((StatusCode::CREATED, Json(json!({ "call": call }))))
 }
 
+/// Waits, 5 s at most, for the sweeper to set the gauge to `expected`.
+async fn gauge_reaches(snapshotter: &Snapshotter, expected: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let value =
+            snapshotter.snapshot().into_vec().into_iter().find_map(
+                |(key, _, _, value)| match value {
+                    DebugValue::Gauge(v) if key.key().name() == "idem_abandoned_requests" => {
+                        Some(v.into_inner())
+                    }
+                    _ => None,
+                },
+            );
+        if value == Some(expected) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idem_abandoned_requests: {value:?}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
     with_test_db(async |db| {
         let pool = db.pool(4).await;
-        let store = Store::new(pool.clone());
+        let store = Store::builder(pool.clone())
+            .abandoned_after(Duration::from_millis(100))
+            .build()
+            .unwrap();
         store.migrate().await.unwrap();
+        let sweeper = store.spawn_sweeper(Duration::from_millis(50), 100).unwrap();
         sqlx::query("CREATE TABLE charges (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
             .execute(&pool)
             .await
@@ -105,6 +138,7 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
         );
         let steps: Vec<&str> = first.steps.iter().map(|s| s.step.as_str()).collect();
         assert_eq!(steps, ["processor"]);
+        gauge_reaches(&snapshotter, 1.0).await;
         // Within the window it may still be working: not listed.
         let recent = store
             .abandoned(Duration::from_secs(3_600), 10)
@@ -152,6 +186,8 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
             .await
             .unwrap();
         assert!(page.text().await.unwrap().contains("None."));
+        gauge_reaches(&snapshotter, 0.0).await;
+        sweeper.stop();
     })
     .await;
 }

@@ -385,9 +385,6 @@ struct AbandonedQuery {
     done: Option<String>,
 }
 
-/// How long a request must have made no step to be listed, unless asked otherwise.
-const ABANDONED_AFTER: Duration = Duration::from_secs(300);
-
 async fn abandoned(
     State(console): Console_,
     Base(base): Base,
@@ -396,7 +393,7 @@ async fn abandoned(
 ) -> Response {
     let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
     let idle_for = match typed {
-        None => ABANDONED_AFTER,
+        None => console.store.abandoned_after(),
         Some(text) => match crate::operate::parse_age(text) {
             Some(age) => age,
             None => {
@@ -415,7 +412,12 @@ async fn abandoned(
     let frame = console.frame(&base, &headers, q.done);
     html(
         StatusCode::OK,
-        pages::abandoned(&frame, typed.unwrap_or("5m"), limit, &listed),
+        pages::abandoned(
+            &frame,
+            &typed.map_or_else(|| crate::operate::format_age(idle_for), str::to_owned),
+            limit,
+            &listed,
+        ),
     )
 }
 

@@ -31,6 +31,15 @@ HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
  ORDER BY min(created_at), scope, principal, key
  LIMIT $2";
 
+/// How many keys [`ABANDONED`] would list without its limit. $1 as there.
+const ABANDONED_COUNT: &str = "\
+SELECT count(*) FROM (
+    SELECT 1 FROM {steps}
+     WHERE expires_at > now()
+     GROUP BY scope, principal, key
+    HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
+) AS abandoned";
+
 /// A request that recorded steps and has not committed ([`Store::abandoned`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -89,6 +98,23 @@ impl Store {
             .await?;
         conn.finish().await?;
         rows.iter().map(|row| abandoned(row, nobody)).collect()
+    }
+}
+
+impl Store {
+    /// How many requests [`Store::abandoned`] lists for [`Store::abandoned_after`],
+    /// without a limit: the gauge `idem_abandoned_requests`.
+    pub(crate) async fn abandoned_count(&self) -> Result<u64, sqlx::Error> {
+        let sql =
+            statement(ABANDONED_COUNT.replace("{steps}", &self.inner.steps_table.qualified()));
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let count: i64 = sqlx::query_scalar(sql)
+            .persistent(self.inner.table.persistent())
+            .bind(self.inner.abandoned_after.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 }
 
