@@ -194,6 +194,27 @@ async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
     assert_eq!(read.status, 200);
     assert_eq!(s.count("refunds").await, 1);
     assert_eq!(s.count("charges").await, 3);
+
+    // Abandoned requests are found across the workers (issue 38): steps recorded for two
+    // tenants, on their shards, and nothing committed for them.
+    for (account, key) in [("acct_7", "gone-1"), ("acct_8", "gone-2")] {
+        sqlx::query(
+            "INSERT INTO idempotency_steps (scope, principal, key, step, fingerprint, result, expires_at)
+             VALUES ('charges', $1, $2, 'processor', '\\x00', '{}', now() + interval '1 hour')",
+        )
+        .bind(account)
+        .bind(key)
+        .execute(&s.pool)
+        .await
+        .unwrap();
+    }
+    let abandoned = again.abandoned(Duration::ZERO, 10).await.unwrap();
+    let found: Vec<(&str, &str)> = abandoned
+        .iter()
+        .map(|a| (a.principal.as_str(), a.key.as_str()))
+        .collect();
+    assert_eq!(found, [("acct_7", "gone-1"), ("acct_8", "gone-2")]);
+    assert_eq!(abandoned[0].steps[0].step, "processor");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
