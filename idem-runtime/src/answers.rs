@@ -128,10 +128,15 @@ impl Answers {
             + record.headers.len()
             + combined.len()
             + parts.len();
+        let mut entries = self.lock();
         if bytes > self.max_bytes {
+            // Not kept; nor is what was kept for the key before (a purge elsewhere and a
+            // new answer since): it must not be replayed in its place.
+            if let Some(before) = entries.by_slot.remove(&slot) {
+                entries.bytes -= before.bytes;
+            }
             return;
         }
-        let mut entries = self.lock();
         entries.serial += 1;
         let serial = entries.serial;
         let entry = Entry {
@@ -278,15 +283,17 @@ mod tests {
         let entries = answers.lock();
         assert!(entries.order.len() <= 2 * entries.by_slot.len() + 64);
         drop(entries);
-        // An answer larger than the whole cache is not kept.
+        // An answer larger than the whole cache is not kept, and what was kept for its
+        // key before goes with it.
+        assert!(answers.get(&key(9_999 % 3_000), &f).is_some());
         answers.keep(
-            &key(1),
+            &key(9_999 % 3_000),
             f.combined(),
             f.parts(),
             &record(&"y".repeat(max)),
             None,
         );
-        assert_ne!(answers.get(&key(1), &f), Some(record(&"y".repeat(max))));
+        assert_eq!(answers.get(&key(9_999 % 3_000), &f), None);
         answers.clear();
         assert_eq!(answers.bytes(), 0);
     }
