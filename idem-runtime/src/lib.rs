@@ -62,13 +62,16 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
+//! let url = std::env::var("DATABASE_URL")
+//!     .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+//! let pool = sqlx::PgPool::connect(&url).await?;
 //! let store = Store::new(pool);
 //! store.migrate().await?;
 //! let app = Router::new()
 //!     .route("/charges", post(create_charge))
 //!     .with_state(AppState { store });
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! let addr = std::env::var("BIND_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+//! let listener = tokio::net::TcpListener::bind(addr).await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(()) }
 //! ```
@@ -142,6 +145,8 @@
 //! | `idem_requests_total` | counter | `scope`, `outcome` | idempotent requests by [`Outcome`] |
 //! | `idem_request_duration_seconds` | histogram | `scope`, `outcome` | time from the claim to the answer |
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
+//! | `idem_steps_total` | counter | `scope`, `step`, `outcome` | steps ([`Tx::step`]) by outcome: `recorded`, `replayed`, `failed`, `timed_out`, `mismatch`, `lost`, `unrecorded`, `unkeyed` |
+//! | `idem_step_duration_seconds` | histogram | `scope`, `step`, `outcome` | a step's time, its call and its record included |
 //! | `idem_abandoned_requests` | gauge | | requests idle after their steps, uncommitted ([`StoreBuilder::abandoned_after`]), as the sweeper last counted |
 //! | `idem_outbox_published_total` | counter | | outbox events published and deleted |
 //! | `idem_outbox_retried_total` | counter | | failed publishes that will be tried again |
@@ -157,7 +162,9 @@
 //! # Features
 //!
 //! - `webhook` (default): [`webhook::Signed`] deliveries, verified with HMAC-SHA256.
-//! - `metrics`: the counters and histogram above.
+//! - `metrics`: the metrics above.
+//! - `utoipa`: OpenAPI through utoipa: `#[idempotent]` above `#[utoipa::path]` documents
+//!   the key and idem's problem responses; `idem::openapi`.
 //! - `nats`: `outbox::nats`, a JetStream publisher and consumer.
 //! - `amqp`: `outbox::amqp`, an AMQP 0.9.1 (RabbitMQ) publisher and consumer.
 //! - `console`: `idem::console`, an operator's console (an axum router) to mount behind the

@@ -92,7 +92,7 @@ impl RunOnce<'_> {
     /// ([`RunOnce::spread_by_key`]). Without either call, a
     /// [portable](crate::StoreBuilder::portable) store keeps the key under a hash of
     /// itself, and the other modes under the principal column's one "nobody" value, as
-    /// before (README, "Distributed PostgreSQL (Citus)").
+    /// before (the guide's "Topologies", "Keys without a principal").
     pub fn spread_by(mut self, tenant: &str) -> Self {
         self.spread = Spread::Tenant(Some(tenant.to_owned()));
         self

@@ -96,7 +96,7 @@ impl Spread {
 /// hashes where the others keep the nobody value), moves a key between these; a retry
 /// of a request answered before the change finds its record there. A tenant cannot be
 /// found from the key: a key that was kept under its tenant is not found once the
-/// endpoint no longer names one (README, "Changing where keys are kept").
+/// endpoint no longer names one (the guide's "Topologies", "Changing where keys are kept").
 ///
 /// A key with an owner looks where keys without one are kept only when the store
 /// requires a principal (`require_principal`): then a record there was written before

@@ -291,7 +291,7 @@ impl StoreBuilder {
     /// enough: sqlx still parses a persistent statement under a name, only without
     /// caching it), and run those with parameters inside a transaction, since sqlx parses
     /// and executes them in two exchanges that a pooler may send to two server
-    /// connections. See the README's "Running in production".
+    /// connections. See the guide's "Topologies", "Behind a transaction pooler".
     pub fn pooler(mut self, pooler: Pooler) -> Self {
         self.dialect.pooler = pooler;
         self

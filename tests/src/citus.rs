@@ -54,7 +54,7 @@ impl Citus {
             Err(missing) => {
                 let required = std::env::var(REQUIRE_CITUS).is_ok_and(|v| v == "1");
                 let how = "build and install Citus from its vendored source as .ci/run does \
-                           (README, \"Distributed PostgreSQL (Citus)\")";
+                           (the guide's \"Topologies\", \"Distributed PostgreSQL (Citus)\")";
                 assert!(
                     !required,
                     "{test}: {missing}; {REQUIRE_CITUS}=1 requires it: {how}"

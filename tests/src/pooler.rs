@@ -141,7 +141,7 @@ impl Pgbouncer {
             .disable_statement_logging()
     }
 
-    /// A store through this PgBouncer, as its README section says to build one: a pool of
+    /// A store through this PgBouncer, as the guide's "Behind a transaction pooler" says to build one: a pool of
     /// `connections` with no statement cache, `Pooler::Transaction`. Not migrated.
     pub async fn store(&self, connections: u32) -> idem::Store {
         let pool = sqlx::postgres::PgPoolOptions::new()

@@ -47,7 +47,7 @@
 //! Size and time: 23 cells (8 default, 8 pooler, 7 portable) of up to seven checks, each
 //! cell one to two seconds; each mode's cells run one after another, the three modes side
 //! by side, about 30 s for the whole file on two cores, the Citus cluster's start included
-//! (README, "Run the tests").
+//! (CONTRIBUTING.md, "Run the tests").
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
@@ -134,7 +134,7 @@ axis! {
         /// `spread = account_of`, `RunOnce::spread_by(account)`: the body's account.
         Tenant = "tenant",
         /// `spread = key` at the first start, `spread = account_of` at the second: the
-        /// change the README describes (in the portable mode the first is what no option
+        /// change the guide's "Changing where keys are kept" describes (in the portable mode the first is what no option
         /// does too, a hash of the key).
         Changed = "changed",
     }
@@ -188,7 +188,7 @@ fn refuse(a: Choice, b: Choice) -> Option<&'static str> {
     match (key, principal, spread, isolation) {
         (Some(KeySource::RunOnce), Some(PrincipalSource::Resolver), ..) => Some(
             "a queue message has no HTTP request for the store's resolver to read: `run_once` \
-             keys are global to their scope (README, \"Queue consumers and jobs\")",
+             keys are global to their scope (the guide's \"Queue consumers and jobs\")",
         ),
         (Some(KeySource::RunOnce), Some(PrincipalSource::Endpoint), ..) => Some(
             "`principal = ..` is an option of `#[idempotent]`, and `run_once` has no attribute",

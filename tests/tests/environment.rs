@@ -267,7 +267,7 @@ fn expect(cell: &Cell) -> Expect {
         (Setting::Privileges, _) => Expect::RefusedAtStart("privilege"),
         // The store's tables are named without their schema, resolved by the path of its
         // first claim; a connection whose path a handler changed for good would resolve
-        // them elsewhere (README, "What idem needs of a session").
+        // them elsewhere (the guide's "Topologies", "What idem needs of a session").
         (Setting::SearchPath, Setter::Handler) => Expect::Refused("search_path"),
         // A read-only database (or role) refuses idem's writes: a start refuses it. A
         // handler that makes its connection's later transactions read-only gets each

@@ -304,11 +304,11 @@ async fn change(db: &TestDb, portable: bool, before: Router<State>, after: Route
     assert_eq!(count(&pool, "effects").await, 1);
 }
 
-/// Regression (issue 27, 2): an endpoint that gained `spread = tenant_fn` (as the README
+/// Regression (issue 27, 2): an endpoint that gained `spread = tenant_fn` (as the guide
 /// suggests), or whose `spread = key` became a tenant function, ran a retry of an event
 /// taken before the change again, in the portable and in the default mode; so did going
 /// back from a hash to none. (A tenant function removed is not covered: nothing finds the
-/// tenant then; the README says to keep it until its records expire.)
+/// tenant then; the guide's "Changing where keys are kept" says to keep it until its records expire.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_spread_keeps_answering_earlier_records() {
     let plain = || Router::new().route("/events", post(events_plain));

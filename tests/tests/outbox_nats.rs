@@ -256,7 +256,7 @@ async fn the_relay_publishes_each_event_with_its_id_and_a_republish_is_dropped()
 
 /// Regression (issue 27, finding 11): the relay's defaults (lease 30 s, backoff up to
 /// 5 min) let a copy arrive after JetStream's default duplicate window (2 min), against
-/// the README's own rule, and nothing said so. The defaults now fit; settings that do not
+/// the guide's own rule ("Broker settings"), and nothing said so. The defaults now fit; settings that do not
 /// are named at the relay's start, with the stream, its window and what to lower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_says_when_its_copies_can_outlive_the_duplicate_window() {

@@ -17,7 +17,7 @@
 //! ```
 //!
 //! - **No authentication of its own.** Mount it behind the service's auth layer (the
-//!   README shows a bearer-token layer); anyone who reaches it sees keys, scopes and
+//!   guide's "Operating idem", "The console", shows a bearer-token layer); anyone who reaches it sees keys, scopes and
 //!   principals.
 //! - **Read-only unless [`Console::actions`]** turns on the POST forms (re-drive and
 //!   discard dead events, purge a key, sweep). Each form carries a CSRF token tied to

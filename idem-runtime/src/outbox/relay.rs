@@ -1226,7 +1226,7 @@ mod tests {
 
     /// Regression (issue 27, finding 11): the defaults (lease 30 s, backoff up to 5 min)
     /// let a copy arrive after JetStream's default duplicate window (2 min), against the
-    /// README's own rule.
+    /// guide's own rule ("The outbox and its consumers", "Broker settings").
     #[test]
     fn the_defaults_keep_copies_inside_jetstreams_default_window() {
         let needed = DEFAULT_LEASE + DEFAULT_PUBLISH_TIMEOUT + DEFAULT_BACKOFF.1;
