@@ -8,9 +8,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// outbox, re-drive or discard dead events.
 ///
 /// Exit codes: 0 done; 1 the database failed otherwise; 2 wrong usage (or an action
-/// refused without --yes, or a re-drive past the window without --force); 3 not found;
-/// 4 the tables are missing or wrong; 5 the database cannot be reached; 6 permission
-/// denied.
+/// refused without --yes, or a re-drive past the window without --force); 3 not found
+/// (a key, or nothing an action's filter matches: nothing done); 4 the tables are missing
+/// or wrong; 5 the database cannot be reached (nothing listens, or not PostgreSQL); 6
+/// permission denied.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about)]
 pub(crate) struct Cli {

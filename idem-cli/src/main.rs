@@ -25,11 +25,13 @@ mod exit {
     /// Wrong usage, or an action refused without `--yes` (or a re-drive past the
     /// window without `--force`).
     pub(crate) const USAGE: u8 = 2;
-    /// What was asked for is not there.
+    /// What was asked for is not there: a key, or anything an action's filter matches
+    /// (nothing done).
     pub(crate) const NOT_FOUND: u8 = 3;
     /// idem's tables are missing or not as the store is configured.
     pub(crate) const TABLES: u8 = 4;
-    /// The database cannot be reached.
+    /// The database cannot be reached: nothing listens, or what answers is not
+    /// PostgreSQL.
     pub(crate) const UNREACHABLE: u8 = 5;
     /// The database refused: permission denied, or authentication failed.
     pub(crate) const PERMISSION: u8 = 6;
@@ -50,11 +52,17 @@ impl Failure {
     }
 }
 
-/// Where the command connects, without the password, for messages.
+/// Where the command connects, without the password, and what it needs there, for
+/// messages.
 struct Target {
     server: String,
     user: String,
+    /// The privileges the command needs on idem's tables.
+    privileges: &'static str,
 }
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -76,6 +84,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             "no database: set DATABASE_URL or pass --database-url",
         )
     })?;
+    // sqlx parses any scheme as PostgreSQL's: `mysql://` would be tried as one.
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !scheme.eq_ignore_ascii_case("postgres") && !scheme.eq_ignore_ascii_case("postgresql") {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "DATABASE_URL is not a PostgreSQL URL: its scheme is {scheme:?}, where idem \
+                 works on PostgreSQL only (postgres:// or postgresql://)"
+            ),
+        ));
+    }
     let options: PgConnectOptions = url.parse().map_err(|e| {
         Failure::new(
             exit::USAGE,
@@ -90,6 +109,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             options.get_database().unwrap_or_default()
         ),
         user: options.get_username().to_owned(),
+        privileges: privileges(&cli.command),
     };
     let options = match cli.pooler {
         PoolerArg::Transaction => options.statement_cache_capacity(0),
@@ -135,9 +155,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         );
         return Ok(());
     }
+    connect(&options, &target).await?;
     let pool = PgPoolOptions::new()
         .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options)
         .await
         .map_err(|e| database(&e, &target))?;
@@ -207,8 +228,9 @@ async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault>
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
                     format!(
-                        "no committed record of key {key:?} in scope {scope:?}{}, and no recorded step",
-                        of(&principal)
+                        "no committed record of key {key:?} in scope {scope:?}{}, and no recorded step{}",
+                        of(&principal),
+                        holders(store, &scope, &principal, &key).await?
                     ),
                 )));
             }
@@ -244,7 +266,10 @@ async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault>
             if n == 0 {
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
-                    format!("no committed record of {what}"),
+                    format!(
+                        "no committed record of {what}{}",
+                        holders(store, &scope, &principal, &key).await?
+                    ),
                 )));
             }
             out.moved("purged", n, &format!("purged {n} record(s) of {what}"));
@@ -304,6 +329,9 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
                     )),
                 })?
             };
+            if n == 0 {
+                return Err(matched_nothing(&selection, "re-driven"));
+            }
             out.moved(
                 "redriven",
                 n,
@@ -320,6 +348,9 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
                 return dry(store, out, &selection, None).await;
             }
             let n = store.dead_count(&selection).await?;
+            if n == 0 {
+                return Err(matched_nothing(&selection, "discarded"));
+            }
             confirm(
                 yes,
                 &format!("Discard {n} dead event(s)? They will never be published."),
@@ -401,6 +432,46 @@ fn selection(which: Which) -> DeadSelection {
     }
 }
 
+/// How many principals a "not found" names, before "and N more".
+const HOLDERS_NAMED: u32 = 5;
+
+/// For a key looked up without a principal: the principals that hold it in `scope`, as
+/// the end of a "not found" line (empty when a principal was given, or none holds it).
+async fn holders(store: &Store, scope: &str, principal: &str, key: &str) -> Result<String, Fault> {
+    if !principal.is_empty() {
+        return Ok(String::new());
+    }
+    let (named, holders) = store.key_principals(scope, key, HOLDERS_NAMED).await?;
+    if named.is_empty() {
+        return Ok(String::new());
+    }
+    let mut names = named
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = holders.saturating_sub(named.len() as u64);
+    if more > 0 {
+        names.push_str(&format!(" and {more} more"));
+    }
+    Ok(format!(
+        "; the key is held under a principal: pass --principal ({names})"
+    ))
+}
+
+/// An action whose `selection` matched no dead event: exit 3, nothing `done`.
+fn matched_nothing(selection: &DeadSelection, done: &str) -> Fault {
+    let asked = match selection {
+        DeadSelection::All => "there are no dead events".to_owned(),
+        DeadSelection::Reason(reason) => format!("no dead event has the reason {reason:?}"),
+        DeadSelection::Ids(ids) => format!("no dead event has the id {}", ids.join(" or ")),
+    };
+    Fault::Own(Failure::new(
+        exit::NOT_FOUND,
+        format!("{asked} (`idem outbox dead` lists them): nothing {done}"),
+    ))
+}
+
 fn of(principal: &str) -> String {
     if principal.is_empty() {
         String::new()
@@ -436,9 +507,85 @@ fn confirm(yes: bool, question: &str) -> Result<(), Fault> {
     }
 }
 
+/// Connects once, alone, so that a failure to connect says why: the pool would only
+/// say that it timed out, after retrying.
+async fn connect(options: &PgConnectOptions, target: &Target) -> Result<(), Failure> {
+    use sqlx::{ConnectOptions, Connection};
+    let server = &target.server;
+    let error = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            connection.close().await.ok();
+            return Ok(());
+        }
+        Ok(Err(error)) => error,
+        Err(_) => {
+            return Err(Failure::new(
+                exit::UNREACHABLE,
+                format!(
+                    "cannot reach PostgreSQL at {server}: no answer within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+    };
+    let unreachable = |why: String| Err(Failure::new(exit::UNREACHABLE, why));
+    match &error {
+        sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => unreachable(
+            format!("cannot reach PostgreSQL at {server}: connection refused (nothing listens on that port)"),
+        ),
+        // It answered in another protocol, or hung up mid-handshake (PostgreSQL answers a
+        // startup it refuses with an error message): the wrong port, another server on it.
+        sqlx::Error::Protocol(_) | sqlx::Error::Decode(_) => unreachable(format!(
+            "what answers at {server} is not PostgreSQL (check the port): {error}"
+        )),
+        sqlx::Error::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::InvalidData
+                    | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            unreachable(format!(
+                "what answers at {server} is not PostgreSQL (check the port): {error}"
+            ))
+        }
+        _ => Err(database(&error, target)),
+    }
+}
+
+/// The privileges `command` needs on idem's tables, for a "permission denied".
+fn privileges(command: &Command) -> &'static str {
+    match command {
+        Command::Migrate { .. } => "CREATE on the schema",
+        Command::Verify
+        | Command::Key(
+            KeyCommand::Status { .. } | KeyCommand::List { .. } | KeyCommand::Counts { .. },
+        )
+        | Command::Outbox(
+            OutboxCommand::Pending
+            | OutboxCommand::Lag
+            | OutboxCommand::Leases { .. }
+            | OutboxCommand::Blocked { .. }
+            | OutboxCommand::Dead { .. },
+        ) => "SELECT",
+        Command::Outbox(
+            OutboxCommand::Redrive { dry_run: true, .. }
+            | OutboxCommand::Discard { dry_run: true, .. },
+        ) => "SELECT",
+        Command::Key(KeyCommand::Purge { .. } | KeyCommand::Sweep { .. })
+        | Command::Outbox(OutboxCommand::Discard { .. }) => "SELECT and DELETE",
+        Command::Outbox(OutboxCommand::Redrive { .. }) => "SELECT and UPDATE",
+    }
+}
+
 /// A database error as one line and an exit code.
 fn database(error: &sqlx::Error, target: &Target) -> Failure {
-    let Target { server, user } = target;
+    let Target {
+        server,
+        user,
+        privileges,
+    } = target;
     if idem::is_unavailable(error) {
         return Failure::new(
             exit::UNREACHABLE,
@@ -458,10 +605,17 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
             exit::TABLES,
             format!("{message} in {server}: the table is older than this idem; run `idem migrate`"),
         ),
-        Some("42501") => Failure::new(
-            exit::PERMISSION,
-            format!("{message} (as user {user:?} on {server}): grant it the privileges this command needs"),
-        ),
+        // PostgreSQL names the object ("permission denied for table idem_outbox"), not
+        // the privilege: the command knows which it needs.
+        Some("42501") => {
+            let on = message
+                .strip_prefix("permission denied for ")
+                .unwrap_or("idem's tables");
+            Failure::new(
+                exit::PERMISSION,
+                format!("{message} (as user {user:?} on {server}): this command needs {privileges} on {on}"),
+            )
+        }
         Some("28P01" | "28000") => Failure::new(exit::PERMISSION, format!("{message} (on {server})")),
         Some("3D000") => Failure::new(exit::UNREACHABLE, format!("{message} (on {server})")),
         _ => Failure::new(exit::FAILED, format!("{server}: {message}")),
@@ -472,6 +626,15 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
 fn verify(error: VerifyError, target: &Target) -> Failure {
     match error {
         VerifyError::Database(e) => database(&e, target),
+        // The CLI's own command first: the runtime's message suggests the library's.
+        VerifyError::MissingTable { table } => Failure::new(
+            exit::TABLES,
+            format!(
+                "{}: the idempotency table `{table}` does not exist: create idem's tables with \
+                 `idem migrate` (the same flags), or `Store::migrate()` at the service's start",
+                target.server
+            ),
+        ),
         // The role may not use idem's tables: as PostgreSQL's own 42501.
         e @ VerifyError::Privileges { .. } => {
             Failure::new(exit::PERMISSION, format!("{}: {e}", target.server))

@@ -490,3 +490,211 @@ async fn failures_say_what_is_wrong_in_one_line() {
     })
     .await;
 }
+
+/// Issue 39: a key looked up without `--principal` that exists only under principals
+/// says so, naming five of them and how many more, never the value a key without a
+/// principal is kept under (here a tenant's spread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_under_principals_names_them_when_not_found_without_one() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let pool = db.pool(2).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        for spread in [None, Some("tenant-9")] {
+            let once = store.run_once("charges", "ch-1");
+            let once = match spread {
+                Some(tenant) => once.spread_by(tenant),
+                None => once,
+            };
+            once.run(async |_tx| Ok::<_, sqlx::Error>("charged".to_owned()))
+                .await
+                .unwrap();
+        }
+        // The record kept under nobody, copied to seven principals, then gone.
+        sqlx::raw_sql(
+            "CREATE TEMP TABLE held AS SELECT * FROM idempotency_keys
+               WHERE scope = 'charges' AND key = 'ch-1';
+             INSERT INTO idempotency_keys
+             SELECT (jsonb_populate_record(held, jsonb_build_object('principal', 'acct_' || n))).*
+               FROM held, generate_series(1, 7) AS n;
+             DELETE FROM idempotency_keys
+              WHERE scope = 'charges' AND key = 'ch-1' AND principal = ''",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+
+        let (code, line) = failure(&idem(&url, &[], &["key", "status", "charges", "ch-1"]));
+        assert_eq!(code, 3, "{line}");
+        assert!(
+            line.contains(
+                "pass --principal (\"acct_1\", \"acct_2\", \"acct_3\", \"acct_4\", \"acct_5\" and 2 more)"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("tenant-9"), "{line}");
+        let (code, line) = failure(&idem(
+            &url,
+            &[],
+            &["key", "purge", "charges", "ch-1", "--yes"],
+        ));
+        assert_eq!(code, 3, "{line}");
+        assert!(line.contains("pass --principal (\"acct_1\""), "{line}");
+        // With the principal it is found; a key nobody holds gets no hint.
+        let key = json(
+            &url,
+            &[],
+            &["key", "status", "charges", "ch-1", "--principal", "acct_6"],
+        );
+        assert_eq!(key["status"], 200, "{key}");
+        let (code, line) = failure(&idem(&url, &[], &["key", "status", "charges", "ch-2"]));
+        assert_eq!(code, 3, "{line}");
+        assert!(!line.contains("--principal"), "{line}");
+    })
+    .await;
+}
+
+/// Issue 39: a re-drive or a discard whose filter matches nothing moves nothing, says
+/// so with what was asked, and exits 3 (it said "re-drove 0" and exited 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_that_matched_nothing_exits_3() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let store = Store::new(db.pool(2).await);
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let (code, line) = failure(&idem(&url, &[], &["outbox", "redrive", "--id", "deadbeef"]));
+        assert_eq!(code, 3, "{line}");
+        assert!(
+            line.contains("no dead event has the id deadbeef")
+                && line.contains("nothing re-driven"),
+            "{line}"
+        );
+        let (code, line) = failure(&idem(
+            &url,
+            &[],
+            &["outbox", "redrive", "--reason", "no such reason", "--force"],
+        ));
+        assert_eq!(code, 3, "{line}");
+        assert!(line.contains("\"no such reason\""), "{line}");
+        let (code, line) = failure(&idem(
+            &url,
+            &[],
+            &["outbox", "discard", "--reason", "no such reason", "--yes"],
+        ));
+        assert_eq!(code, 3, "{line}");
+        assert!(line.contains("nothing discarded"), "{line}");
+        let dead = json(&url, &[], &["outbox", "dead", "--list"]);
+        assert_eq!(dead.as_array().unwrap().len(), 3, "nothing moved: {dead}");
+    })
+    .await;
+}
+
+/// Issue 39: `verify` on a database without idem's tables names the CLI's own
+/// `idem migrate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_without_the_tables_suggests_idem_migrate() {
+    with_test_db(async |db| {
+        let (code, line) = failure(&idem(&db.url(), &[], &["verify"]));
+        assert_eq!(code, 4, "{line}");
+        assert!(line.contains("`idem migrate`"), "{line}");
+    })
+    .await;
+}
+
+/// Issue 39: nothing listening, something that is not PostgreSQL on the port, and a URL
+/// of another database each say so in one line (they said "pool timed out", "expected
+/// to read 1414811696 bytes", or took `mysql://` as PostgreSQL).
+#[test]
+fn a_connection_that_fails_says_why() {
+    // A port that was free a moment ago: nothing listens on it.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let (code, line) = failure(&idem(
+        &format!("postgres://postgres@127.0.0.1:{port}/x"),
+        &[],
+        &["key", "list"],
+    ));
+    assert_eq!(code, 5, "{line}");
+    assert!(line.contains("connection refused"), "{line}");
+
+    // An HTTP server: it answers whatever it is sent with a 400, and hangs up.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = http.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in http.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0; 512];
+            if stream.read(&mut request).is_err() {
+                continue;
+            }
+            stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .ok();
+            stream.shutdown(std::net::Shutdown::Write).ok();
+            // Read what is still sent, so that the close is not a reset.
+            std::io::copy(&mut stream, &mut std::io::sink()).ok();
+        }
+    });
+    let (code, line) = failure(&idem(
+        &format!("postgres://postgres@127.0.0.1:{port}/x"),
+        &[],
+        &["key", "list"],
+    ));
+    assert_eq!(code, 5, "{line}");
+    assert!(line.contains("is not PostgreSQL"), "{line}");
+
+    let (code, line) = failure(&idem(
+        "mysql://root@127.0.0.1:3306/x",
+        &[],
+        &["key", "list"],
+    ));
+    assert_eq!(code, 2, "{line}");
+    assert!(
+        line.contains("\"mysql\"") && line.contains("postgres://"),
+        "{line}"
+    );
+}
+
+/// Issue 39: a permission denied names the table (as PostgreSQL does) and the privilege
+/// the command needs (which PostgreSQL does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_privilege_is_named_with_its_table() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let pool = db.pool(1).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let role = format!("idem_cli_grant_{}", std::process::id());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT SELECT ON idem_outbox TO {role}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
+        let (code, line) = failure(&idem(
+            &as_role,
+            &[],
+            &["outbox", "discard", "--all", "--yes"],
+        ));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "REVOKE ALL ON idem_outbox FROM {role}; DROP ROLE {role}"
+        )))
+        .execute(&pool)
+        .await
+        .ok();
+        assert_eq!(code, 6, "{line}");
+        assert!(
+            line.contains("permission denied for table idem_outbox")
+                && line.contains("needs SELECT and DELETE on table idem_outbox"),
+            "{line}"
+        );
+    })
+    .await;
+}

@@ -71,6 +71,20 @@ SELECT step, extract(epoch FROM created_at)::float8 AS created_at,
  WHERE scope = $1 AND principal = {p2} AND key = $3
  ORDER BY created_at, step";
 
+/// The principals that hold a key in a scope, in the idempotency table or the steps
+/// table, first $4 of them, with how many there are. $1 the scope (its authenticated
+/// principals' place: a spread place holds no principal), $2 the column's nobody value,
+/// $3 the key's spellings.
+const HOLDERS: &str = "\
+SELECT principal, count(*) OVER () AS holders
+  FROM (SELECT principal::text AS principal FROM {table}
+         WHERE scope = $1 AND principal <> {p2} AND key = ANY($3)
+        UNION
+        SELECT principal::text FROM {steps}
+         WHERE scope = $1 AND principal <> {p2} AND key = ANY($3)) AS held
+ ORDER BY principal
+ LIMIT $4";
+
 /// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
 pub(super) const SPREAD_MARK: char = '\u{1f}';
 
@@ -204,6 +218,7 @@ struct Statements {
     counts: SqlStr,
     purge_key: SqlStr,
     steps: SqlStr,
+    holders: SqlStr,
 }
 
 impl Store {
@@ -224,6 +239,7 @@ impl Store {
             counts: render(COUNTS),
             purge_key: render(PURGE_KEY),
             steps: render(STEPS),
+            holders: render(HOLDERS),
         }
     }
 
@@ -342,6 +358,46 @@ impl Store {
             }
         }
         Ok(steps)
+    }
+
+    /// The authenticated principals that hold `key` in `scope` (a committed record or a
+    /// recorded step), in order, at most `limit` of them, and how many there are: where
+    /// to look when [`Store::key`] finds nothing without a principal. Keys without a
+    /// principal are not counted, whatever value they are kept under. `key` as for
+    /// [`Store::key`]. It reads the whole scope (no index leads with the key): an
+    /// operator's question, not a request's.
+    pub async fn key_principals(
+        &self,
+        scope: &str,
+        key: &str,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), sqlx::Error> {
+        let principal_type = self.inner.dialect.principal_type;
+        let mut spellings: Vec<String> = self
+            .spelled_places(scope, "", key)
+            .into_iter()
+            .map(|(spelling, _, _)| spelling)
+            .collect();
+        spellings.dedup();
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let rows = self
+            .operator_query(self.key_statements().holders)
+            .bind(scope)
+            .bind(principal_type.bound(""))
+            .bind(spellings)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        let holders = match rows.first() {
+            Some(row) => u64::try_from(row.try_get::<i64, _>("holders")?).unwrap_or(0),
+            None => 0,
+        };
+        let principals = rows
+            .iter()
+            .map(|row| row.try_get("principal"))
+            .collect::<Result<_, _>>()?;
+        Ok((principals, holders))
     }
 
     /// Committed records, newest first, as `filter` selects them.
