@@ -631,7 +631,9 @@ pub(crate) fn lock_timeout(wait: Duration) -> String {
 /// Runs `ddl`, made of `IF NOT EXISTS` statements. Two processes starting at once can
 /// both pass `IF NOT EXISTS`; the loser fails on a catalog unique index (23505) or with
 /// 42P07/42710. The winner has committed by then, so running the statements again finds
-/// them existing.
+/// them existing. The outbox's `ALTER TABLE .. SET (fillfactor)` after its `CREATE INDEX`
+/// raises its lock in the same transaction, so two such scripts may deadlock (40P01):
+/// PostgreSQL aborts one, which runs again once the other has committed.
 pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Error> {
     let mut attempt = 0;
     loop {
@@ -639,7 +641,10 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
             Ok(_) => return Ok(()),
             Err(sqlx::Error::Database(e))
                 if attempt < 5
-                    && matches!(e.code().as_deref(), Some("23505" | "42P07" | "42710")) =>
+                    && matches!(
+                        e.code().as_deref(),
+                        Some("23505" | "42P07" | "42710" | "40P01")
+                    ) =>
             {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
