@@ -59,6 +59,12 @@ async fn charge(
     Ok((StatusCode::CREATED, Json(json!({ "call": call }))))
 }
 
+/// GET `path`: the status and the page.
+async fn get(app: &TestApp, path: &str) -> (u16, String) {
+    let response = app.client.get(app.url(path)).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
 /// Waits, 5 s at most, for the sweeper to set the gauge to `expected`.
 async fn gauge_reaches(snapshotter: &Snapshotter, expected: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -146,26 +152,14 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
             .unwrap();
         assert!(recent.is_empty(), "{recent:?}");
 
-        let page = app
-            .client
-            .get(app.url("/ops/abandoned?idle=0s"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(page.status(), 200);
-        let page = page.text().await.unwrap();
+        let (status, page) = get(&app, "/ops/abandoned?idle=0s").await;
+        assert_eq!(status, 200);
         assert!(
             page.contains("<code>ch-1</code>") && page.contains("<code>processor</code>"),
             "{page}"
         );
         assert!(!page.contains("ch-2"), "{page}");
-        let refused = app
-            .client
-            .get(app.url("/ops/abandoned?idle=soon"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(refused.status(), 400);
+        assert_eq!(get(&app, "/ops/abandoned?idle=soon").await.0, 400);
 
         // The client comes back: the step replays (no second call), the request commits,
         // and it is no longer abandoned.
@@ -179,13 +173,10 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
             .await
             .unwrap()
             .is_empty());
-        let page = app
-            .client
-            .get(app.url("/ops/abandoned?idle=0s"))
-            .send()
+        assert!(get(&app, "/ops/abandoned?idle=0s")
             .await
-            .unwrap();
-        assert!(page.text().await.unwrap().contains("None."));
+            .1
+            .contains("None."));
         gauge_reaches(&snapshotter, 0.0).await;
         sweeper.stop();
     })

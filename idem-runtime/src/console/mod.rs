@@ -332,6 +332,17 @@ struct KeysQuery {
     done: Option<String>,
 }
 
+/// A form's age field named `label`: `None` when left empty, else the age as operators
+/// write it, or the line that says how to write one (a 400 page).
+fn age_field(text: Option<&str>, label: &str) -> Result<Option<Duration>, String> {
+    let Some(text) = text.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    crate::operate::parse_age(text)
+        .map(Some)
+        .ok_or_else(|| format!("\"{label}\" is a whole number and a unit: 90s, 30m, 24h or 7d."))
+}
+
 async fn keys(
     State(console): Console_,
     Base(base): Base,
@@ -344,17 +355,9 @@ async fn keys(
             .filter(|v| !v.is_empty())
             .map(str::to_owned)
     };
-    let older_than = match filled(&q.older_than) {
-        None => None,
-        Some(text) => match crate::operate::parse_age(&text) {
-            Some(age) => Some(age),
-            None => {
-                return page_error(
-                    StatusCode::BAD_REQUEST,
-                    "\"older than\" is a whole number and a unit: 90s, 30m, 24h or 7d.",
-                )
-            }
-        },
+    let older_than = match age_field(q.older_than.as_deref(), "older than") {
+        Ok(age) => age,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
     };
     let filter = KeyFilter {
         scope: filled(&q.scope),
@@ -392,17 +395,9 @@ async fn abandoned(
     Query(q): Query<AbandonedQuery>,
 ) -> Response {
     let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
-    let idle_for = match typed {
-        None => console.store.abandoned_after(),
-        Some(text) => match crate::operate::parse_age(text) {
-            Some(age) => age,
-            None => {
-                return page_error(
-                    StatusCode::BAD_REQUEST,
-                    "\"no step for\" is a whole number and a unit: 90s, 30m, 24h or 7d.",
-                )
-            }
-        },
+    let idle_for = match age_field(typed, "no step for") {
+        Ok(age) => age.unwrap_or_else(|| console.store.abandoned_after()),
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
     };
     let limit = 100;
     let listed = match console.store.abandoned(idle_for, limit).await {

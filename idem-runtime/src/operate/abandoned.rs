@@ -13,7 +13,7 @@ use sqlx::Row;
 
 use super::{instant, rfc3339, seconds};
 use crate::store::Store;
-use crate::table::statement;
+use crate::table::{statement, PrincipalType};
 
 /// The keys whose newest step was recorded at least $1 seconds ago and has not expired,
 /// oldest first, at most $2; each with its steps, oldest first. Keys of a distributed
@@ -88,7 +88,6 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<Abandoned>, sqlx::Error> {
         let sql = statement(ABANDONED.replace("{steps}", &self.inner.steps_table.qualified()));
-        let nobody = self.inner.dialect.principal_type.bound("");
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let rows = sqlx::query(sql)
             .persistent(self.inner.table.persistent())
@@ -97,7 +96,9 @@ impl Store {
             .fetch_all(&mut *conn)
             .await?;
         conn.finish().await?;
-        rows.iter().map(|row| abandoned(row, nobody)).collect()
+        rows.iter()
+            .map(|row| abandoned(row, self.inner.dialect.principal_type))
+            .collect()
     }
 }
 
@@ -118,16 +119,8 @@ impl Store {
     }
 }
 
-fn abandoned(row: &PgRow, nobody: &str) -> Result<Abandoned, sqlx::Error> {
-    let stored: String = row.try_get("scope")?;
-    let (scope, spread) = match stored.split_once(super::keys::SPREAD_MARK) {
-        Some((scope, spread)) => (scope.to_owned(), Some(spread.to_owned())),
-        None => (stored, None),
-    };
-    let mut principal: String = row.try_get("principal")?;
-    if spread.is_none() && principal == nobody {
-        principal.clear();
-    }
+fn abandoned(row: &PgRow, principal_type: PrincipalType) -> Result<Abandoned, sqlx::Error> {
+    let (scope, spread, principal) = super::keys::owner(row, principal_type)?;
     let names: Vec<String> = row.try_get("steps")?;
     let recorded: Vec<f64> = row.try_get("recorded")?;
     Ok(Abandoned {

@@ -86,7 +86,7 @@ SELECT principal, count(*) OVER () AS holders
  LIMIT $4";
 
 /// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
-pub(super) const SPREAD_MARK: char = '\u{1f}';
+const SPREAD_MARK: char = '\u{1f}';
 
 /// One key's committed record, as [`Store::key`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -508,7 +508,13 @@ fn detail(row: &PgRow) -> Result<KeyDetail, sqlx::Error> {
     })
 }
 
-fn summary(row: &PgRow, principal_type: PrincipalType) -> Result<KeySummary, sqlx::Error> {
+/// The row's `scope` and `principal` columns as an operator reads them: the scope, its
+/// spread (`key`, `tenant`) if the key is kept under one, and the principal, empty for a
+/// key kept under the column's nobody value.
+pub(super) fn owner(
+    row: &PgRow,
+    principal_type: PrincipalType,
+) -> Result<(String, Option<String>, String), sqlx::Error> {
     let stored: String = row.try_get("scope")?;
     let (scope, spread) = match stored.split_once(SPREAD_MARK) {
         Some((scope, spread)) => (scope.to_owned(), Some(spread.to_owned())),
@@ -518,6 +524,11 @@ fn summary(row: &PgRow, principal_type: PrincipalType) -> Result<KeySummary, sql
     if spread.is_none() && principal == principal_type.bound("") {
         principal.clear();
     }
+    Ok((scope, spread, principal))
+}
+
+fn summary(row: &PgRow, principal_type: PrincipalType) -> Result<KeySummary, sqlx::Error> {
+    let (scope, spread, principal) = owner(row, principal_type)?;
     Ok(KeySummary {
         scope,
         spread,
