@@ -356,6 +356,49 @@ async fn emit_many(store: &Store, prefix: &str, n: usize, key: impl Fn(usize) ->
     }
 }
 
+/// Regression (issue 36): a key with a backlog drained one event per round. A take now
+/// leases a key's events behind its head, and one task publishes them in order. When one
+/// fails, the rest of its chain is given back unpublished, their attempts uncounted: the
+/// key's order holds, and only the failed event's attempt counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keys_backlog_goes_in_order_and_a_failure_gives_the_rest_back() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "c", 10, |_| Some("k".into())).await;
+        let failed_once = Arc::new(Mutex::new(false));
+        let recorder = Recorder::failing(move |e| {
+            let mut failed = failed_once.lock().unwrap();
+            (e.payload == b"4" && !*failed).then(|| {
+                *failed = true;
+                PublishError::retry("refused once")
+            })
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .batch_size(32)
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(10))
+            .spawn()
+            .unwrap();
+        let events = recorder.wait_for(10, Duration::from_secs(10)).await;
+        drained(&pool).await;
+        // The relay counts a round's deletes once its statement has answered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while relay.stats().published < 10 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = relay.stats();
+        assert_eq!((stats.published, stats.retried, stats.dead), (10, 1, 0));
+        relay.stop();
+        let order: Vec<&[u8]> = events.iter().map(|e| e.payload.as_slice()).collect();
+        let expected: Vec<Vec<u8>> = (0..10).map(|i: i32| i.to_string().into_bytes()).collect();
+        assert_eq!(order, expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        let attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
+        assert_eq!(attempts, [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
     with_test_db(async |db| {

@@ -855,53 +855,60 @@ impl<P: Publisher> Running<P> {
             round_ms = tracing::field::Empty,
         );
         let taken = rows.len();
+        // A key's events go in order, one at a time, by one task: the chain its take
+        // leased behind its head. The rest of a chain is given back unpublished after a
+        // failure, and when the lease would end before the next publish could.
+        let (chains, mut release) = chains(rows);
+        let last_start = lease_ends
+            .checked_sub(builder.publish_timeout)
+            .unwrap_or(started);
         let mut publishing = JoinSet::new();
-        let mut held = HashMap::with_capacity(taken);
-        for row in rows {
+        for chain in chains {
             let publisher = Arc::clone(&builder.publisher);
             let timeout = builder.publish_timeout;
-            let event = to_event(&row);
-            let task = publishing.spawn(async move {
-                match tokio::time::timeout(timeout, publisher.publish(&event)).await {
-                    Ok(result) => result,
-                    // No answer says nothing about the event: the destination is
-                    // unreachable or too slow, the outage's case.
-                    Err(_) => Err(PublishError::unavailable(format!(
-                        "no acknowledgement within {timeout:?}"
-                    ))),
+            let span = span.clone();
+            publishing.spawn(async move {
+                let mut results = Vec::with_capacity(chain.len());
+                for row in &chain {
+                    if !results.is_empty() && Instant::now() > last_start {
+                        break;
+                    }
+                    let result = publish(&publisher, to_event(row), timeout).await;
+                    if let Err(error) = &result {
+                        if error.panicked {
+                            tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, error = %error.error, "idem: an outbox publisher panicked");
+                        }
+                    }
+                    let failed = result.is_err();
+                    results.push(result.map_err(|error| error.error));
+                    if failed {
+                        break;
+                    }
                 }
+                (chain, results)
             });
-            held.insert(task.id(), row);
         }
         let mut published = Vec::with_capacity(taken);
         let mut failed = Vec::new();
-        while let Some(joined) = publishing.join_next_with_id().await {
-            let (task, result) = match joined {
-                Ok((task, result)) => (task, result),
-                // A publisher that panicked fails its event like any error that may pass:
-                // retried after a backoff, parked at the limit. Left leased, the event was
-                // taken again at every lease, panicked again, and held its ordering key
-                // back for ever.
-                Err(error) => {
-                    let task = error.id();
-                    let error = PublishError::retry(panicked(error));
-                    if let Some(row) = held.get(&task) {
-                        tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
-                    }
-                    (task, Err(error))
-                }
-            };
-            let Some(row) = held.remove(&task) else {
+        while let Some(joined) = publishing.join_next().await {
+            // Each publish runs in a task of its own, whose panic is its result: a chain's
+            // task does not panic.
+            let Ok((chain, results)) = joined else {
                 continue;
             };
-            match result {
-                Ok(()) => {
-                    metrics::delay(row.age);
-                    kept.suspects.forget(row.seq);
-                    published.push(row.seq);
+            let mut rows = chain.into_iter();
+            for result in results {
+                let Some(row) = rows.next() else { break };
+                match result {
+                    Ok(()) => {
+                        metrics::delay(row.age);
+                        kept.suspects.forget(row.seq);
+                        published.push(row.seq);
+                    }
+                    Err(error) => failed.push((row, error)),
                 }
-                Err(error) => failed.push((row, error)),
             }
+            release.extend(rows.map(|row| row.seq));
         }
         let mut overtaken = 0;
         let mut deleted = 0;
@@ -918,6 +925,14 @@ impl<P: Publisher> Running<P> {
             self.counters
                 .published
                 .fetch_add(deleted, Ordering::Relaxed);
+        }
+        if !release.is_empty() {
+            self.marked(lease_ends, || async {
+                outbox
+                    .release(table.single(pool).await?, &release, token)
+                    .await
+            })
+            .await?;
         }
         // The outage's rounds: one more while the destination is unavailable and nothing
         // got through, none once something did.
@@ -1150,6 +1165,73 @@ fn random_u64() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     hasher.finish()
+}
+
+/// A take's rows as the chains that publish them, each in order: one per ordering key
+/// (its head and the rows the take leased behind it), one per event without a key. A row
+/// whose predecessor the take did not get (another relay took it first) is in none: its
+/// `seq` is in the second list, to be given back unpublished.
+fn chains(mut rows: Vec<ClaimedRow>) -> (Vec<Vec<ClaimedRow>>, Vec<i64>) {
+    rows.sort_by_key(|row| row.seq);
+    let mut chains: Vec<Vec<ClaimedRow>> = Vec::with_capacity(rows.len());
+    // The chain of each key, by where its last row is: a row goes on the chain whose last
+    // row is its predecessor.
+    let mut ends: HashMap<i64, usize> = HashMap::new();
+    let mut orphans = Vec::new();
+    for row in rows {
+        match row.prev {
+            None => {
+                ends.insert(row.seq, chains.len());
+                chains.push(vec![row]);
+            }
+            Some(prev) => match ends.remove(&prev) {
+                Some(chain) => {
+                    ends.insert(row.seq, chain);
+                    chains[chain].push(row);
+                }
+                None => orphans.push(row.seq),
+            },
+        }
+    }
+    (chains, orphans)
+}
+
+/// A publish's failure, and whether the publisher panicked.
+struct Failure {
+    error: PublishError,
+    panicked: bool,
+}
+
+/// Publishes `event` within `timeout`, in a task of its own: a publisher that panicked
+/// fails its event like any error that may pass (retried after a backoff, parked at the
+/// limit). Left leased, the event was taken again at every lease, panicked again, and
+/// held its ordering key back for ever.
+async fn publish<P: Publisher>(
+    publisher: &Arc<P>,
+    event: OutboxEvent,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let publisher = Arc::clone(publisher);
+    let task = tokio::spawn(async move {
+        match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+            Ok(result) => result,
+            // No answer says nothing about the event: the destination is unreachable or
+            // too slow, the outage's case.
+            Err(_) => Err(PublishError::unavailable(format!(
+                "no acknowledgement within {timeout:?}"
+            ))),
+        }
+    });
+    match task.await {
+        Ok(result) => result.map_err(|error| Failure {
+            error,
+            panicked: false,
+        }),
+        Err(error) => Err(Failure {
+            error: PublishError::retry(panicked(error)),
+            panicked: true,
+        }),
+    }
 }
 
 fn to_event(row: &ClaimedRow) -> OutboxEvent {
