@@ -6,6 +6,11 @@
 //!
 //! `cargo run --release -p idem-bench --bin steps -- [--seconds N] [--step-connections 4,16]`
 //! (the step pool's size, `StoreBuilder::step_connections`: a row of cells for each).
+//!
+//! `-- --step-rows 1000,1000000` instead prints the steps table's cost curve: the table
+//! filled to each size with the steps of requests that never committed (half of them
+//! expired), then the local step at 16 requests at a time, then the purge of the expired
+//! half, with the ratio of the largest size's figures to the smallest's.
 
 #[path = "../args.rs"]
 mod args;
@@ -21,6 +26,7 @@ use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
 use idem_tests::{percentiles, ProcessorServer, TestApp, TestDb};
 use serde_json::{json, Value};
+use sqlx::PgPool;
 
 #[derive(Clone, FromRef)]
 struct AppState {
@@ -141,6 +147,12 @@ async fn main() {
         .execute(&pool)
         .await
         .expect("charges");
+    if args::value_of("--step-rows").is_some() {
+        step_rows(&pool, seconds).await;
+        pool.close().await;
+        db.drop_database().await.expect("drop the bench database");
+        return;
+    }
     let processor = ProcessorServer::start().await;
     let outside = Arc::new(Outside {
         client: reqwest::Client::new(),
@@ -189,4 +201,68 @@ async fn main() {
     }
     pool.close().await;
     db.drop_database().await.expect("drop the bench database");
+}
+
+/// The steps table's cost curve (`--step-rows`): a step's request and the steps' purge
+/// at each size of the table.
+async fn step_rows(pool: &PgPool, seconds: u64) {
+    let store = Store::builder(pool.clone())
+        .step_connections(16)
+        .build()
+        .expect("the store");
+    let app = Router::new()
+        .route("/local", post(local))
+        .route("/local_step", post(local_step))
+        .with_state(AppState {
+            store: store.clone(),
+            outside: Arc::new(Outside {
+                client: reqwest::Client::new(),
+                url: String::new(),
+            }),
+        });
+    let app = TestApp::serve(pool.clone(), app).await;
+    println!("| step rows | without a step (req/s) | in a step (req/s, p50 ms) | step / without | purge (expired rows/s) |");
+    println!("|---|---|---|---|---|");
+    let mut curve = Vec::new();
+    for rows in args::list("--step-rows", &[1_000, 1_000_000]) {
+        sqlx::raw_sql("TRUNCATE idempotency_steps, idempotency_keys, charges")
+            .execute(pool)
+            .await
+            .expect("empty the tables");
+        sqlx::query(
+            "INSERT INTO idempotency_steps (scope, principal, key, step, fingerprint, result, expires_at)
+             SELECT 'abandoned', '', 'k' || g, 'processor', '\\x00', '1',
+                    now() + CASE WHEN g % 2 = 0 THEN interval '-1 hour' ELSE interval '1 day' END
+               FROM generate_series(1, $1) AS g",
+        )
+        .bind(rows)
+        .execute(pool)
+        .await
+        .expect("fill the steps table");
+        sqlx::raw_sql("VACUUM ANALYZE idempotency_steps")
+            .execute(pool)
+            .await
+            .expect("analyze");
+        cell(&app, "/local_step", 4, 1).await;
+        let without = cell(&app, "/local", 16, seconds).await;
+        let with = cell(&app, "/local_step", 16, seconds).await;
+        let started = Instant::now();
+        store.purge_expired(1_000).await.expect("purge");
+        let purged = (rows / 2) as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "| {rows} | {:.0} | {:.0}, {:.2} | {:.2} | {purged:.0} |",
+            without.0,
+            with.0,
+            with.1,
+            with.0 / without.0
+        );
+        curve.push((with.0, purged));
+    }
+    if let (Some(first), Some(last)) = (curve.first(), curve.last()) {
+        println!(
+            "| largest / smallest | | {:.2} | | {:.2} |",
+            last.0 / first.0,
+            last.1 / first.1
+        );
+    }
 }
