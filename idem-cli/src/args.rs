@@ -5,7 +5,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Operate idem's tables: migrate and verify them, look at idempotency keys, watch the
-/// outbox, re-drive or discard dead events.
+/// outbox, re-drive or discard dead events. Each action (purge, sweep, redrive, discard)
+/// is recorded in the audit trail with its --operator, and `idem audit` lists it.
 ///
 /// Exit codes: 0 done; 1 the database failed otherwise; 2 wrong usage (or an action
 /// refused without --yes, or a re-drive past the window without --force); 3 not found
@@ -27,6 +28,13 @@ pub(crate) struct Cli {
     /// The steps table (default: `idempotency_steps` in the idempotency table's schema).
     #[arg(long, global = true)]
     pub(crate) steps_table: Option<String>,
+    /// The audit table (default: `idem_audit` in the idempotency table's schema).
+    #[arg(long, global = true)]
+    pub(crate) audit_table: Option<String>,
+    /// Who runs the command, as the audit trail records its actions (default: the OS
+    /// user, from $USER or $LOGNAME, else "unknown").
+    #[arg(long, global = true)]
+    pub(crate) operator: Option<String>,
     /// What sits in front of PostgreSQL: nothing or a pooler in session mode, or a
     /// pooler in transaction mode (PgBouncer `pool_mode = transaction`).
     #[arg(long, value_enum, default_value_t = PoolerArg::Session, global = true)]
@@ -84,6 +92,15 @@ pub(crate) enum Command {
     /// The outbox.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// The audit trail: who purged, swept, re-drove or discarded what, when, and how many
+    /// rows it moved, from the console or from here. Newest first.
+    Audit {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Only actions older than this one: the last id of the page before.
+        #[arg(long)]
+        before: Option<i64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

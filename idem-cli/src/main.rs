@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::operate::{format_age, DeadSelection, KeyFilter, RedriveError};
+use idem::operate::{format_age, Audited, DeadSelection, KeyFilter, Operator, RedriveError};
 use idem::{PrincipalType, Store, VerifyError};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -59,6 +59,9 @@ struct Target {
     user: String,
     /// The privileges the command needs on idem's tables.
     privileges: &'static str,
+    /// The audit table's name as PostgreSQL names it in a message (without its schema),
+    /// and the privileges the command needs on it.
+    audit: (String, &'static str),
 }
 
 /// How long connecting may take.
@@ -110,6 +113,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         ),
         user: options.get_username().to_owned(),
         privileges: privileges(&cli.command),
+        audit: (
+            cli.audit_table
+                .as_deref()
+                .and_then(|name| name.rsplit('.').next())
+                .unwrap_or(idem::DEFAULT_AUDIT_TABLE)
+                .to_owned(),
+            audit_privileges(&cli.command),
+        ),
     };
     let options = match cli.pooler {
         PoolerArg::Transaction => options.statement_cache_capacity(0),
@@ -133,6 +144,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         if let Some(steps) = &cli.steps_table {
             builder = builder.steps_table(steps);
         }
+        if let Some(audit) = &cli.audit_table {
+            builder = builder.audit_table(audit);
+        }
         if cli.portable {
             builder = builder.portable();
         }
@@ -148,10 +162,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         let lazy = PgPoolOptions::new().connect_lazy_with(options);
         let store = store(lazy)?;
         println!(
-            "{}\n{}\n{}",
+            "{}\n{}\n{}\n{}",
             store.schema_sql(),
             store.outbox_schema_sql(),
-            store.steps_schema_sql()
+            store.steps_schema_sql(),
+            store.audit_schema_sql()
         );
         return Ok(());
     }
@@ -164,6 +179,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| database(&e, &target))?;
     let store = store(pool)?;
     let failed = |e: sqlx::Error| database(&e, &target);
+    let operator = Operator::new(cli.operator.clone().unwrap_or_else(os_user), "cli");
+    let audited = store.audited(operator);
     match cli.command {
         Command::Migrate { colocate_with, .. } => {
             store.migrate().await.map_err(failed)?;
@@ -182,14 +199,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 target.server
             ));
         }
-        Command::Key(command) => key(&store, &out, command)
+        Command::Key(command) => key(&audited, &out, command)
             .await
             .map_err(|f| f.or(&target))?,
-        Command::Outbox(command) => outbox(&store, &out, command)
+        Command::Outbox(command) => outbox(&audited, &out, command)
             .await
             .map_err(|f| f.or(&target))?,
+        Command::Audit { limit, before } => {
+            out.audit(&store.audit_log(limit, before).await.map_err(failed)?);
+        }
     }
     Ok(())
+}
+
+/// Who runs the command when `--operator` does not say: the OS user, else `unknown`.
+fn os_user() -> String {
+    ["USER", "LOGNAME"]
+        .into_iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|user| !user.trim().is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// A failure of a subcommand: a database error, classified once the target is known,
@@ -214,7 +243,9 @@ impl Fault {
     }
 }
 
-async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault> {
+/// A key command; its actions are recorded in the audit trail as `audited`'s operator's.
+async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<(), Fault> {
+    let store = audited.store();
     match command {
         KeyCommand::Status {
             scope,
@@ -262,7 +293,7 @@ async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault>
         } => {
             let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
             confirm(yes, &format!("Purge the record of {what}?"))?;
-            let n = store.purge_key(&scope, &principal, &key).await?;
+            let n = audited.purge_key(&scope, &principal, &key).await?;
             if n == 0 {
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
@@ -275,14 +306,17 @@ async fn key(store: &Store, out: &Out, command: KeyCommand) -> Result<(), Fault>
             out.moved("purged", n, &format!("purged {n} record(s) of {what}"));
         }
         KeyCommand::Sweep { batch } => {
-            let n = store.purge_expired(batch).await?;
+            let n = audited.purge_expired(batch).await?;
             out.moved("swept", n, &format!("swept {n} expired record(s)"));
         }
     }
     Ok(())
 }
 
-async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), Fault> {
+/// An outbox command; its actions are recorded in the audit trail as `audited`'s
+/// operator's (a dry run is no action: it records nothing).
+async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Result<(), Fault> {
+    let store = audited.store();
     match command {
         OutboxCommand::Pending => out.pending(&store.outbox_pending().await?),
         OutboxCommand::Lag => out.lag(store.outbox_lag().await?),
@@ -315,19 +349,22 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
                 return dry(store, out, &selection, Some(window)).await;
             }
             let n = if force {
-                store.redrive_dead_forced(&selection).await?
+                audited.redrive_dead_forced(&selection).await?
             } else {
-                store.redrive_dead(&selection).await.map_err(|e| match e {
-                    RedriveError::Database(e) => Fault::Database(e),
-                    // Like an action refused without --yes: the operator decides.
-                    outside => Fault::Own(Failure::new(
-                        exit::USAGE,
-                        format!(
-                            "{outside}; `idem outbox dead --list` shows their ages: pass \
+                audited
+                    .redrive_dead(&selection)
+                    .await
+                    .map_err(|e| match e {
+                        RedriveError::Database(e) => Fault::Database(e),
+                        // Like an action refused without --yes: the operator decides.
+                        outside => Fault::Own(Failure::new(
+                            exit::USAGE,
+                            format!(
+                                "{outside}; `idem outbox dead --list` shows their ages: pass \
                              --force to re-drive them anyway"
-                        ),
-                    )),
-                })?
+                            ),
+                        )),
+                    })?
             };
             if n == 0 {
                 return Err(matched_nothing(&selection, "re-driven"));
@@ -355,7 +392,7 @@ async fn outbox(store: &Store, out: &Out, command: OutboxCommand) -> Result<(), 
                 yes,
                 &format!("Discard {n} dead event(s)? They will never be published."),
             )?;
-            let n = store.discard_dead(&selection).await?;
+            let n = audited.discard_dead(&selection).await?;
             out.moved("discarded", n, &format!("discarded {n} dead event(s)"));
         }
     }
@@ -576,6 +613,21 @@ fn privileges(command: &Command) -> &'static str {
         Command::Key(KeyCommand::Purge { .. } | KeyCommand::Sweep { .. })
         | Command::Outbox(OutboxCommand::Discard { .. }) => "SELECT and DELETE",
         Command::Outbox(OutboxCommand::Redrive { .. }) => "SELECT and UPDATE",
+        Command::Audit { .. } => "SELECT",
+    }
+}
+
+/// The privileges `command` needs on the audit table: its actions insert their row, `idem
+/// audit` reads them; a dry run and the other commands do not touch it.
+fn audit_privileges(command: &Command) -> &'static str {
+    match command {
+        Command::Key(KeyCommand::Purge { .. } | KeyCommand::Sweep { .. })
+        | Command::Outbox(
+            OutboxCommand::Redrive { dry_run: false, .. }
+            | OutboxCommand::Discard { dry_run: false, .. },
+        ) => "INSERT",
+        Command::Audit { .. } => "SELECT",
+        _ => "nothing",
     }
 }
 
@@ -585,6 +637,7 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
         server,
         user,
         privileges,
+        audit,
     } = target;
     if idem::is_unavailable(error) {
         return Failure::new(
@@ -611,9 +664,18 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
             let on = message
                 .strip_prefix("permission denied for ")
                 .unwrap_or("idem's tables");
+            // An action's audit row: an insert into the audit table, which takes the next
+            // value of its `id` sequence.
+            let needs = if on.strip_prefix("table ") == Some(audit.0.as_str()) {
+                audit.1
+            } else if on.starts_with("sequence ") {
+                "USAGE"
+            } else {
+                privileges
+            };
             Failure::new(
                 exit::PERMISSION,
-                format!("{message} (as user {user:?} on {server}): this command needs {privileges} on {on}"),
+                format!("{message} (as user {user:?} on {server}): this command needs {needs} on {on}"),
             )
         }
         Some("28P01" | "28000") => Failure::new(exit::PERMISSION, format!("{message} (on {server})")),

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_age, format_time, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail, KeySummary,
-    Lease, StepRecord, TopicPending,
+    format_age, format_time, AuditEntry, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail,
+    KeySummary, Lease, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -182,6 +182,32 @@ impl Out {
                 "CREATED",
                 "EXPIRES",
             ],
+            &rows,
+        );
+    }
+
+    /// The audit trail, newest first; the last id is where the next page starts
+    /// (`--before`).
+    pub(crate) fn audit(&self, entries: &[AuditEntry]) {
+        if self.json {
+            return self.print_json(entries);
+        }
+        let rows: Vec<Vec<String>> = entries
+            .iter()
+            .map(|e| {
+                vec![
+                    e.id.to_string(),
+                    format_time(e.at),
+                    e.operator.clone(),
+                    e.via.clone(),
+                    e.action.clone(),
+                    e.rows.to_string(),
+                    e.filter.clone(),
+                ]
+            })
+            .collect();
+        table(
+            &["ID", "AT", "OPERATOR", "VIA", "ACTION", "ROWS", "SELECTED"],
             &rows,
         );
     }

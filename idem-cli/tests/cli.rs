@@ -118,6 +118,10 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         ddl.contains("CREATE TABLE IF NOT EXISTS \"idempotency_steps\""),
         "{ddl}"
     );
+    assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"idem_audit\""),
+        "{ddl}"
+    );
     assert_eq!(json(url, flags, &["migrate"])["ok"], true);
     assert_eq!(json(url, flags, &["verify"])["ok"], true);
     seed(store).await;
@@ -170,8 +174,13 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let (code, line) = failure(&idem(url, flags, &["key", "purge", "jobs", "job-2"]));
     assert_eq!(code, 2, "{line}");
     assert!(line.contains("--yes"), "{line}");
+    let ana = ["--operator", "ana"];
     assert_eq!(
-        json(url, flags, &["key", "purge", "jobs", "job-2", "--yes"])["purged"],
+        json(
+            url,
+            flags,
+            &["key", "purge", "jobs", "job-2", "--yes", ana[0], ana[1]]
+        )["purged"],
         1
     );
     assert_eq!(
@@ -180,7 +189,10 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
             .code(),
         Some(3)
     );
-    assert_eq!(json(url, flags, &["key", "sweep"])["swept"], 0);
+    assert_eq!(
+        json(url, flags, &["key", "sweep", ana[0], ana[1]])["swept"],
+        0
+    );
 
     // The outbox: two pending `slow.x` events, the first held in its backoff and
     // holding the second.
@@ -235,7 +247,11 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let after = json(url, flags, &["outbox", "dead"]);
     assert_eq!(counts(&after), counts(&reasons), "a dry run moves nothing");
     assert_eq!(
-        json(url, flags, &["outbox", "redrive", "--reason", reason])["redriven"],
+        json(
+            url,
+            flags,
+            &["outbox", "redrive", "--reason", reason, ana[0], ana[1]]
+        )["redriven"],
         2
     );
     let pending = json(url, flags, &["outbox", "pending"]);
@@ -251,7 +267,11 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     assert_eq!(code, 2);
     let by_id = dead[0]["id"].as_str().unwrap();
     assert_eq!(
-        json(url, flags, &["outbox", "discard", "--id", by_id, "--yes"])["discarded"],
+        json(
+            url,
+            flags,
+            &["outbox", "discard", "--id", by_id, "--yes", ana[0], ana[1]]
+        )["discarded"],
         1
     );
     assert!(json(url, flags, &["outbox", "dead"])
@@ -263,6 +283,67 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         String::from_utf8_lossy(&table.stdout).starts_with("TOPIC"),
         "{}",
         said(&table)
+    );
+
+    // The audit trail: each action, newest first, with its operator, what it selected and
+    // how many rows it moved; the dry run and the actions refused without --yes wrote
+    // nothing.
+    let trail = json(url, flags, &["audit"]);
+    let rows: Vec<(String, String, String, String, u64)> = trail
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let text = |field: &str| e[field].as_str().unwrap().to_owned();
+            let rows = e["rows"].as_u64().unwrap();
+            (
+                text("operator"),
+                text("via"),
+                text("action"),
+                text("filter"),
+                rows,
+            )
+        })
+        .collect();
+    let row = |action: &str, filter: &str, rows: u64| {
+        let ana = "ana".to_owned();
+        (
+            ana,
+            "cli".to_owned(),
+            action.to_owned(),
+            filter.to_owned(),
+            rows,
+        )
+    };
+    assert_eq!(
+        rows,
+        [
+            row("discard", &format!("ids {by_id}"), 1),
+            row("redrive", &format!("reason {reason:?}"), 2),
+            row("sweep", "expired, batch 1000", 0),
+            row("purge", "scope \"jobs\", key \"job-2\"", 1),
+        ],
+        "{trail}"
+    );
+    assert!(trail[0]["at"].as_str().unwrap().ends_with('Z'), "{trail}");
+    // A page, and the next one before its last row.
+    let first = json(url, flags, &["audit", "--limit", "2"]);
+    assert_eq!(first.as_array().unwrap().len(), 2, "{first}");
+    let last = first[1]["id"].to_string();
+    let next = json(url, flags, &["audit", "--before", &last]);
+    let actions: Vec<&str> = next
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["sweep", "purge"], "{next}");
+    let table = idem(url, flags, &["audit"]);
+    let printed = String::from_utf8_lossy(&table.stdout);
+    assert!(printed.starts_with("ID"), "{}", said(&table));
+    assert!(
+        printed.contains("ana") && printed.contains("redrive"),
+        "{printed}"
     );
 }
 
@@ -407,6 +488,25 @@ async fn a_redrive_past_the_window_needs_force() {
         let forced = json(&url, &[], &["outbox", "redrive", "--all", "--force"]);
         assert_eq!(forced["redriven"], 1, "{forced}");
         assert!(store.dead_events(10).await.unwrap().is_empty());
+        // The refused re-drive moved nothing and recorded nothing; the dry runs neither.
+        let trail = json(&url, &[], &["audit"]);
+        let actions: Vec<(&str, &str, u64)> = trail
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let text = |field: &str| e[field].as_str().unwrap();
+                (text("action"), text("filter"), e["rows"].as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                ("redrive_forced", "all", 1),
+                ("redrive", "reason \"no stream captures the subject\"", 2),
+            ],
+            "{trail}"
+        );
     })
     .await;
 }
@@ -695,6 +795,81 @@ async fn a_missing_privilege_is_named_with_its_table() {
                 && line.contains("needs SELECT and DELETE on table idem_outbox"),
             "{line}"
         );
+    })
+    .await;
+}
+
+/// Issue 39: an action's row names the OS user who ran `idem` when `--operator` does not
+/// say, `unknown` when the environment names nobody either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_is_the_os_user_unless_named() {
+    with_test_db(async |db| {
+        let url = db.url();
+        assert_eq!(json(&url, &[], &["migrate"])["ok"], true);
+        let sweep_as = |user: Option<&str>| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+            command
+                .env("DATABASE_URL", &url)
+                .env_remove("USER")
+                .env_remove("LOGNAME")
+                .args(["key", "sweep", "--json"])
+                .stdin(Stdio::null());
+            if let Some(user) = user {
+                command.env("USER", user);
+            }
+            let out = command.output().expect("run idem");
+            assert!(out.status.success(), "{}", said(&out));
+        };
+        sweep_as(Some("carol"));
+        sweep_as(None);
+        let trail = json(&url, &[], &["audit"]);
+        assert_eq!(trail[0]["operator"], "unknown", "{trail}");
+        assert_eq!(trail[1]["operator"], "carol", "{trail}");
+    })
+    .await;
+}
+
+/// Issue 39: an action and its audit row commit together. A role that may purge keys but
+/// not write the audit trail purges nothing, and is told which privilege it lacks where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let pool = db.pool(1).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let role = format!("idem_cli_audit_{}", std::process::id());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT SELECT, DELETE ON idempotency_keys TO {role}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
+        let (code, line) = failure(&idem(
+            &as_role,
+            &[],
+            &["key", "purge", "jobs", "job-1", "--yes"],
+        ));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "REVOKE ALL ON idempotency_keys FROM {role}; DROP ROLE {role}"
+        )))
+        .execute(&pool)
+        .await
+        .ok();
+        assert_eq!(code, 6, "{line}");
+        assert!(
+            line.contains("permission denied for table idem_audit")
+                && line.contains("needs INSERT on table idem_audit"),
+            "{line}"
+        );
+        assert!(
+            store.inspect("jobs", "", "job-1").await.unwrap().is_some(),
+            "the purge rolled back with its audit row"
+        );
+        assert!(store.audit_log(10, None).await.unwrap().is_empty());
     })
     .await;
 }

@@ -21,8 +21,21 @@ impl Store {
     /// rows take milliseconds). For a cron job; [`Store::spawn_sweeper`] runs
     /// it periodically.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
-        let batch_size = i64::from(batch_size.max(1));
         let mut removed = 0;
+        self.purge_expired_counting(batch_size, &mut removed)
+            .await?;
+        Ok(removed)
+    }
+
+    /// [`Store::purge_expired`], adding to `removed` the records each batch deleted as it
+    /// commits, so that a sweep that fails part way still knows what it did
+    /// ([`Audited::purge_expired`](crate::operate::Audited::purge_expired) records it).
+    pub(crate) async fn purge_expired_counting(
+        &self,
+        batch_size: u32,
+        removed: &mut u64,
+    ) -> Result<(), sqlx::Error> {
+        let batch_size = i64::from(batch_size.max(1));
         // Where the last batch stopped: each starts there (issue 36).
         let mut reached = None;
         loop {
@@ -31,7 +44,7 @@ impl Store {
                 .table
                 .purge(&self.inner.pool, batch_size, &mut reached)
                 .await?;
-            removed += deleted;
+            *removed += deleted;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {
                 break;
@@ -39,8 +52,7 @@ impl Store {
             // Let requests waiting for a connection or a lock go first.
             tokio::task::yield_now().await;
         }
-        self.purge_expired_steps(batch_size).await?;
-        Ok(removed)
+        self.purge_expired_steps(batch_size).await
     }
 
     /// Deletes expired steps (`Tx::step`): those of requests that never committed, once

@@ -231,6 +231,7 @@ pub use observe::Outcome;
 pub use once::{OnceError, RunOnce};
 pub use steps::{StepError, STEPS_SCHEMA_SQL};
 pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};
+pub use table::audit::{AUDIT_SCHEMA_SQL, DEFAULT_AUDIT_TABLE};
 pub use table::{Pooler, PrincipalType, DEFAULT_STEPS_TABLE, DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
 pub use web::escape::warn_on_escaping_writes;

@@ -5,8 +5,8 @@
 //!
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
-//!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, then the
-//!   outbox's walk index and free space) into your own
+//!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, the
+//!   outbox's walk index and free space, then the operators' audit table) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
@@ -59,6 +59,12 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     (
         "20261127000000_idem_outbox_heads.sql",
         include_str!("../migrations/20261127000000_idem_outbox_heads.sql"),
+    ),
+    // The audit table (`Store::audited`): who purged, swept, re-drove or discarded what,
+    // written in the action's own transaction.
+    (
+        "20261128000000_idem_audit.sql",
+        include_str!("../migrations/20261128000000_idem_audit.sql"),
     ),
 ];
 
@@ -205,30 +211,24 @@ impl fmt::Display for VerifyError {
                     .iter()
                     .map(|(object, privileges)| format!("{} on {object}", privileges.join(", ")))
                     .collect();
-                let (sequences, tables): (Vec<_>, Vec<_>) = missing
+                // One GRANT per set of missing privileges, each naming every object
+                // that lacks that set (a sequence lacks USAGE, and is granted it as one).
+                let mut grants: Vec<(String, Vec<&str>)> = Vec::new();
+                for (object, privileges) in missing {
+                    let on = if privileges.iter().any(|p| p == "USAGE") {
+                        "USAGE ON SEQUENCE".to_owned()
+                    } else {
+                        format!("{} ON", privileges.join(", "))
+                    };
+                    match grants.iter_mut().find(|(what, _)| *what == on) {
+                        Some((_, objects)) => objects.push(object),
+                        None => grants.push((on, vec![object])),
+                    }
+                }
+                let grants: Vec<String> = grants
                     .iter()
-                    .map(|(object, privileges)| (object.as_str(), privileges))
-                    .partition(|(_, privileges)| privileges.iter().any(|p| p == "USAGE"));
-                let names = |objects: &[(&str, _)]| {
-                    objects
-                        .iter()
-                        .map(|(o, _)| *o)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let mut grants = Vec::new();
-                if !tables.is_empty() {
-                    grants.push(format!(
-                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}",
-                        names(&tables)
-                    ));
-                }
-                if !sequences.is_empty() {
-                    grants.push(format!(
-                        "GRANT USAGE ON SEQUENCE {} TO {role}",
-                        names(&sequences)
-                    ));
-                }
+                    .map(|(on, objects)| format!("GRANT {on} {} TO {role}", objects.join(", ")))
+                    .collect();
                 write!(
                     f,
                     "the role {role} lacks privileges idem needs: {}; grant them with `{}`",
@@ -269,14 +269,16 @@ impl From<sqlx::Error> for VerifyError {
 
 impl Store {
     /// Creates the idempotency table and its index, the outbox table and its indexes,
-    /// and the steps table and its index, if they do not exist ([`Store::schema_sql`],
-    /// [`Store::outbox_schema_sql`], [`Store::steps_schema_sql`]). Safe to call from
-    /// several processes starting at once.
+    /// the steps table and its index, and the audit table, if they do not exist
+    /// ([`Store::schema_sql`], [`Store::outbox_schema_sql`], [`Store::steps_schema_sql`],
+    /// [`Store::audit_schema_sql`]). Safe to call from several processes starting at
+    /// once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         let pool = &self.inner.pool;
         self.inner.table.create(pool).await?;
         self.inner.outbox.create(pool).await?;
-        crate::table::create(pool, &statement(self.steps().ddl().to_owned())).await
+        crate::table::create(pool, &statement(self.steps().ddl().to_owned())).await?;
+        crate::table::create(pool, self.inner.audit.ddl()).await
     }
 
     /// Checks that this store suits the database it reaches: call it at startup after
@@ -295,7 +297,8 @@ impl Store {
     ///   `pg_constraint`);
     /// - the session is writable ([`VerifyError::ReadOnly`]: `default_transaction_read_only`
     ///   set for the database or the role, or a standby), and the role it connects as may
-    ///   read, insert, update and delete in each of idem's tables that exists
+    ///   read, insert, update and delete in each of idem's tables that exists, and read and
+    ///   insert in the audit table, whose rows are never changed
     ///   ([`VerifyError::Privileges`], `has_table_privilege`); a
     ///   [`step_pool`](crate::StoreBuilder::step_pool) of its own is checked the same for
     ///   the steps table;
@@ -385,18 +388,24 @@ impl Store {
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
+        let audit = self.inner.audit_table.qualified();
         let tables = [
-            self.inner.table_name.qualified(),
-            self.inner.outbox.qualified().to_owned(),
-            self.inner.steps_table.qualified(),
+            (self.inner.table_name.qualified(), &PRIVILEGES[..]),
+            (self.inner.outbox.qualified().to_owned(), &PRIVILEGES[..]),
+            (self.inner.steps_table.qualified(), &PRIVILEGES[..]),
+            (audit.clone(), &AUDIT_PRIVILEGES[..]),
         ];
-        self.verify_session(&mut conn, persistent, &tables, true)
+        let sequences = [
+            (self.inner.outbox.qualified().to_owned(), "seq"),
+            (audit, "id"),
+        ];
+        self.verify_session(&mut conn, persistent, &tables, &sequences)
             .await?;
         // A step pool of its own (another role, or another host) records the steps.
         if self.inner.step_pool_given {
             let mut steps = self.inner.table.single(self.outside()).await?;
-            let tables = [self.inner.steps_table.qualified()];
-            self.verify_session(&mut steps, persistent, &tables, false)
+            let tables = [(self.inner.steps_table.qualified(), &PRIVILEGES[..])];
+            self.verify_session(&mut steps, persistent, &tables, &[])
                 .await?;
             steps.finish().await?;
         }
@@ -419,36 +428,43 @@ impl Store {
 }
 
 /// Each of idem's tables that exists, and the privileges on it that the store's role
-/// lacks, in the order of the tables given and of `PRIVILEGES`.
+/// lacks, in the order given: $1 the tables and $2 the privileges, pair by pair.
 const MISSING_PRIVILEGES: &str = "\
-SELECT t.name::text, p.privilege
-  FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
- CROSS JOIN unnest($2::text[]) WITH ORDINALITY AS p(privilege, j)
+SELECT t.name::text, t.privilege
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, privilege, i)
  WHERE to_regclass(t.name) IS NOT NULL
-   AND NOT has_table_privilege(to_regclass(t.name), p.privilege)
- ORDER BY t.i, p.j";
+   AND NOT has_table_privilege(to_regclass(t.name), t.privilege)
+ ORDER BY t.i";
 
-/// The outbox's `seq` sequence ($1 the outbox table), when the role may not use it: an
-/// event's insert takes its next value.
+/// The sequences of serial columns ($1 the tables, $2 their columns, pair by pair) of the
+/// tables that exist, which the role may not use: an insert takes their next value (an
+/// event's `seq`, an audit row's `id`).
 const MISSING_SEQUENCE_USAGE: &str = "\
-SELECT seq FROM (SELECT CASE WHEN to_regclass($1) IS NOT NULL
-                             THEN pg_get_serial_sequence($1, 'seq') END AS seq) s
- WHERE seq IS NOT NULL AND NOT has_sequence_privilege(seq, 'USAGE')";
+SELECT seq FROM (SELECT CASE WHEN to_regclass(t.name) IS NOT NULL
+                             THEN pg_get_serial_sequence(t.name, t.col) END AS seq, t.i
+                   FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, col, i)) s
+ WHERE seq IS NOT NULL AND NOT has_sequence_privilege(seq, 'USAGE')
+ ORDER BY i";
 
 /// What idem does to each of its tables: claims and replays read, requests insert and
 /// complete their rows, sweeps and the relay delete.
 const PRIVILEGES: [&str; 4] = ["SELECT", "INSERT", "UPDATE", "DELETE"];
 
+/// What idem does to the audit table: actions insert their rows, the trail is read; no
+/// row is changed or deleted.
+const AUDIT_PRIVILEGES: [&str; 2] = ["SELECT", "INSERT"];
+
 impl Store {
     /// [`Store::verify`]'s checks of a session (invariant 12): writable, and its role
-    /// allowed to read and write each of `tables` that exists (and, with `outbox`, to use
-    /// the outbox's sequence).
+    /// allowed what idem does to each of `tables` that exists (each with its privileges),
+    /// and to use the sequences of the serial columns `sequences` (each a table and its
+    /// column).
     async fn verify_session(
         &self,
         conn: &mut crate::table::Single,
         persistent: bool,
-        tables: &[String],
-        outbox: bool,
+        tables: &[(String, &[&str])],
+        sequences: &[(String, &str)],
     ) -> Result<(), VerifyError> {
         let (role, read_only): (String, String) = sqlx::query_as(
             "SELECT quote_ident(current_user), current_setting('transaction_read_only')",
@@ -459,25 +475,37 @@ impl Store {
         if read_only == "on" {
             return Err(VerifyError::ReadOnly);
         }
+        let (names, privileges): (Vec<String>, Vec<String>) = tables
+            .iter()
+            .flat_map(|(table, privileges)| {
+                privileges
+                    .iter()
+                    .map(move |privilege| (table.clone(), (*privilege).to_owned()))
+            })
+            .unzip();
         let rows: Vec<(String, String)> = sqlx::query_as(MISSING_PRIVILEGES)
-            .bind(tables.to_vec())
-            .bind(PRIVILEGES.map(str::to_owned).to_vec())
+            .bind(names)
+            .bind(privileges)
             .persistent(persistent)
             .fetch_all(&mut **conn)
             .await?;
-        let sequence: Option<String> = if outbox {
-            sqlx::query_scalar(MISSING_SEQUENCE_USAGE)
-                .bind(self.inner.outbox.qualified().to_owned())
-                .persistent(persistent)
-                .fetch_optional(&mut **conn)
-                .await?
-                .flatten()
+        let sequences: Vec<String> = if sequences.is_empty() {
+            Vec::new()
         } else {
-            None
+            let (tables, columns): (Vec<String>, Vec<String>) = sequences
+                .iter()
+                .map(|(table, column)| (table.clone(), (*column).to_owned()))
+                .unzip();
+            sqlx::query_scalar(MISSING_SEQUENCE_USAGE)
+                .bind(tables)
+                .bind(columns)
+                .persistent(persistent)
+                .fetch_all(&mut **conn)
+                .await?
         };
         let mut missing: Vec<(String, Vec<String>)> = Vec::new();
-        let sequence = sequence.map(|name| (name, "USAGE".to_owned()));
-        for (table, privilege) in rows.into_iter().chain(sequence) {
+        let sequences = sequences.into_iter().map(|name| (name, "USAGE".to_owned()));
+        for (table, privilege) in rows.into_iter().chain(sequences) {
             match missing.last_mut() {
                 Some((last, privileges)) if *last == table => privileges.push(privilege),
                 _ => missing.push((table, vec![privilege])),
@@ -497,11 +525,12 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox), (_, steps), (_, heads)] = MIGRATIONS else {
-            panic!("four migrations so far")
+        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit)] = MIGRATIONS else {
+            panic!("five migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
         assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
+        assert_eq!(*audit, crate::AUDIT_SCHEMA_SQL);
         // The outbox's schema is its first file with the later one's index in place of
         // the index it replaced.
         let first_index = outbox

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 
 use crate::answers::Answers;
 use crate::spread::Earlier;
+use crate::table::audit::{AuditTable, DEFAULT_AUDIT_TABLE};
 use crate::table::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
 use crate::table::steps::StepsTable;
 use crate::table::{
@@ -92,6 +93,10 @@ pub(crate) struct Settings {
     /// How long a request that recorded a step may make none before it counts as
     /// abandoned ([`StoreBuilder::abandoned_after`]).
     pub(crate) abandoned_after: Duration,
+    /// Where operators' actions are recorded ([`StoreBuilder::audit_table`]).
+    pub(crate) audit_table: TableName,
+    /// Its statements, rendered.
+    pub(crate) audit: AuditTable,
     /// The connections for writes that must commit outside a request's transaction
     /// ([`Store::outside`]): given, or made on first use.
     outside: OnceLock<PgPool>,
@@ -117,6 +122,7 @@ impl Store {
             outbox_notify_interval: DEFAULT_NOTIFY_INTERVAL,
             redrive_max_age: DEFAULT_TTL,
             steps_table: None,
+            audit_table: None,
             step_timeout: Duration::from_secs(30),
             step_pool: None,
             step_connections: 4,
@@ -241,6 +247,7 @@ pub struct StoreBuilder {
     problem_base: Option<String>,
     dialect: Dialect,
     steps_table: Option<String>,
+    audit_table: Option<String>,
     step_timeout: Duration,
     step_pool: Option<PgPool>,
     step_connections: u32,
@@ -404,6 +411,14 @@ impl StoreBuilder {
         self
     }
 
+    /// The table operators' actions are recorded in ([`Store::audited`]): `name` or
+    /// `schema.name`, as for [`StoreBuilder::table`] (default `idem_audit`, in the schema
+    /// of the idempotency table).
+    pub fn audit_table(mut self, name: impl Into<String>) -> Self {
+        self.audit_table = Some(name.into());
+        self
+    }
+
     /// The longest a step's call may take ([`Tx::step`](crate::Tx::step); default
     /// 30 s): the request's transaction, and its connection, stay open while the call
     /// runs. A call that takes longer is dropped, nothing is recorded, and the step
@@ -546,7 +561,7 @@ impl StoreBuilder {
     pub fn build(self) -> Result<Store, BuildError> {
         let table =
             TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
-        for name in [&self.outbox_table, &self.steps_table]
+        for name in [&self.outbox_table, &self.steps_table, &self.audit_table]
             .into_iter()
             .flatten()
         {
@@ -575,6 +590,10 @@ impl StoreBuilder {
         let steps_table = match self.steps_table.as_deref().and_then(TableName::parse) {
             Some(name) => name,
             None => table_name.sibling(DEFAULT_STEPS_TABLE),
+        };
+        let audit_table = match self.audit_table.as_deref().and_then(TableName::parse) {
+            Some(name) => name,
+            None => table_name.sibling(DEFAULT_AUDIT_TABLE),
         };
         let outside = OnceLock::new();
         let step_pool_given = self.step_pool.is_some();
@@ -624,6 +643,8 @@ impl StoreBuilder {
                     .replay_cache
                     .map(|(max_bytes, max_stale)| Answers::new(max_bytes, max_stale)),
                 abandoned_after: self.abandoned_after,
+                audit: AuditTable::new(&audit_table),
+                audit_table,
                 outside,
                 step_pool_given,
                 outside_connections: self.step_connections,
@@ -735,6 +756,22 @@ mod tests {
             .unwrap();
         assert!(store.schema_sql().contains("\"ops\".\"keys\""));
         assert!(format!("{store:?}").contains("ops.keys"));
+        // The audit table sits beside the idempotency table unless named.
+        assert!(store
+            .audit_schema_sql()
+            .contains("CREATE TABLE IF NOT EXISTS \"ops\".\"idem_audit\""));
+        let error = Store::builder(lazy_pool())
+            .audit_table("ops.Audit")
+            .build()
+            .unwrap_err();
+        assert_eq!(error, BuildError::TableName("ops.Audit".into()));
+        let store = Store::builder(lazy_pool())
+            .audit_table("trail.actions")
+            .build()
+            .unwrap();
+        assert!(store
+            .audit_schema_sql()
+            .contains("CREATE TABLE IF NOT EXISTS \"trail\".\"actions\""));
     }
 
     #[tokio::test]

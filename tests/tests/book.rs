@@ -214,6 +214,17 @@ mod snippets {
         Ok(())
     }
 
+    // Operating idem: the audit trail.
+    async fn audited(store: Store) -> Result<(), Box<dyn Error>> {
+        use idem::operate::Operator;
+
+        let ops = store.audited(Operator::new("ana@example.com", "support-tool"));
+        ops.purge_key("charges", "acct_1", "order-42").await?;   // its row commits with the delete
+        let page = store.audit_log(50, None).await?;              // newest first
+        let next = store.audit_log(50, page.last().map(|e| e.id)).await?;
+        Ok(())
+    }
+
     // The attribute.
     #[idempotent(scope = "refunds", ttl = "24h", fields = [amount], principal = Tenant)]
     async fn refund(mut tx: Tx, Json(req): Json<NewCharge>) -> StatusCode {

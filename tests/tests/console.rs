@@ -201,6 +201,38 @@ async fn every_page(app: &TestApp, store: &Store) {
     let (status, page) = post(app, "/admin/idem/sweep", &[("csrf", &token)]).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Swept 0 expired record(s)"), "{page}");
+
+    // Issue 39: each action is in the audit trail, newest first, as the operator the
+    // admin layer named took it, with what it selected and how many rows it moved; the
+    // refused posts are not.
+    let (status, audit) = get(app, "/admin/idem/audit", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{audit}");
+    assert!(audit.contains("href=\"/admin/idem/audit\""), "{audit}");
+    let rows: Vec<usize> = [
+        "<td>sweep</td><td><code>expired, batch 1000</code></td><td class=\"n\">0</td>",
+        "<td>purge</td><td><code>scope &quot;jobs&quot;, key &quot;job-2&quot;</code></td><td class=\"n\">1</td>",
+        "<td>redrive</td><td><code>reason &quot;no stream captures the subject&quot;</code></td><td class=\"n\">2</td>",
+    ]
+    .iter()
+    .map(|row| {
+        let cells = format!("<td><code>admin</code></td><td>console</td>{row}");
+        audit.find(&cells).unwrap_or_else(|| panic!("{cells} in {audit}"))
+    })
+    .collect();
+    assert!(rows.is_sorted(), "newest first: {audit}");
+    assert_eq!(audit.matches("<td>console</td>").count(), 3, "{audit}");
+    let entries = store.audit_log(10, None).await.unwrap();
+    let (status, older) = get(
+        app,
+        &format!("/admin/idem/audit?before={}", entries[0].id),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{older}");
+    assert!(
+        !older.contains("<td>sweep</td>") && older.contains("<td>redrive</td>"),
+        "{older}"
+    );
 }
 
 fn config(pooler: Pooler, portable: bool) -> Config {
@@ -650,6 +682,41 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             notice(&browser).await,
             "Re-drove 1 dead event(s): they are pending again."
         );
+
+        // The audit trail has both re-drives, the operator's name and the count, newest
+        // first: the reason's group, then the event picked by its id.
+        browser
+            .find(Locator::LinkText("Audit"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let trail = until("the audit trail", async || {
+            let table = browser.find(Locator::Css("table.audit")).await.ok()?;
+            table.text().await.ok()
+        })
+        .await;
+        let rows: Vec<&str> = trail.lines().skip(1).collect();
+        assert_eq!(rows.len(), 2, "{trail}");
+        let reason = &dead[1].last_error;
+        for (row, selected) in rows
+            .iter()
+            .zip([format!("reason {reason:?}"), format!("ids {}", dead[0].id)])
+        {
+            let found = ["admin", "console", "redrive", &selected]
+                .iter()
+                .all(|cell| row.contains(cell));
+            assert!(found && row.trim_end().ends_with('1'), "{row} in {trail}");
+        }
+        screenshot(&browser, "audit").await;
+        browser
+            .find(Locator::LinkText("Dead events"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
 
         // Delivered, in order, each under its event's id; gone from the dead list.
         let delivered = until("both events in the stream", async || {

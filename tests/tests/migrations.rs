@@ -70,10 +70,11 @@ async fn idems_file_in_a_users_migrations_directory() {
             .await
             .expect("count");
         assert_eq!(
-            applied, 5,
-            "the user's, idem's table, idem's outbox, idem's steps and the outbox's walk index"
+            applied, 6,
+            "the user's, idem's table, idem's outbox, idem's steps, the outbox's walk index \
+             and idem's audit trail"
         );
-        for table in ["idem_outbox", "idempotency_steps"] {
+        for table in ["idem_outbox", "idempotency_steps", "idem_audit"] {
             let rows: i64 =
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
                     .fetch_one(&pool)

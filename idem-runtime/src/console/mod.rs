@@ -23,6 +23,10 @@
 //!   discard dead events, purge a key, sweep). Each form carries a CSRF token tied to
 //!   the operator, and each action is logged (target `idem::console`, INFO) with the
 //!   operator's name from [`Console::operator_header`], a header the auth layer sets.
+//! - **Every action is audited.** It runs through [`Store::audited`] as the operator
+//!   (`unknown` without the header), via `console`: its row in the audit table commits
+//!   with the action, and the "Audit" page lists the trail, newest first, whoever acted
+//!   (the console, `idem` on the command line, the service's own tools).
 //! - **A re-drive past the window asks first.** The dead events' pages show each event's
 //!   age beside the store's re-drive window
 //!   ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)); a
@@ -35,7 +39,8 @@
 //! process counted of replays, 409s and 422s with the `metrics` feature, the outbox's
 //! lag over the last hour, dead events by reason), keys (a list by scope, principal or
 //! age, and one key's record), the outbox (pending per topic, leases, blocked ordering
-//! keys) and the dead events (grouped by reason, re-driven or discarded in bulk).
+//! keys), the dead events (grouped by reason, re-driven or discarded in bulk) and the
+//! audit trail.
 //!
 //! The lag chart is drawn from samples the console takes itself, every
 //! [`Console::lag_sample_every`], from when [`Console::router`] is called (within a tokio
@@ -59,7 +64,7 @@ use axum::Router;
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::operate::{DeadSelection, KeyFilter, RedriveError};
+use crate::operate::{Audited, DeadSelection, KeyFilter, Operator, RedriveError};
 use crate::Store;
 
 /// The console of one store, configured; [`Console::router`] makes its router.
@@ -145,7 +150,8 @@ impl Console {
             .route("/key", get(key))
             .route("/outbox", get(outbox))
             .route("/dead", get(dead))
-            .route("/dead/event", get(dead_event));
+            .route("/dead/event", get(dead_event))
+            .route("/audit", get(audit));
         if self.actions {
             router = router
                 .route("/key/purge", post(purge_key))
@@ -209,6 +215,17 @@ impl Shared {
     fn check(&self, headers: &HeaderMap, token: &str) -> Option<String> {
         let operator = self.operator(headers);
         self.csrf.verify(&operator, token).then_some(operator)
+    }
+
+    /// The store's actions as `operator` takes them through the console: recorded in the
+    /// audit trail (`unknown` when the operator header names nobody).
+    fn audited(&self, operator: &str) -> Audited<'_> {
+        let name = if operator.is_empty() {
+            "unknown"
+        } else {
+            operator
+        };
+        self.store.audited(Operator::new(name, "console"))
     }
 }
 
@@ -552,14 +569,6 @@ fn selection(fields: &[(String, String)]) -> Option<DeadSelection> {
     (!ids.is_empty()).then_some(DeadSelection::Ids(ids))
 }
 
-fn describe(selection: &DeadSelection) -> String {
-    match selection {
-        DeadSelection::All => "all".into(),
-        DeadSelection::Reason(reason) => format!("reason {reason:?}"),
-        DeadSelection::Ids(ids) => format!("ids {}", ids.join(",")),
-    }
-}
-
 async fn redrive(
     State(console): Console_,
     Base(base): Base,
@@ -611,10 +620,11 @@ async fn dead_action(
             Err(e) => return failed(e),
         }
     }
+    let audited = console.audited(&operator);
     let done = if force {
-        console.store.redrive_dead_forced(&selection).await
+        audited.redrive_dead_forced(&selection).await
     } else if redrive {
-        match console.store.redrive_dead(&selection).await {
+        match audited.redrive_dead(&selection).await {
             Err(RedriveError::OutsideWindow {
                 selected,
                 outside,
@@ -625,7 +635,7 @@ async fn dead_action(
                     target: "idem::console",
                     operator = %operator,
                     action = "redrive",
-                    selection = %describe(&selection),
+                    selection = %selection,
                     outside,
                     "idem console: re-drive refused, events outside the re-drive window"
                 );
@@ -639,7 +649,7 @@ async fn dead_action(
             Ok(n) => Ok(n),
         }
     } else {
-        console.store.discard_dead(&selection).await
+        audited.discard_dead(&selection).await
     };
     let n = match done {
         Ok(n) => n,
@@ -649,7 +659,7 @@ async fn dead_action(
         target: "idem::console",
         operator = %operator,
         action = if redrive { "redrive" } else { "discard" },
-        selection = %describe(&selection),
+        selection = %selection,
         forced = force,
         events = n,
         "idem console: dead events {}",
@@ -676,7 +686,11 @@ async fn purge_key(
         return page_error(StatusCode::BAD_REQUEST, "A purge names a scope and a key.");
     };
     let principal = field(&fields, "principal").unwrap_or("");
-    let n = match console.store.purge_key(scope, principal, key).await {
+    let n = match console
+        .audited(&operator)
+        .purge_key(scope, principal, key)
+        .await
+    {
         Ok(n) => n,
         Err(e) => return failed(e),
     };
@@ -704,7 +718,7 @@ async fn sweep(
     let Some(operator) = console.check(&headers, field(&fields, "csrf").unwrap_or("")) else {
         return refused();
     };
-    let n = match console.store.purge_expired(1_000).await {
+    let n = match console.audited(&operator).purge_expired(1_000).await {
         Ok(n) => n,
         Err(e) => return failed(e),
     };
@@ -716,4 +730,28 @@ async fn sweep(
         "idem console: expired records swept"
     );
     back(&base, "/keys", &format!("Swept {n} expired record(s)."))
+}
+
+#[derive(Deserialize, Default)]
+struct AuditQuery {
+    before: Option<i64>,
+}
+
+/// The audit trail, newest first, a page at a time: `before` pages by id.
+async fn audit(
+    State(console): Console_,
+    Base(base): Base,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> Response {
+    let limit = 100;
+    let entries = match console.store.audit_log(limit, q.before).await {
+        Ok(entries) => entries,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&base, &headers, None);
+    html(
+        StatusCode::OK,
+        pages::audit(&frame, &entries, limit, q.before.is_some()),
+    )
 }

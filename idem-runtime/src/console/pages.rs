@@ -8,8 +8,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::Frame;
 use crate::operate::{
-    format_time, Abandoned, BlockedKey, DeadDetail, DeadReason, DeadSelection, KeyCounts,
-    KeyDetail, KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
+    format_time, Abandoned, AuditEntry, BlockedKey, DeadDetail, DeadReason, DeadSelection,
+    KeyCounts, KeyDetail, KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -24,6 +24,7 @@ section{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:.6em 
 h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.05em;margin:.2em 0 .5em}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{font-weight:600;color:#57606a}td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.at{white-space:nowrap}
 code,pre{font:12px ui-monospace,monospace}td code{word-break:break-all}pre{background:#f6f8fa;padding:.5em;overflow:auto}
 .notice{background:#dafbe1;border-color:#4ac26b}.muted{color:#57606a}
 .warn{background:#fff8c5;border-color:#d4a72c}.outside{color:#9a6700;font-weight:600}
@@ -94,6 +95,7 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                     a href=(format!("{base}/abandoned")) { "Abandoned" }
                     a href=(format!("{base}/outbox")) { "Outbox" }
                     a href=(format!("{base}/dead")) { "Dead events" }
+                    a href=(format!("{base}/audit")) { "Audit" }
                     @if frame.token.is_none() {
                         span.muted { "read-only" }
                     }
@@ -632,6 +634,44 @@ pub(crate) fn redrive_past_window(
         }
     };
     layout(frame, "Re-drive past the window?", body)
+}
+
+/// The audit trail, newest first: `entries`, at most `limit` of them; `paged` when this
+/// page starts before the newest. A full page links to the rows older than its last.
+pub(crate) fn audit(frame: &Frame, entries: &[AuditEntry], limit: u32, paged: bool) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        p.muted {
+            "Every action taken on idem's tables through the console, the "
+            code { "idem" } " command line or the service's own tools, newest first; each "
+            "row committed with its action."
+        }
+        @if entries.is_empty() {
+            p.muted { @if paged { "No older actions." } @else { "No action was taken yet." } }
+        } @else {
+            table.audit {
+                tr { th { "#" } th { "when" } th { "operator" } th { "via" } th { "action" } th { "selected" } th { "rows" } }
+                @for e in entries {
+                    tr {
+                        td.n { (e.id) }
+                        td.at { (format_time(e.at)) }
+                        td { code { (e.operator) } }
+                        td { (e.via) }
+                        td { (e.action) }
+                        td { code { (e.filter) } }
+                        td.n { (e.rows) }
+                    }
+                }
+            }
+        }
+        p {
+            @if paged { a href=(format!("{base}/audit")) { "Newest" } " " }
+            @if let Some(last) = entries.last().filter(|_| entries.len() as u32 >= limit) {
+                a href=(format!("{base}/audit?before={}", last.id)) { "Older" }
+            }
+        }
+    };
+    layout(frame, "Audit trail", body)
 }
 
 #[cfg(test)]

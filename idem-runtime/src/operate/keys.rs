@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use serde::Serialize;
 use sqlx::postgres::PgRow;
-use sqlx::{Row, SqlStr};
+use sqlx::{PgConnection, Row, SqlStr};
 
 use super::{instant, rfc3339};
 use crate::table::{statement, PrincipalType};
@@ -457,8 +457,26 @@ impl Store {
     /// row, the delete waits for it to end). This store's
     /// [`replay_cache`](crate::StoreBuilder::replay_cache) is emptied; another
     /// instance's replays from its own within its `max_stale`.
+    ///
+    /// Nothing records who purged: an operator's purge goes through
+    /// [`Store::audited`], which writes it to the audit trail in the same transaction.
     pub async fn purge_key(
         &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let purged = self.purge_key_on(&mut conn, scope, principal, key).await?;
+        conn.finish().await?;
+        self.purged_answers();
+        Ok(purged)
+    }
+
+    /// [`Store::purge_key`]'s deletes on `conn`: how many records went.
+    pub(super) async fn purge_key_on(
+        &self,
+        conn: &mut PgConnection,
         scope: &str,
         principal: &str,
         key: &str,
@@ -467,7 +485,6 @@ impl Store {
         let principal_type = self.inner.dialect.principal_type;
         let mut purged = 0;
         for (key, stored, place) in self.spelled_places(scope, principal, key) {
-            let mut conn = self.inner.table.single(&self.inner.pool).await?;
             let done = self
                 .operator_query(sql.clone())
                 .bind(stored)
@@ -475,14 +492,17 @@ impl Store {
                 .bind(key)
                 .execute(&mut *conn)
                 .await?;
-            conn.finish().await?;
             purged += done.rows_affected();
         }
-        // Whatever this store kept in memory (`StoreBuilder::replay_cache`) goes too.
+        Ok(purged)
+    }
+
+    /// After a purge: whatever this store kept in memory
+    /// ([`StoreBuilder::replay_cache`](crate::StoreBuilder::replay_cache)) goes too.
+    pub(super) fn purged_answers(&self) {
         if let Some(answers) = &self.inner.answers {
             answers.clear();
         }
-        Ok(purged)
     }
 }
 

@@ -13,6 +13,9 @@
 //!   ([`Store::redrive_dead`], within the re-drive window; [`Store::redrive_dead_forced`]
 //!   past it) or discarded ([`Store::discard_dead`]), by id, by reason or all
 //!   ([`DeadSelection`]);
+//! - the audit trail: the same actions taken by an [`Operator`] ([`Store::audited`]),
+//!   each recorded in the audit table in its own transaction, and the trail read back,
+//!   newest first ([`Store::audit_log`]);
 //! - with the `metrics` feature, what this process counted of its requests
 //!   (`request_counts`).
 //!
@@ -35,14 +38,18 @@
 //! [`Store::redrive_dead`]: crate::Store::redrive_dead
 //! [`Store::redrive_dead_forced`]: crate::Store::redrive_dead_forced
 //! [`Store::discard_dead`]: crate::Store::discard_dead
+//! [`Store::audited`]: crate::Store::audited
+//! [`Store::audit_log`]: crate::Store::audit_log
 
 mod abandoned;
+mod audit;
 mod keys;
 mod outbox;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use abandoned::{Abandoned, AbandonedStep};
+pub use audit::{AuditEntry, Audited, Operator};
 pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use sqlx::postgres::PgRow;
-use sqlx::{Row, SqlStr};
+use sqlx::{PgConnection, Row, SqlStr};
 
 use super::{format_age, instant, rfc3339, seconds, secs};
 use crate::outbox::DeadEvent;
@@ -274,6 +274,17 @@ pub enum DeadSelection {
     All,
 }
 
+impl fmt::Display for DeadSelection {
+    /// As the audit trail and the logs write it: `all`, `reason "..."`, or `ids a,b`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::All => f.write_str("all"),
+            Self::Reason(reason) => write!(f, "reason {reason:?}"),
+            Self::Ids(ids) => write!(f, "ids {}", ids.join(",")),
+        }
+    }
+}
+
 impl DeadSelection {
     fn binds(&self) -> (Option<&[String]>, Option<&str>) {
         match self {
@@ -364,22 +375,6 @@ impl Store {
         let rows = bind(query).fetch_all(&mut *conn).await?;
         conn.finish().await?;
         Ok(rows)
-    }
-
-    async fn outbox_execute(
-        &self,
-        sql: &str,
-        selection: &DeadSelection,
-    ) -> Result<u64, sqlx::Error> {
-        let (ids, reason) = selection.binds();
-        let query = sqlx::query(self.outbox_statement(sql))
-            .persistent(self.inner.table.persistent())
-            .bind(ids.map(<[String]>::to_vec))
-            .bind(reason.map(str::to_owned));
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let done = query.execute(&mut *conn).await?;
-        conn.finish().await?;
-        Ok(done.rows_affected())
     }
 
     /// The age of the oldest pending event (dead ones aside), `None` when none is
@@ -524,15 +519,7 @@ impl Store {
     /// them.
     pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, RedriveError> {
         let done = self.redrive(selection, false).await?;
-        if done.outside > 0 {
-            return Err(RedriveError::OutsideWindow {
-                selected: done.selected,
-                outside: done.outside,
-                oldest: done.oldest,
-                max_age: self.inner.redrive_max_age,
-            });
-        }
-        Ok(done.moved)
+        done.unforced(self.inner.redrive_max_age)
     }
 
     /// Makes the dead events `selection` names pending again, their attempts reset, and
@@ -543,30 +530,44 @@ impl Store {
         Ok(self.redrive(selection, true).await?.moved)
     }
 
-    /// [`REDRIVE`]; `force` moves events outside the window too.
+    /// [`REDRIVE`] on a connection of its own; `force` moves events outside the window
+    /// too.
     async fn redrive(
         &self,
         selection: &DeadSelection,
         force: bool,
     ) -> Result<Redriven, sqlx::Error> {
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let done = self.redrive_on(&mut conn, selection, force).await?;
+        conn.finish().await?;
+        Ok(done)
+    }
+
+    /// [`REDRIVE`] on `conn`.
+    pub(super) async fn redrive_on(
+        &self,
+        conn: &mut PgConnection,
+        selection: &DeadSelection,
+        force: bool,
+    ) -> Result<Redriven, sqlx::Error> {
         let (ids, reason) = selection.binds();
         let max_age = self.inner.redrive_max_age.as_secs_f64();
-        let rows = self
-            .outbox_rows(REDRIVE, |q| {
-                q.bind(ids.map(<[String]>::to_vec))
-                    .bind(reason.map(str::to_owned))
-                    .bind(max_age)
-                    .bind(force)
-            })
+        let row = sqlx::query(self.outbox_statement(REDRIVE))
+            .persistent(self.inner.table.persistent())
+            .bind(ids.map(<[String]>::to_vec))
+            .bind(reason.map(str::to_owned))
+            .bind(max_age)
+            .bind(force)
+            .fetch_optional(conn)
             .await?;
         // An aggregate without GROUP BY: always one row.
-        let Some(row) = rows.first() else {
+        let Some(row) = row else {
             return Ok(Redriven::default());
         };
         Ok(Redriven {
-            moved: count(row, "moved")?,
-            selected: count(row, "events")?,
-            outside: count(row, "outside")?,
+            moved: count(&row, "moved")?,
+            selected: count(&row, "events")?,
+            outside: count(&row, "outside")?,
             oldest: seconds(row.try_get::<Option<f64>, _>("oldest")?.unwrap_or(0.0)),
         })
     }
@@ -574,17 +575,56 @@ impl Store {
     /// Deletes the dead events `selection` names, and returns how many: they are never
     /// published.
     pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
-        self.outbox_execute(DISCARD, selection).await
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let discarded = self.discard_on(&mut conn, selection).await?;
+        conn.finish().await?;
+        Ok(discarded)
+    }
+
+    /// [`DISCARD`] on `conn`: how many went.
+    pub(super) async fn discard_on(
+        &self,
+        conn: &mut PgConnection,
+        selection: &DeadSelection,
+    ) -> Result<u64, sqlx::Error> {
+        let (ids, reason) = selection.binds();
+        let done = sqlx::query(self.outbox_statement(DISCARD))
+            .persistent(self.inner.table.persistent())
+            .bind(ids.map(<[String]>::to_vec))
+            .bind(reason.map(str::to_owned))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 }
 
 /// What [`REDRIVE`] answered.
 #[derive(Debug, Default)]
-struct Redriven {
-    moved: u64,
-    selected: u64,
-    outside: u64,
-    oldest: Duration,
+pub(super) struct Redriven {
+    /// How many events it made pending again.
+    pub(super) moved: u64,
+    /// How many the selection named.
+    pub(super) selected: u64,
+    /// How many of those are outside the re-drive window.
+    pub(super) outside: u64,
+    /// The age of the oldest of those.
+    pub(super) oldest: Duration,
+}
+
+impl Redriven {
+    /// A re-drive that was not forced, with the window `max_age`: how many moved, or
+    /// why none did.
+    pub(super) fn unforced(self, max_age: Duration) -> Result<u64, RedriveError> {
+        if self.outside > 0 {
+            return Err(RedriveError::OutsideWindow {
+                selected: self.selected,
+                outside: self.outside,
+                oldest: self.oldest,
+                max_age,
+            });
+        }
+        Ok(self.moved)
+    }
 }
 
 fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {

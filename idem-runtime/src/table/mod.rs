@@ -1,9 +1,9 @@
 //! idem's tables: the idempotency table here (its name, its DDL, the connections its
 //! statements run on), its claim and commit in [`claim`], its sweep in [`sweep`]; the
-//! outbox's in [`outbox`] and the steps' in [`steps`]. Every statement is written whole
-//! beside the function that binds its parameters and decodes its rows; only the table's
-//! name is filled in, once per store. The store stands on this module, and the outbox and
-//! steps modules on the store.
+//! outbox's in [`outbox`], the steps' in [`steps`] and the operators' audit trail in
+//! [`audit`]. Every statement is written whole beside the function that binds its
+//! parameters and decodes its rows; only the table's name is filled in, once per store.
+//! The store stands on this module, and the outbox and steps modules on the store.
 //!
 //! # How a key is held
 //!
@@ -52,6 +52,7 @@ use crate::identity::{stored_scope, KeyInScope, Place};
 use crate::literal::{self, Literal};
 use crate::transaction::Prepared;
 
+pub(crate) mod audit;
 mod claim;
 #[cfg(test)]
 pub(crate) mod cost;
@@ -567,6 +568,18 @@ impl Table {
             })
         };
         self.bounded(connect).await
+    }
+
+    /// A transaction of `pool` for an operator's action and its audit row
+    /// ([`crate::Store::audited`]): opened at READ COMMITTED whatever the database's
+    /// default (invariant 4), its connection waited for no longer than the store's
+    /// `acquire_timeout`.
+    pub(crate) async fn acting(
+        &self,
+        pool: &PgPool,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.bounded(pool.begin_with(Isolation::ReadCommitted.begin()))
+            .await
     }
 
     /// `connect`, waited for no longer than the store's `acquire_timeout`.

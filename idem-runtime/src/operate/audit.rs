@@ -1,0 +1,256 @@
+//! The operators' audit trail: every action taken through [`Store::audited`] (a purge, a
+//! sweep, a re-drive, a discard) writes one row to the audit table, naming who acted,
+//! through what, on what, and how many rows moved; [`Store::audit_log`] reads it back.
+//!
+//! The row is written in the transaction of the action itself: an action that committed
+//! has its row, and one that failed or was refused (a re-drive outside the window) has
+//! none, whatever crashes between the two. A sweep is the exception: it deletes in many
+//! short transactions, so that no request waits behind it, and writes its row in a
+//! transaction of its own after its last batch, with the total (after a failure part way,
+//! with what the finished batches deleted).
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{instant, rfc3339, DeadSelection, RedriveError};
+use crate::table::audit::AuditWrite;
+use crate::Store;
+
+/// Who acts on idem's tables, and through what: each of [`Audited`]'s actions is
+/// recorded with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator {
+    name: String,
+    via: String,
+}
+
+impl Operator {
+    /// The operator `name` (a person, or a job), acting through `via`: idem's console
+    /// says `console`, its command line `cli`; name your own tools as you like.
+    pub fn new(name: impl Into<String>, via: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            via: via.into(),
+        }
+    }
+
+    /// Who acts.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Through what.
+    pub fn via(&self) -> &str {
+        &self.via
+    }
+}
+
+/// One row of the audit trail ([`Store::audit_log`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// The row's id: later rows have higher ids. [`Store::audit_log`] pages by it.
+    pub id: i64,
+    /// When the action ran (the start of its transaction, by the database's clock).
+    #[serde(serialize_with = "rfc3339")]
+    pub at: SystemTime,
+    /// Who acted ([`Operator::name`]).
+    pub operator: String,
+    /// Through what ([`Operator::via`]): `console`, `cli`, or what the service named.
+    pub via: String,
+    /// What was done: `purge` (one key's record), `sweep` (expired records),
+    /// `redrive` or `redrive_forced` (dead events made pending again, within the
+    /// re-drive window or past it), `discard` (dead events deleted).
+    pub action: String,
+    /// What the action selected: the key with its scope and principal, the events' ids,
+    /// their reason or `all` ([`DeadSelection`]'s text), the sweep's batch size.
+    pub filter: String,
+    /// How many rows it moved.
+    pub rows: u64,
+}
+
+/// A store's operator actions, each recorded in the audit table with the [`Operator`]
+/// who took it, in the action's own transaction ([`Store::audited`]). The methods are
+/// the store's own of the same names; the store's methods still act unrecorded, for the
+/// service's own jobs.
+#[derive(Debug, Clone)]
+pub struct Audited<'a> {
+    store: &'a Store,
+    operator: Operator,
+}
+
+impl Store {
+    /// The operator actions of this store, recorded in the audit table
+    /// ([`StoreBuilder::audit_table`](crate::StoreBuilder::audit_table), default
+    /// `idem_audit`) as taken by `operator`: what the console and the command line use,
+    /// and what a service's own admin tools should.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), sqlx::Error> {
+    /// use idem::operate::{DeadSelection, Operator};
+    ///
+    /// let ops = store.audited(Operator::new("ana@example.com", "support-tool"));
+    /// let purged = ops.purge_key("charges", "acct_1", "order-42").await?;
+    /// let discarded = ops
+    ///     .discard_dead(&DeadSelection::Reason("the stream was deleted".into()))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn audited(&self, operator: Operator) -> Audited<'_> {
+        Audited {
+            store: self,
+            operator,
+        }
+    }
+
+    /// The DDL of this store's audit table: [`AUDIT_SCHEMA_SQL`](crate::AUDIT_SCHEMA_SQL)
+    /// with its configured name.
+    pub fn audit_schema_sql(&self) -> &str {
+        self.inner.audit.ddl().as_str()
+    }
+
+    /// The audit trail, newest first: at most `limit` rows, those older than the row
+    /// `before` (an [`AuditEntry::id`]; `None`: from the newest). The next page starts
+    /// before the last row's id.
+    pub async fn audit_log(
+        &self,
+        limit: u32,
+        before: Option<i64>,
+    ) -> Result<Vec<AuditEntry>, sqlx::Error> {
+        let persistent = self.inner.table.persistent();
+        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let rows = self
+            .inner
+            .audit
+            .list(&mut conn, persistent, limit, before)
+            .await?;
+        conn.finish().await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AuditEntry {
+                    id: row.try_get("id")?,
+                    at: instant(row.try_get("at")?),
+                    operator: row.try_get("operator")?,
+                    via: row.try_get("via")?,
+                    action: row.try_get("action")?,
+                    filter: row.try_get("filter")?,
+                    rows: u64::try_from(row.try_get::<i64, _>("rows")?).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Audited<'_> {
+    /// Who these actions are recorded as taken by.
+    pub fn operator(&self) -> &Operator {
+        &self.operator
+    }
+
+    /// The store they act on: its unrecorded reads (and actions) stay at hand.
+    pub fn store(&self) -> &Store {
+        self.store
+    }
+
+    /// [`Store::purge_key`], recorded as `purge` with the key, its scope and its
+    /// principal.
+    pub async fn purge_key(
+        &self,
+        scope: &str,
+        principal: &str,
+        key: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let purged = store.purge_key_on(&mut tx, scope, principal, key).await?;
+        let mut filter = format!("scope {scope:?}");
+        if !principal.is_empty() {
+            filter.push_str(&format!(", principal {principal:?}"));
+        }
+        filter.push_str(&format!(", key {key:?}"));
+        self.commit(tx, "purge", &filter, purged).await?;
+        store.purged_answers();
+        Ok(purged)
+    }
+
+    /// [`Store::purge_expired`], recorded as `sweep` with its batch size. A sweep
+    /// commits batch by batch (no request waits behind it), so its row is written in a
+    /// transaction of its own after its last batch, with the total; after a failure part
+    /// way, with what the finished batches deleted, and the failure is returned.
+    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
+        let store = self.store;
+        let mut removed = 0;
+        let swept = store.purge_expired_counting(batch_size, &mut removed).await;
+        if swept.is_ok() || removed > 0 {
+            let filter = format!("expired, batch {}", batch_size.max(1));
+            let tx = store.inner.table.acting(&store.inner.pool).await;
+            let written = match tx {
+                Ok(tx) => self.commit(tx, "sweep", &filter, removed).await,
+                Err(e) => Err(e),
+            };
+            // The sweep's own failure says more than the record's.
+            swept?;
+            written?;
+        }
+        Ok(removed)
+    }
+
+    /// [`Store::redrive_dead`], recorded as `redrive` with the selection. A re-drive
+    /// refused for an event outside the window moves nothing and records nothing.
+    pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, RedriveError> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let moved = store
+            .redrive_on(&mut tx, selection, false)
+            .await?
+            .unforced(store.inner.redrive_max_age)?;
+        self.commit(tx, "redrive", &selection.to_string(), moved)
+            .await?;
+        Ok(moved)
+    }
+
+    /// [`Store::redrive_dead_forced`], recorded as `redrive_forced` with the selection.
+    pub async fn redrive_dead_forced(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let moved = store.redrive_on(&mut tx, selection, true).await?.moved;
+        self.commit(tx, "redrive_forced", &selection.to_string(), moved)
+            .await?;
+        Ok(moved)
+    }
+
+    /// [`Store::discard_dead`], recorded as `discard` with the selection.
+    pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let discarded = store.discard_on(&mut tx, selection).await?;
+        self.commit(tx, "discard", &selection.to_string(), discarded)
+            .await?;
+        Ok(discarded)
+    }
+
+    /// Writes the action's row in `tx`, the action's transaction, and commits both.
+    async fn commit(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        action: &str,
+        filter: &str,
+        rows: u64,
+    ) -> Result<(), sqlx::Error> {
+        let inner = &self.store.inner;
+        let row = AuditWrite {
+            operator: &self.operator.name,
+            via: &self.operator.via,
+            action,
+            filter,
+            rows,
+        };
+        inner
+            .audit
+            .write(&mut tx, inner.table.persistent(), &row)
+            .await?;
+        tx.commit().await
+    }
+}
