@@ -131,6 +131,15 @@ pub(crate) enum KeyCommand {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+    /// Requests that made an outside call (recorded a step) and never committed: their
+    /// clients went away. Oldest first.
+    Abandoned {
+        /// Only requests whose newest step is at least this old: 90s, 30m, 24h, 7d.
+        #[arg(long, value_parser = age, default_value = "5m")]
+        idle_for: Duration,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Records per scope: live, expiring soon, expired.
     Counts {
         /// What "expiring soon" means.

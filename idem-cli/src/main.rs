@@ -282,6 +282,9 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             filter.limit = limit;
             out.keys(&store.keys(&filter).await?);
         }
+        KeyCommand::Abandoned { idle_for, limit } => {
+            out.abandoned(&store.abandoned(idle_for, limit).await?);
+        }
         KeyCommand::Counts { expiring_within } => {
             out.counts(&store.key_counts(expiring_within).await?);
         }
@@ -597,7 +600,10 @@ fn privileges(command: &Command) -> &'static str {
         Command::Migrate { .. } => "CREATE on the schema",
         Command::Verify
         | Command::Key(
-            KeyCommand::Status { .. } | KeyCommand::List { .. } | KeyCommand::Counts { .. },
+            KeyCommand::Status { .. }
+            | KeyCommand::List { .. }
+            | KeyCommand::Abandoned { .. }
+            | KeyCommand::Counts { .. },
         )
         | Command::Outbox(
             OutboxCommand::Pending

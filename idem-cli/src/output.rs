@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_age, format_time, AuditEntry, BlockedKey, DeadJson, DeadReason, KeyCounts, KeyDetail,
-    KeySummary, Lease, StepRecord, TopicPending,
+    format_age, format_time, Abandoned, AuditEntry, BlockedKey, DeadJson, DeadReason, KeyCounts,
+    KeyDetail, KeySummary, Lease, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -184,6 +184,30 @@ impl Out {
             ],
             &rows,
         );
+    }
+
+    pub(crate) fn abandoned(&self, requests: &[Abandoned]) {
+        if self.json {
+            return self.print_json(requests);
+        }
+        let rows: Vec<Vec<String>> = requests
+            .iter()
+            .map(|r| {
+                let steps: Vec<String> = r
+                    .steps
+                    .iter()
+                    .map(|s| format!("{} at {}", s.step, format_time(s.recorded_at)))
+                    .collect();
+                vec![
+                    r.scope.clone(),
+                    r.principal.clone(),
+                    r.key.clone(),
+                    steps.join(", "),
+                    format_age(r.idle),
+                ]
+            })
+            .collect();
+        table(&["SCOPE", "PRINCIPAL", "KEY", "STEPS", "IDLE FOR"], &rows);
     }
 
     /// The audit trail, newest first; the last id is where the next page starts

@@ -170,6 +170,35 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         said(&table)
     );
 
+    // A request that made its outside call and never committed: abandoned, listed once
+    // its newest step is as old as asked.
+    let gone = store
+        .run_once("jobs", "job-3")
+        .run(async |mut tx| {
+            tx.step("processor", async |_key| Ok::<_, String>(7_i64))
+                .await
+                .map_err(|e| e.to_string())?;
+            Err::<(), String>("the client went away".into())
+        })
+        .await;
+    assert!(gone.is_err());
+    let abandoned = json(url, flags, &["key", "abandoned", "--idle-for", "0s"]);
+    assert_eq!(abandoned.as_array().unwrap().len(), 1, "{abandoned}");
+    assert_eq!(abandoned[0]["scope"], "jobs", "{abandoned}");
+    assert_eq!(abandoned[0]["key"], "job-3", "{abandoned}");
+    assert_eq!(abandoned[0]["steps"][0]["step"], "processor", "{abandoned}");
+    assert!(json(url, flags, &["key", "abandoned"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let table = idem(url, flags, &["key", "abandoned", "--idle-for", "0s"]);
+    let printed = String::from_utf8_lossy(&table.stdout);
+    assert!(printed.starts_with("SCOPE"), "{}", said(&table));
+    assert!(
+        printed.contains("job-3") && printed.contains("processor at "),
+        "{printed}"
+    );
+
     // Purging asks first: without a terminal and without --yes, nothing happens.
     let (code, line) = failure(&idem(url, flags, &["key", "purge", "jobs", "job-2"]));
     assert_eq!(code, 2, "{line}");

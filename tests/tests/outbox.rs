@@ -392,7 +392,10 @@ async fn a_keys_backlog_goes_in_order_and_a_failure_gives_the_rest_back() {
         relay.stop();
         let order: Vec<&[u8]> = events.iter().map(|e| e.payload.as_slice()).collect();
         let expected: Vec<Vec<u8>> = (0..10).map(|i: i32| i.to_string().into_bytes()).collect();
-        assert_eq!(order, expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        assert_eq!(
+            order,
+            expected.iter().map(Vec::as_slice).collect::<Vec<_>>()
+        );
         let attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
         assert_eq!(attempts, [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]);
     })

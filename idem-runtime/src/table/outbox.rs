@@ -1156,7 +1156,11 @@ mod cost {
 
     /// One take as the relay runs it, from the first key, rolled back: each row taken as
     /// `(seq, ordering key, prev)`.
-    async fn take(pool: &PgPool, table: &OutboxTable, limit: i64) -> Vec<(i64, String, Option<i64>)> {
+    async fn take(
+        pool: &PgPool,
+        table: &OutboxTable,
+        limit: i64,
+    ) -> Vec<(i64, String, Option<i64>)> {
         let mut tx = pool.begin().await.unwrap();
         let rows = sqlx::query(table.claim.clone())
             .bind(limit)
