@@ -204,7 +204,8 @@ async fn main() {
 }
 
 /// The steps table's cost curve (`--step-rows`): a step's request and the steps' purge
-/// at each size of the table.
+/// at each size of the table. Each row expires a microsecond apart from the next, as
+/// requests' steps do: a purge's batch starts at the expiry where the last one stopped.
 async fn step_rows(pool: &PgPool, seconds: u64) {
     let store = Store::builder(pool.clone())
         .step_connections(16)
@@ -233,6 +234,7 @@ async fn step_rows(pool: &PgPool, seconds: u64) {
             "INSERT INTO idempotency_steps (scope, principal, key, step, fingerprint, result, expires_at)
              SELECT 'abandoned', '', 'k' || g, 'processor', '\\x00', '1',
                     now() + CASE WHEN g % 2 = 0 THEN interval '-1 hour' ELSE interval '1 day' END
+                          - g * interval '1 microsecond'
                FROM generate_series(1, $1) AS g",
         )
         .bind(rows)
