@@ -174,6 +174,11 @@ pub(crate) enum OutboxCommand {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
+    /// One event's last ten failed publishes, oldest first, each with its time.
+    Errors {
+        /// The event's id (as `idem outbox dead --list` or `leases` print it).
+        id: String,
+    },
     /// Ordering keys whose events wait behind another, and the event that blocks each.
     Blocked {
         #[arg(long, default_value_t = 100)]

@@ -325,6 +325,7 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
         OutboxCommand::Lag => out.lag(store.outbox_lag().await?),
         OutboxCommand::Leases { limit } => out.leases(&store.outbox_leases(limit).await?),
         OutboxCommand::Blocked { limit } => out.blocked(&store.outbox_blocked(limit).await?),
+        OutboxCommand::Errors { id } => out.errors(&store.event_errors(&id).await?),
         OutboxCommand::Dead {
             list,
             reason,
@@ -610,6 +611,7 @@ fn privileges(command: &Command) -> &'static str {
             | OutboxCommand::Lag
             | OutboxCommand::Leases { .. }
             | OutboxCommand::Blocked { .. }
+            | OutboxCommand::Errors { .. }
             | OutboxCommand::Dead { .. },
         ) => "SELECT",
         Command::Outbox(

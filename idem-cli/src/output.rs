@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_age, format_time, Abandoned, AuditEntry, BlockedKey, DeadJson, DeadReason, KeyCounts,
-    KeyDetail, KeySummary, Lease, StepRecord, TopicPending,
+    format_age, format_time, Abandoned, AuditEntry, BlockedKey, DeadJson, DeadReason,
+    FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -309,6 +309,17 @@ impl Out {
             ],
             &rows,
         );
+    }
+
+    pub(crate) fn errors(&self, errors: &[FailedPublish]) {
+        if self.json {
+            return self.print_json(errors);
+        }
+        let rows: Vec<Vec<String>> = errors
+            .iter()
+            .map(|e| vec![format_time(e.at), e.error.clone()])
+            .collect();
+        table(&["AT", "ERROR"], &rows);
     }
 
     pub(crate) fn blocked(&self, blocked: &[BlockedKey]) {

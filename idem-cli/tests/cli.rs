@@ -238,6 +238,18 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let leases = json(url, flags, &["outbox", "leases"]);
     assert_eq!(leases.as_array().unwrap().len(), 1, "{leases}");
     assert_eq!(leases[0]["last_error"], "broker unavailable", "{leases}");
+    // Its attempt history: one failed publish so far, with its time.
+    let id = leases[0]["id"].as_str().unwrap();
+    let errors = json(url, flags, &["outbox", "errors", id]);
+    assert_eq!(errors.as_array().unwrap().len(), 1, "{errors}");
+    assert_eq!(errors[0]["error"], "broker unavailable", "{errors}");
+    assert!(errors[0]["at"].as_str().unwrap().ends_with('Z'), "{errors}");
+    let printed = idem(url, flags, &["outbox", "errors", id]);
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        printed.starts_with("AT") && printed.contains("broker unavailable"),
+        "{printed}"
+    );
     let blocked = json(url, flags, &["outbox", "blocked"]);
     assert_eq!(blocked[0]["ordering_key"], "acct-1", "{blocked}");
     assert_eq!(blocked[0]["waiting"], 1, "{blocked}");

@@ -46,3 +46,7 @@ DROP INDEX IF EXISTS "idem_outbox_ordering_idx";
 -- version beside it (a HOT update: no new index entries). Full pages cost the drain two
 -- and a half times the database's work per event (issue 36).
 ALTER TABLE "idem_outbox" SET (fillfactor = 50);
+-- The last ten failed publishes of each event, oldest first: when (`error_at`) and why
+-- (`errors`), the same place in both. A re-drive keeps them.
+ALTER TABLE "idem_outbox" ADD COLUMN IF NOT EXISTS error_at timestamptz[];
+ALTER TABLE "idem_outbox" ADD COLUMN IF NOT EXISTS errors text[];

@@ -6,7 +6,8 @@
 //! - [`Store::migrate`] at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
 //!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, the
-//!   outbox's walk index and free space, then the operators' audit table) into your own
+//!   outbox's walk index and free space, the operators' audit table, then the outbox's
+//!   attempt history) into your own
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
@@ -65,6 +66,11 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     (
         "20261128000000_idem_audit.sql",
         include_str!("../migrations/20261128000000_idem_audit.sql"),
+    ),
+    // The outbox's attempt history: the last ten failed publishes of each event.
+    (
+        "20261128000001_idem_outbox_errors.sql",
+        include_str!("../migrations/20261128000001_idem_outbox_errors.sql"),
     ),
 ];
 
@@ -388,6 +394,25 @@ impl Store {
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
+        // The outbox's later columns: without them, the relay's mark of a failed publish
+        // fails (a migration that has not run).
+        let outbox = self.inner.outbox.qualified().to_owned();
+        let missing: Option<String> = sqlx::query_scalar(OUTBOX_COLUMN_MISSING)
+            .bind(&outbox)
+            .bind(OUTBOX_COLUMNS.map(str::to_owned).to_vec())
+            .persistent(persistent)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(column) = missing {
+            let column = OUTBOX_COLUMNS
+                .into_iter()
+                .find(|c| *c == column)
+                .unwrap_or("errors");
+            return Err(VerifyError::MissingColumn {
+                table: outbox,
+                column,
+            });
+        }
         let audit = self.inner.audit_table.qualified();
         let tables = [
             (self.inner.table_name.qualified(), &PRIVILEGES[..]),
@@ -426,6 +451,18 @@ impl Store {
         outcome
     }
 }
+
+/// The outbox's columns added after its first migration, which [`Store::verify`] checks.
+const OUTBOX_COLUMNS: [&str; 2] = ["error_at", "errors"];
+
+/// The first of the columns $2 that the outbox $1 lacks, if it exists and lacks one.
+const OUTBOX_COLUMN_MISSING: &str = "\
+SELECT c.name FROM unnest($2::text[]) WITH ORDINALITY AS c(name, i)
+ WHERE to_regclass($1) IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM pg_attribute AS a
+                    WHERE a.attrelid = to_regclass($1) AND a.attname = c.name
+                      AND a.attnum > 0 AND NOT a.attisdropped)
+ ORDER BY c.i LIMIT 1";
 
 /// Each of idem's tables that exists, and the privileges on it that the store's role
 /// lacks, in the order given: $1 the tables and $2 the privileges, pair by pair.
@@ -525,8 +562,9 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit)] = MIGRATIONS else {
-            panic!("five migrations so far")
+        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit), (_, errors)] = MIGRATIONS
+        else {
+            panic!("six migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
         assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
@@ -538,7 +576,9 @@ mod tests {
             .expect("the first file's indexes");
         let upgrade = heads.find("CREATE INDEX").expect("the later file's index");
         assert!(crate::outbox::OUTBOX_SCHEMA_SQL.starts_with(&outbox[..first_index]));
-        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.ends_with(&heads[upgrade..]));
+        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.contains(&heads[upgrade..]));
+        let history = errors.find("ALTER TABLE").expect("the history's columns");
+        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.ends_with(&errors[history..]));
     }
 
     #[test]

@@ -70,9 +70,9 @@ async fn idems_file_in_a_users_migrations_directory() {
             .await
             .expect("count");
         assert_eq!(
-            applied, 6,
-            "the user's, idem's table, idem's outbox, idem's steps, the outbox's walk index \
-             and idem's audit trail"
+            applied, 7,
+            "the user's, idem's table, idem's outbox, idem's steps, the outbox's walk index, \
+             idem's audit trail and the outbox's attempt history"
         );
         for table in ["idem_outbox", "idempotency_steps", "idem_audit"] {
             let rows: i64 =
@@ -123,6 +123,32 @@ async fn a_missing_column_is_named() {
         error.to_string().contains("no column `field_hashes`"),
         "{error}"
     );
+}
+
+/// An outbox made by the migrations before its attempt history: the relay would fail
+/// to mark its first failed publish, so `verify` names the column.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outbox_without_its_attempt_history_is_named() {
+    let without: String = MIGRATIONS
+        .iter()
+        .filter(|(name, _)| !name.ends_with("_idem_outbox_errors.sql"))
+        .map(|(_, sql)| *sql)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let error = verify_after(&without).await.expect_err("no history");
+    assert!(
+        matches!(
+            error,
+            VerifyError::MissingColumn {
+                column: "error_at",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("idem_outbox"), "{error}");
+    let all: Vec<&str> = MIGRATIONS.iter().map(|(_, sql)| *sql).collect();
+    verify_after(&all.join("\n")).await.expect("every migration");
 }
 
 #[tokio::test(flavor = "multi_thread")]

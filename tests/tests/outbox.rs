@@ -402,6 +402,50 @@ async fn a_keys_backlog_goes_in_order_and_a_failure_gives_the_rest_back() {
     .await;
 }
 
+/// An event's attempt history (issue 39): each failed publish is kept with its time, the
+/// last ten, oldest first, and through a re-drive, so that an operator sees whether a dead
+/// event always failed the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_events_last_ten_failures_are_kept_with_their_times() {
+    with_test_db(async |db| {
+        let (_pool, store) = migrated(db).await;
+        emit_many(&store, "h", 1, |_| None).await;
+        let tries = Arc::new(Mutex::new(0));
+        let counted = Arc::clone(&tries);
+        let recorder = Recorder::failing(move |_| {
+            let mut n = counted.lock().unwrap();
+            *n += 1;
+            Some(PublishError::retry(format!("refused {n}")))
+        });
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(10))
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+            .max_attempts(12)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while relay.stats().dead == 0 {
+            assert!(Instant::now() < deadline, "{:?}", relay.stats());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        relay.stopped().await;
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        let errors = store.event_errors(&dead[0].id).await.unwrap();
+        let said: Vec<&str> = errors.iter().map(|e| e.error.as_str()).collect();
+        let expected: Vec<String> = (3..=12).map(|n| format!("refused {n}")).collect();
+        assert_eq!(said, expected);
+        assert!(errors.windows(2).all(|w| w[0].at <= w[1].at), "{errors:?}");
+        assert_eq!(dead[0].last_error, "refused 12");
+        // A re-drive keeps them; a gone event has none.
+        assert_eq!(store.redrive_dead_events(None).await.unwrap(), 1);
+        assert_eq!(store.event_errors(&dead[0].id).await.unwrap(), errors);
+        assert!(store.event_errors("no-such-event").await.unwrap().is_empty());
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
     with_test_db(async |db| {

@@ -43,6 +43,7 @@
 
 mod abandoned;
 mod audit;
+mod errors;
 mod keys;
 mod outbox;
 
@@ -50,6 +51,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use abandoned::{Abandoned, AbandonedStep};
 pub use audit::{AuditEntry, Audited, Operator};
+pub use errors::FailedPublish;
 pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,

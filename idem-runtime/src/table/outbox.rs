@@ -125,6 +125,10 @@ DROP INDEX IF EXISTS \"{name}_ordering_idx\";
 -- version beside it (a HOT update: no new index entries). Full pages cost the drain two
 -- and a half times the database's work per event (issue 36).
 ALTER TABLE {table} SET (fillfactor = 50);
+-- The last ten failed publishes of each event, oldest first: when (`error_at`) and why
+-- (`errors`), the same place in both. A re-drive keeps them.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS error_at timestamptz[];
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS errors text[];
 ";
 
 /// Writes one event. The id is a SHA-256 over what identifies the writing attempt ($1:
@@ -341,6 +345,14 @@ UPDATE {table}
    SET available_at = now(), attempts = greatest(attempts - 1, 0), lease_owner = NULL
  WHERE seq = ANY($1) AND lease_token = $2";
 
+/// The failed publishes of one event, oldest first, a row each (none for an event that
+/// never failed, or is gone). $1 its id.
+const ERRORS: &str = "\
+SELECT extract(epoch FROM e.at)::float8 AS at, e.error
+  FROM {table} AS o, unnest(o.error_at, o.errors) WITH ORDINALITY AS e(at, error, n)
+ WHERE o.id = $1
+ ORDER BY e.n";
+
 /// Failed: available again after a backoff, or parked, if still under this relay's
 /// lease. $1 seq, $2 the error, $3 the backoff in seconds, $4 whether to park it, $5
 /// whether to give back the attempt the take counted (the destination was unavailable:
@@ -350,6 +362,9 @@ UPDATE {table}
 const FAILED: &str = "\
 UPDATE {table}
    SET last_error = $2,
+       error_at = (coalesce(error_at, ARRAY[]::timestamptz[]) || now())
+                  [greatest(cardinality(error_at) - 8, 1):],
+       errors = (coalesce(errors, ARRAY[]::text[]) || $2::text)[greatest(cardinality(errors) - 8, 1):],
        available_at = now() + $3::float8 * interval '1 second',
        dead_at = CASE WHEN $4 THEN now() END,
        attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END,
@@ -387,6 +402,7 @@ pub(crate) struct OutboxTable {
     done: SqlStr,
     release: SqlStr,
     failed: SqlStr,
+    errors: SqlStr,
     lag: SqlStr,
     dead: SqlStr,
 }
@@ -532,6 +548,7 @@ impl OutboxTable {
             done: render(DONE),
             release: render(RELEASE),
             failed: render(FAILED),
+            errors: render(ERRORS),
             lag: render(LAG),
             dead: render(DEAD),
             channel,
@@ -775,6 +792,21 @@ impl OutboxTable {
         Ok(marked.rows_affected() > 0)
     }
 
+    /// [`ERRORS`]: the failed publishes of the event `id`, oldest first, as (seconds since
+    /// the epoch, error).
+    pub(crate) async fn errors(
+        &self,
+        single: Single,
+        id: &str,
+    ) -> Result<Vec<(f64, String)>, sqlx::Error> {
+        let mut single = single;
+        let rows = self.query(&self.errors).bind(id).fetch_all(&mut *single).await?;
+        single.finish().await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("at")?, row.try_get("error")?)))
+            .collect()
+    }
+
     /// [`LAG`].
     pub(crate) async fn lag(&self, single: Single) -> Result<Option<Duration>, sqlx::Error> {
         let mut single = single;
@@ -940,6 +972,7 @@ mod tests {
             &table.done,
             &table.release,
             &table.failed,
+            &table.errors,
             &table.lag,
             &table.dead,
         ] {
