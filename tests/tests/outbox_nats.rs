@@ -491,6 +491,36 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
             reasons[2].contains("the work failed 3 times"),
             "{reasons:?}"
         );
+        // Read back for operators: newest first, each with its event, subject and reason.
+        let letters = idem::outbox::nats::dead_letters(&broker.js, &broker.dead_stream(), 10)
+            .await
+            .unwrap();
+        let read: Vec<(&str, &str)> = letters
+            .iter()
+            .map(|l| (l.event_id.as_str(), l.subject.as_str()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("failing", broker.subject.as_str()),
+                ("mismatch", broker.subject.as_str()),
+                ("undecodable", broker.subject.as_str())
+            ]
+        );
+        assert!(letters[0].reason.contains("the work failed 3 times"));
+        assert_eq!(letters[0].sequence, last);
+        assert!(letters[0].at <= std::time::SystemTime::now());
+        let newest = idem::outbox::nats::dead_letters(&broker.js, &broker.dead_stream(), 1)
+            .await
+            .unwrap();
+        assert_eq!(newest, letters[..1]);
+        let missing = idem::outbox::nats::dead_letters(&broker.js, "no_such_stream", 1).await;
+        assert!(
+            missing
+                .unwrap_err()
+                .to_string()
+                .contains("\"no_such_stream\""),
+        );
         assert_eq!(count(&pool, "credits WHERE amount < 0").await, 0);
         task.abort();
         broker.delete().await;

@@ -47,15 +47,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::message::AckKind;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{Context, Message};
 use async_nats::HeaderMap;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::consume::{backoff, judge, log_dead, Verdict};
 use super::{DuplicateWindow, OutboxEvent, PublishError, Publisher, Received};
@@ -663,6 +665,111 @@ impl fmt::Display for ConsumeError {
 }
 
 impl std::error::Error for ConsumeError {}
+
+/// A [`JetStreamConsumer`]'s dead letter, read back from the stream that captures its
+/// dead-letter subject ([`dead_letters`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its sequence in the dead letters' stream.
+    pub sequence: u64,
+    /// The event's id (its `Idem-Event-Id` header).
+    pub event_id: String,
+    /// The subject the event was consumed from (`Idem-Dead-Subject`).
+    pub subject: String,
+    /// Why the consumer gave up on it (`Idem-Dead-Reason`).
+    pub reason: String,
+    /// When the stream stored it.
+    #[serde(serialize_with = "rfc3339")]
+    pub at: SystemTime,
+    /// The event's payload, as the consumer received it.
+    pub payload: Vec<u8>,
+}
+
+/// The newest dead letters of the stream `stream` (the one that captures a consumer's
+/// [`dead_letter_subject`](JetStreamConsumer::dead_letter_subject)), newest first, at
+/// most `limit`: what the consumers gave up on, for operators (the outbox's own dead
+/// events are in [`Store::dead_events`](crate::Store::dead_events)). Looks at no more
+/// than `limit` and a hundred of the stream's last sequences, so that messages deleted
+/// from the stream cost a bounded walk.
+///
+/// ```no_run
+/// # async fn f(jetstream: async_nats::jetstream::Context) -> Result<(), Box<dyn std::error::Error>> {
+/// for letter in idem::outbox::nats::dead_letters(&jetstream, "charges_dead", 20).await? {
+///     println!("{} {} {}", letter.event_id, letter.subject, letter.reason);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn dead_letters(
+    jetstream: &Context,
+    stream: &str,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, DeadLettersError> {
+    let failed = |error: &dyn fmt::Display| DeadLettersError {
+        stream: stream.to_owned(),
+        error: error.to_string(),
+    };
+    let mut found = jetstream
+        .get_stream(stream)
+        .await
+        .map_err(|e| failed(&e))?;
+    let state = found.info().await.map_err(|e| failed(&e))?.state.clone();
+    let mut letters = Vec::with_capacity(limit.min(1_000));
+    let oldest = state
+        .first_sequence
+        .max(state.last_sequence.saturating_sub(limit as u64 + 100))
+        .max(1);
+    let mut sequence = state.last_sequence;
+    while letters.len() < limit && sequence >= oldest {
+        match found.get_raw_message(sequence).await {
+            Ok(message) => {
+                let header = |name: &str| {
+                    message
+                        .headers
+                        .get(name)
+                        .map(|value| value.as_str().to_owned())
+                        .unwrap_or_default()
+                };
+                letters.push(DeadLetter {
+                    sequence: message.sequence,
+                    event_id: header("Idem-Event-Id"),
+                    subject: header("Idem-Dead-Subject"),
+                    reason: header("Idem-Dead-Reason"),
+                    at: SystemTime::from(message.time),
+                    payload: message.payload.to_vec(),
+                });
+            }
+            // Deleted from the stream (or never stored): the next one down.
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(error) => return Err(failed(&error)),
+        }
+        sequence -= 1;
+    }
+    Ok(letters)
+}
+
+fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::operate::format_time(*time))
+}
+
+/// Why [`dead_letters`] could not read a stream.
+#[derive(Debug)]
+pub struct DeadLettersError {
+    stream: String,
+    error: String,
+}
+
+impl fmt::Display for DeadLettersError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot read the dead letters of the JetStream stream {:?}: {}",
+            self.stream, self.error
+        )
+    }
+}
+
+impl std::error::Error for DeadLettersError {}
 
 #[cfg(test)]
 mod tests {
