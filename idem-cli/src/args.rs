@@ -174,6 +174,8 @@ pub(crate) enum OutboxCommand {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
+    /// The relays whose sessions hold their locks now: owner number, host and process.
+    Relays,
     /// One event's last ten failed publishes, oldest first, each with its time.
     Errors {
         /// The event's id (as `idem outbox dead --list` or `leases` print it).

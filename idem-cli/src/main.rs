@@ -326,6 +326,7 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
         OutboxCommand::Leases { limit } => out.leases(&store.outbox_leases(limit).await?),
         OutboxCommand::Blocked { limit } => out.blocked(&store.outbox_blocked(limit).await?),
         OutboxCommand::Errors { id } => out.errors(&store.event_errors(&id).await?),
+        OutboxCommand::Relays => out.relays(&store.outbox_relays().await?),
         OutboxCommand::Dead {
             list,
             reason,
@@ -612,6 +613,7 @@ fn privileges(command: &Command) -> &'static str {
             | OutboxCommand::Leases { .. }
             | OutboxCommand::Blocked { .. }
             | OutboxCommand::Errors { .. }
+            | OutboxCommand::Relays
             | OutboxCommand::Dead { .. },
         ) => "SELECT",
         Command::Outbox(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use idem::operate::{
     format_age, format_time, Abandoned, AuditEntry, BlockedKey, DeadJson, DeadReason,
-    FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, StepRecord, TopicPending,
+    FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, RelaySession, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -309,6 +309,24 @@ impl Out {
             ],
             &rows,
         );
+    }
+
+    pub(crate) fn relays(&self, relays: &[RelaySession]) {
+        if self.json {
+            return self.print_json(relays);
+        }
+        let rows: Vec<Vec<String>> = relays
+            .iter()
+            .map(|r| {
+                vec![
+                    r.owner.to_string(),
+                    r.name.clone(),
+                    r.client_addr.clone().unwrap_or_else(|| "local".to_owned()),
+                    format_time(r.since),
+                ]
+            })
+            .collect();
+        table(&["OWNER", "SESSION", "CLIENT", "SINCE"], &rows);
     }
 
     pub(crate) fn errors(&self, errors: &[FailedPublish]) {

@@ -238,6 +238,11 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let leases = json(url, flags, &["outbox", "leases"]);
     assert_eq!(leases.as_array().unwrap().len(), 1, "{leases}");
     assert_eq!(leases[0]["last_error"], "broker unavailable", "{leases}");
+    // No relay runs now: none holds a session.
+    assert!(json(url, flags, &["outbox", "relays"])
+        .as_array()
+        .unwrap()
+        .is_empty());
     // Its attempt history: one failed publish so far, with its time.
     let id = leases[0]["id"].as_str().unwrap();
     let errors = json(url, flags, &["outbox", "errors", id]);

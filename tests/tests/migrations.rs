@@ -148,7 +148,9 @@ async fn an_outbox_without_its_attempt_history_is_named() {
     );
     assert!(error.to_string().contains("idem_outbox"), "{error}");
     let all: Vec<&str> = MIGRATIONS.iter().map(|(_, sql)| *sql).collect();
-    verify_after(&all.join("\n")).await.expect("every migration");
+    verify_after(&all.join("\n"))
+        .await
+        .expect("every migration");
 }
 
 #[tokio::test(flavor = "multi_thread")]

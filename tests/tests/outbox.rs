@@ -441,7 +441,58 @@ async fn an_events_last_ten_failures_are_kept_with_their_times() {
         // A re-drive keeps them; a gone event has none.
         assert_eq!(store.redrive_dead_events(None).await.unwrap(), 1);
         assert_eq!(store.event_errors(&dead[0].id).await.unwrap(), errors);
-        assert!(store.event_errors("no-such-event").await.unwrap().is_empty());
+        assert!(store
+            .event_errors("no-such-event")
+            .await
+            .unwrap()
+            .is_empty());
+    })
+    .await;
+}
+
+/// Issue 39: a lease's owner was a number ("relay 1873542264"). Each relay's session now
+/// names its host and process, and `outbox_relays` lists the relays holding their locks,
+/// by the owner numbers their leases carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relays_are_listed_with_their_host_and_process() {
+    with_test_db(async |db| {
+        let (_pool, store) = migrated(db).await;
+        assert!(store.outbox_relays().await.unwrap().is_empty());
+        let relays: Vec<_> = (0..2)
+            .map(|_| {
+                store
+                    .relay(Recorder::default())
+                    .poll_interval(Duration::from_millis(20))
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listed = loop {
+            let listed = store.outbox_relays().await.unwrap();
+            if listed.len() == 2 || Instant::now() > deadline {
+                break listed;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        let pid = format!(" pid {}", std::process::id());
+        for relay in &listed {
+            assert!(relay.name.starts_with("idem relay "), "{relay:?}");
+            assert!(relay.name.ends_with(&pid), "{relay:?}");
+        }
+        assert_ne!(listed[0].owner, listed[1].owner);
+        for relay in relays {
+            relay.stopped().await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !store.outbox_relays().await.unwrap().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the stopped relays' sessions stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     })
     .await;
 }

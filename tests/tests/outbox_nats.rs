@@ -515,12 +515,10 @@ async fn what_can_never_succeed_goes_to_the_dead_letter_subject() {
             .unwrap();
         assert_eq!(newest, letters[..1]);
         let missing = idem::outbox::nats::dead_letters(&broker.js, "no_such_stream", 1).await;
-        assert!(
-            missing
-                .unwrap_err()
-                .to_string()
-                .contains("\"no_such_stream\""),
-        );
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .contains("\"no_such_stream\""),);
         assert_eq!(count(&pool, "credits WHERE amount < 0").await, 0);
         task.abort();
         broker.delete().await;

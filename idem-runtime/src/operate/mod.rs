@@ -46,12 +46,14 @@ mod audit;
 mod errors;
 mod keys;
 mod outbox;
+mod relays;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use abandoned::{Abandoned, AbandonedStep};
 pub use audit::{AuditEntry, Audited, Operator};
 pub use errors::FailedPublish;
+pub use relays::RelaySession;
 pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,

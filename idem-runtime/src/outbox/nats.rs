@@ -709,10 +709,7 @@ pub async fn dead_letters(
         stream: stream.to_owned(),
         error: error.to_string(),
     };
-    let mut found = jetstream
-        .get_stream(stream)
-        .await
-        .map_err(|e| failed(&e))?;
+    let mut found = jetstream.get_stream(stream).await.map_err(|e| failed(&e))?;
     let state = found.info().await.map_err(|e| failed(&e))?.state.clone();
     let mut letters = Vec::with_capacity(limit.min(1_000));
     let oldest = state

@@ -360,11 +360,12 @@ impl<P: Publisher> RelayBuilder<P> {
         if !store.outbox.can_tie() {
             return None;
         }
-        match (&self.session, store.dialect.pooler) {
-            (Some(options), _) => Some(options.clone()),
-            (None, crate::Pooler::Session) => Some((*store.pool.connect_options()).clone()),
-            (None, _) => None,
-        }
+        let options = match (&self.session, store.dialect.pooler) {
+            (Some(options), _) => options.clone(),
+            (None, crate::Pooler::Session) => (*store.pool.connect_options()).clone(),
+            (None, _) => return None,
+        };
+        Some(options.application_name(&session_name()))
     }
 
     /// Where the relay listens when not on the store's pool: behind a transaction pooler,
@@ -1154,6 +1155,30 @@ fn panicked(error: tokio::task::JoinError) -> String {
 /// 64 random bits: a lease token, an owner number. From the standard library's hasher
 /// keys (seeded by the operating system once per process) over a counter, so two calls
 /// never repeat within a process and two processes draw apart.
+/// The `application_name` of a relay's session connection, by which operators tell the
+/// relays apart ([`Store::outbox_relays`](crate::Store::outbox_relays)): `idem relay`, the
+/// host's name (`HOSTNAME`, else `/etc/hostname`) and the process's id, within the 63
+/// bytes PostgreSQL keeps.
+fn session_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unknown host".to_owned());
+    let mut name = format!("idem relay {host} pid {}", std::process::id());
+    if name.len() > 63 {
+        let pid = format!(" pid {}", std::process::id());
+        let mut cut = 63 - pid.len();
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        name.truncate(cut);
+        name.push_str(&pid);
+    }
+    name
+}
+
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static DRAWS: AtomicU64 = AtomicU64::new(0);
@@ -1314,6 +1339,17 @@ mod tests {
         let needed = DEFAULT_LEASE + DEFAULT_PUBLISH_TIMEOUT + DEFAULT_BACKOFF.1;
         assert!(needed <= Duration::from_secs(120), "{needed:?}");
         assert!(DEFAULT_PUBLISH_TIMEOUT < DEFAULT_LEASE);
+    }
+
+    #[test]
+    fn a_sessions_name_names_the_process_within_63_bytes() {
+        let name = super::session_name();
+        assert!(name.starts_with("idem relay "), "{name}");
+        assert!(
+            name.ends_with(&format!(" pid {}", std::process::id())),
+            "{name}"
+        );
+        assert!(name.len() <= 63, "{name}");
     }
 
     #[test]

@@ -328,6 +328,18 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 const READY: &str = "({row}.available_at <= now()
      OR ({row}.lease_owner IS NOT NULL AND {row}.lease_owner NOT IN (SELECT owner FROM live)))";
 
+/// The relays whose sessions hold their locks now (see [`CLAIM_TIED`]'s `live`): each
+/// one's owner number, its session's `application_name` (the relay's host and process),
+/// client address and start.
+const RELAYS: &str = "\
+SELECT l.objid::bigint AS owner, a.application_name, host(a.client_addr) AS client_addr,
+       extract(epoch FROM a.backend_start)::float8 AS since
+  FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.classid = {lock_class}::oid AND l.objsubid = 2
+   AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ ORDER BY a.backend_start, l.objid";
+
 /// Takes the session lock that ties a relay's leases to its connection: $1 its owner
 /// number. False when another session holds that number.
 const LOCK: &str = "SELECT pg_try_advisory_lock({lock_class}, $1)";
@@ -403,6 +415,7 @@ pub(crate) struct OutboxTable {
     release: SqlStr,
     failed: SqlStr,
     errors: SqlStr,
+    relays: SqlStr,
     lag: SqlStr,
     dead: SqlStr,
 }
@@ -549,6 +562,7 @@ impl OutboxTable {
             release: render(RELEASE),
             failed: render(FAILED),
             errors: render(ERRORS),
+            relays: render(RELAYS),
             lag: render(LAG),
             dead: render(DEAD),
             channel,
@@ -800,10 +814,40 @@ impl OutboxTable {
         id: &str,
     ) -> Result<Vec<(f64, String)>, sqlx::Error> {
         let mut single = single;
-        let rows = self.query(&self.errors).bind(id).fetch_all(&mut *single).await?;
+        let rows = self
+            .query(&self.errors)
+            .bind(id)
+            .fetch_all(&mut *single)
+            .await?;
         single.finish().await?;
         rows.iter()
             .map(|row| Ok((row.try_get("at")?, row.try_get("error")?)))
+            .collect()
+    }
+
+    /// [`RELAYS`], as (owner, application name, client address, seconds since the epoch
+    /// of the session's start); none where leases cannot be tied to sessions.
+    pub(crate) async fn relays(
+        &self,
+        single: Single,
+    ) -> Result<Vec<(i64, String, Option<String>, f64)>, sqlx::Error> {
+        let mut single = single;
+        if !self.can_tie() {
+            single.finish().await?;
+            return Ok(Vec::new());
+        }
+        let rows = self.query(&self.relays).fetch_all(&mut *single).await?;
+        single.finish().await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("owner")?,
+                    row.try_get::<Option<String>, _>("application_name")?
+                        .unwrap_or_default(),
+                    row.try_get("client_addr")?,
+                    row.try_get::<Option<f64>, _>("since")?.unwrap_or(0.0),
+                ))
+            })
             .collect()
     }
 

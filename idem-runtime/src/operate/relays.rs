@@ -1,0 +1,47 @@
+//! The outbox's relays, as operators tell them apart: each relay that holds its session
+//! lock now, with the host and process its session names, so that "relay 1873542264"
+//! in a lease is a machine and a process.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::{instant, rfc3339};
+use crate::Store;
+
+/// A relay whose session holds its lock now ([`Store::outbox_relays`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RelaySession {
+    /// Its owner number: the `lease_owner` of the events it leases
+    /// ([`Lease::owner`](crate::operate::Lease::owner)).
+    pub owner: i64,
+    /// Its session's `application_name`: `idem relay`, the host's name and the process's
+    /// id (or what the connection options given to
+    /// [`RelayBuilder::session`](crate::outbox::RelayBuilder::session) left of it).
+    pub name: String,
+    /// The session's client address, as the database sees it (none over a Unix socket).
+    pub client_addr: Option<String>,
+    /// When the session connected.
+    #[serde(serialize_with = "rfc3339")]
+    pub since: SystemTime,
+}
+
+impl Store {
+    /// The relays of this store's outbox whose sessions hold their locks now, oldest
+    /// first: where a lease's owner number runs. None in the portable mode, and for relays
+    /// without a session (their leases end by time only).
+    pub async fn outbox_relays(&self) -> Result<Vec<RelaySession>, sqlx::Error> {
+        let single = self.inner.table.single(&self.inner.pool).await?;
+        let relays = self.inner.outbox.relays(single).await?;
+        Ok(relays
+            .into_iter()
+            .map(|(owner, name, client_addr, since)| RelaySession {
+                owner,
+                name,
+                client_addr,
+                since: instant(since),
+            })
+            .collect())
+    }
+}
