@@ -291,7 +291,8 @@ WITH RECURSIVE live AS MATERIALIZED (
                      WHERE e.dead_at IS NULL AND e.ordering_key = h.ordering_key
                        AND e.seq > h.seq
                      ORDER BY e.ordering_key, e.seq
-                     LIMIT (SELECT ($1 - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1)
+                     LIMIT (SELECT greatest($1 - count(*) + greatest(count(*), 1) - 1, 0)
+                                   / greatest(count(*), 1)
                               FROM heads WHERE ready)) AS s) AS c
      WHERE h.ready AND c.run
        AND (SELECT count(*) FROM heads WHERE ready) < $1
