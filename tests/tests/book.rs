@@ -355,7 +355,7 @@ mod replay_cache {
     }
 }
 
-/// "The console": mounted behind a bearer-token layer.
+/// "The console": mounted behind a layer that gives two bearer tokens their roles.
 mod console {
     use std::sync::Arc;
 
@@ -364,42 +364,57 @@ mod console {
     use axum::middleware::{self, Next};
     use axum::response::{IntoResponse, Response};
     use axum::Router;
-    use idem::console::Console;
+    use idem::console::{Console, Role};
     use idem::Store;
 
-    /// `Authorization: Bearer <token>`, or 401; the token's holder is the operator `admin`.
-    async fn admin_only(
-        State(token): State<Arc<str>>,
-        mut request: Request,
-        next: Next,
-    ) -> Response {
+    /// The console's bearer tokens: `admin` acts, `viewer` only looks.
+    struct Tokens {
+        admin: String,
+        viewer: String,
+    }
+
+    /// Whether `sent` is `Bearer <token>`, in constant time: how long a refusal takes must
+    /// not tell how much of a guess was right.
+    fn bears(sent: &[u8], token: &str) -> bool {
         let expected = format!("Bearer {token}");
-        let sent = request
-            .headers()
-            .get("authorization")
-            .map_or(&b""[..], |v| v.as_bytes());
-        // In constant time: how long a refusal takes must not tell how much of a guess was right.
-        let same = sent.len() == expected.len()
+        sent.len() == expected.len()
             && sent
                 .iter()
                 .zip(expected.as_bytes())
                 .fold(0, |acc, (a, b)| acc | (a ^ b))
-                == 0;
-        if !same {
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
+                == 0
+    }
+
+    /// Each token's holder is an operator, with a role; any other request gets 401.
+    async fn operators(
+        State(tokens): State<Arc<Tokens>>,
+        mut request: Request,
+        next: Next,
+    ) -> Response {
+        let sent = request
+            .headers()
+            .get("authorization")
+            .map_or(&b""[..], |v| v.as_bytes());
+        let (admin, viewer) = (bears(sent, &tokens.admin), bears(sent, &tokens.viewer));
+        let (operator, role) = match (admin, viewer) {
+            (true, _) => ("admin", Role::Admin),
+            (false, true) => ("viewer", Role::ReadOnly),
+            (false, false) => return StatusCode::UNAUTHORIZED.into_response(),
+        };
         request
             .headers_mut()
-            .insert("x-operator", HeaderValue::from_static("admin"));
+            .insert("x-operator", HeaderValue::from_static(operator));
+        request.extensions_mut().insert(role);
         next.run(request).await
     }
 
-    fn with_console(app: Router, store: Store, token: Arc<str>) -> Router {
+    fn with_console(app: Router, store: Store, admin: String, viewer: String) -> Router {
+        let tokens = Arc::new(Tokens { admin, viewer });
         let console = Console::new(store)
             .actions(true)
             .operator_header(HeaderName::from_static("x-operator"))
             .router()
-            .layer(middleware::from_fn_with_state(token, admin_only));
+            .layer(middleware::from_fn_with_state(tokens, operators));
         app.nest("/admin/idem", console)
     }
 }

@@ -16,6 +16,8 @@ use charges::events::Delivery;
 use charges::Config;
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
+use idem::console::Role;
+use idem::operate::{DeadSelection, EventFilter};
 use idem::outbox::nats::MSG_ID;
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::{Pooler, Store};
@@ -24,6 +26,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 const TOKEN: &str = "console-test-token-0123456789";
+/// The example's read-only token (`ADMIN_READONLY_TOKEN`).
+const READONLY: &str = "console-test-readonly-0123456789";
 
 /// A publisher that never delivers: `nowhere.*` fails for good, anything else for now.
 struct Refusing;
@@ -82,10 +86,15 @@ async fn get(app: &TestApp, path: &str, token: Option<&str>) -> (u16, String) {
 
 /// POST a form to `path` as the operator; follows the redirect to the page.
 async fn post(app: &TestApp, path: &str, form: &[(&str, &str)]) -> (u16, String) {
+    post_as(app, path, TOKEN, form).await
+}
+
+/// POST a form to `path` with `token` as the bearer; follows the redirect to the page.
+async fn post_as(app: &TestApp, path: &str, token: &str, form: &[(&str, &str)]) -> (u16, String) {
     let response = app
         .client
         .post(app.url(path))
-        .bearer_auth(TOKEN)
+        .bearer_auth(token)
         .form(form)
         .send()
         .await
@@ -101,6 +110,45 @@ fn csrf(page: &str) -> String {
         .expect("a form with a CSRF token")
         + 19;
     page[at..at + 64].to_owned()
+}
+
+/// The fields of the POST form of `page` that acts at `action`, as its button sends them.
+fn form_of(page: &str, action: &str) -> Vec<(String, String)> {
+    let start = format!("method=\"post\" action=\"{action}\"");
+    let at = page
+        .find(&start)
+        .unwrap_or_else(|| panic!("a form to {action} in {page}"));
+    let form = &page[at..at + page[at..].find("</form>").expect("the form's end")];
+    let unescape = |v: &str| {
+        v.replace("&quot;", "\"")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&#39;", "'")
+            .replace("&amp;", "&")
+    };
+    form.split("<input type=\"hidden\" name=\"")
+        .skip(1)
+        .map(|input| {
+            let (name, rest) = input.split_once("\" value=\"").expect("a hidden field");
+            let value = &rest[..rest.find('"').expect("the value's end")];
+            (name.to_owned(), unescape(value))
+        })
+        .collect()
+}
+
+/// `fields` as a form's pairs.
+fn pairs(fields: &[(String, String)]) -> Vec<(&str, &str)> {
+    fields
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect()
+}
+
+/// The target of a page's "Next page" link, unescaped.
+fn next_page(page: &str) -> Option<String> {
+    let at = page.find("rel=\"next\" href=\"")? + 17;
+    let href = &page[at..at + page[at..].find('"')?];
+    Some(href.replace("&amp;", "&"))
 }
 
 /// Every page and action of the console, on the example's app over `store`'s database.
@@ -125,6 +173,22 @@ async fn every_page(app: &TestApp, store: &Store) {
     let (status, keys) = get(app, "/admin/idem/keys?scope=jobs", Some(TOKEN)).await;
     assert_eq!(status, 200, "{keys}");
     assert!(keys.contains("job-1") && keys.contains("job-2"), "{keys}");
+    // Issue 39: by key prefix, and a page at a time by keyset.
+    let (_, one) = get(app, "/admin/idem/keys?scope=jobs&prefix=job-2", Some(TOKEN)).await;
+    assert!(one.contains(">job-2<") && !one.contains(">job-1<"), "{one}");
+    let (_, first) = get(app, "/admin/idem/keys?scope=jobs&limit=1", Some(TOKEN)).await;
+    let next = next_page(&first).unwrap_or_else(|| panic!("a next page in {first}"));
+    assert!(
+        next.contains("scope=jobs") && next.contains("limit=1"),
+        "{next}"
+    );
+    let (status, second) = get(app, &next, Some(TOKEN)).await;
+    assert_eq!(status, 200, "{second}");
+    let newest_first = [">job-2<", ">job-1<"];
+    assert!(first.contains(newest_first[0]) && !first.contains(newest_first[1]));
+    assert!(second.contains(newest_first[1]) && !second.contains(newest_first[0]));
+    assert_eq!(next_page(&second), None, "the last page: {second}");
+
     let (status, key) = get(app, "/admin/idem/key?scope=jobs&key=job-1", Some(TOKEN)).await;
     assert_eq!(status, 200, "{key}");
     assert!(
@@ -135,6 +199,35 @@ async fn every_page(app: &TestApp, store: &Store) {
         !key.contains("&quot;done&quot;"),
         "the body stays hidden: {key}"
     );
+    // The events job-1 wrote, found by the ids its key derives: two dead, two pending.
+    let dead_events = store.dead_events(10).await.unwrap();
+    assert_eq!(dead_events.len(), 2);
+    let pending = store
+        .pending_events(&EventFilter::default(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(pending.rows.len(), 2);
+    let written = &key[key.find("Events it wrote").expect("its events")..];
+    for id in dead_events
+        .iter()
+        .map(|e| &e.id)
+        .chain(pending.rows.iter().map(|e| &e.id))
+    {
+        assert!(written.contains(id.as_str()), "{id} in {written}");
+    }
+    let (_, other) = get(app, "/admin/idem/key?scope=jobs&key=job-2", Some(TOKEN)).await;
+    assert!(other.contains("None: it wrote none"), "{other}");
+    // And back: the request that wrote an event.
+    let (status, writer) = get(
+        app,
+        &format!("/admin/idem/event/request?id={}", dead_events[1].id),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{writer}");
+    assert!(writer.contains("&amp;key=job-1\""), "{writer}");
+    let (status, _) = get(app, "/admin/idem/event/request?id=nothing", Some(TOKEN)).await;
+    assert_eq!(status, 404);
     let (status, _) = get(app, "/admin/idem/key?scope=jobs&key=job-9", Some(TOKEN)).await;
     assert_eq!(status, 404);
     let (status, outbox) = get(app, "/admin/idem/outbox", Some(TOKEN)).await;
@@ -144,13 +237,43 @@ async fn every_page(app: &TestApp, store: &Store) {
         "{outbox}"
     );
     assert!(outbox.contains("broker unavailable"), "{outbox}");
+    // The pending events by topic and by ordering key prefix, a page at a time.
+    let (status, listed) = get(app, "/admin/idem/pending?topic=slow.x", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        pending.rows.iter().all(|e| listed.contains(&e.id)),
+        "{listed}"
+    );
+    let (_, first) = get(
+        app,
+        "/admin/idem/pending?ordering_key=acct&limit=1",
+        Some(TOKEN),
+    )
+    .await;
+    assert!(first.contains(&pending.rows[0].id) && !first.contains(&pending.rows[1].id));
+    let next = next_page(&first).unwrap_or_else(|| panic!("a next page in {first}"));
+    let (_, second) = get(app, &next, Some(TOKEN)).await;
+    assert!(second.contains(&pending.rows[1].id) && !second.contains(&pending.rows[0].id));
+    assert_eq!(next_page(&second), None);
+    let (_, none) = get(app, "/admin/idem/pending?topic=nowhere.a", Some(TOKEN)).await;
+    assert!(none.contains("No pending event matches."), "{none}");
+
     let (status, dead) = get(app, "/admin/idem/dead", Some(TOKEN)).await;
     assert_eq!(status, 200, "{dead}");
-    let dead_events = store.dead_events(10).await.unwrap();
-    assert_eq!(dead_events.len(), 2);
     for event in &dead_events {
         assert!(dead.contains(&event.id), "{dead}");
     }
+    let (status, by_topic) = get(
+        app,
+        &format!("/admin/idem/dead?topic={}", dead_events[0].topic),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{by_topic}");
+    assert!(
+        by_topic.contains(&dead_events[0].id) && !by_topic.contains(&dead_events[1].id),
+        "{by_topic}"
+    );
     let (status, one) = get(
         app,
         &format!("/admin/idem/dead/event?id={}", dead_events[0].id),
@@ -162,6 +285,24 @@ async fn every_page(app: &TestApp, store: &Store) {
         one.contains("hidden: payloads carry personal data") && !one.contains("4111"),
         "{one}"
     );
+
+    // Issue 39: the read-only operator (ADMIN_READONLY_TOKEN) sees every page and no
+    // action, and is refused each action, even with a form an admin's page made.
+    let (status, seen) = get(app, "/admin/idem/dead", Some(READONLY)).await;
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen.contains(&dead_events[0].id), "{seen}");
+    for action in [
+        "method=\"post\"",
+        "Re-drive these",
+        "Re-drive all",
+        "Discard",
+        "type=\"checkbox\"",
+        "csrf",
+    ] {
+        assert!(!seen.contains(action), "{action} in {seen}");
+    }
+    let (status, _) = get(app, "/admin/idem/dead/redrive?all=1", Some(READONLY)).await;
+    assert_eq!(status, 403);
 
     // Actions: refused without this operator's token, done with it.
     let reason = "no stream captures the subject";
@@ -179,13 +320,41 @@ async fn every_page(app: &TestApp, store: &Store) {
         2,
         "nothing moved"
     );
-    let token = csrf(&dead);
+    // A bulk action shows what it will touch first; a form without the preview's bound
+    // is answered the preview.
+    let token = csrf(&key);
+    let (status, preview) = get(
+        app,
+        &format!(
+            "/admin/idem/dead/redrive?reason={}",
+            reason.replace(' ', "+")
+        ),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{preview}");
+    assert!(preview.contains(">Re-drive 2 events</button>"), "{preview}");
     let (status, page) = post(
         app,
         "/admin/idem/dead/redrive",
         &[("reason", reason), ("csrf", &token)],
     )
     .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(">Re-drive 2 events</button>"), "{page}");
+    assert_eq!(store.dead_events(10).await.unwrap().len(), 2, "a preview");
+    let confirmation = form_of(&preview, "/admin/idem/dead/redrive");
+    let (status, refused) = post_as(
+        app,
+        "/admin/idem/dead/redrive",
+        READONLY,
+        &pairs(&confirmation),
+    )
+    .await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(refused.contains("role is read-only"), "{refused}");
+    assert_eq!(store.dead_events(10).await.unwrap().len(), 2, "refused");
+    let (status, page) = post(app, "/admin/idem/dead/redrive", &pairs(&confirmation)).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Re-drove 2 dead event(s)"), "{page}");
     assert!(store.dead_events(10).await.unwrap().is_empty());
@@ -198,20 +367,31 @@ async fn every_page(app: &TestApp, store: &Store) {
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Purged 1 record(s)"), "{page}");
     assert!(store.inspect("jobs", "", "job-2").await.unwrap().is_none());
+    let (status, preview) = get(app, "/admin/idem/sweep", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{preview}");
+    assert!(preview.contains("No expired record"), "{preview}");
     let (status, page) = post(app, "/admin/idem/sweep", &[("csrf", &token)]).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Sweep expired records?"), "a preview: {page}");
+    let (status, page) = post(
+        app,
+        "/admin/idem/sweep",
+        &[("expected", "0"), ("csrf", &token)],
+    )
+    .await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Swept 0 expired record(s)"), "{page}");
 
     // Issue 39: each action is in the audit trail, newest first, as the operator the
-    // admin layer named took it, with what it selected and how many rows it moved; the
-    // refused posts are not.
+    // admin layer named took it, with what it selected (a confirmed action with its
+    // preview's bound) and how many rows it moved; the refused posts are not.
     let (status, audit) = get(app, "/admin/idem/audit", Some(TOKEN)).await;
     assert_eq!(status, 200, "{audit}");
     assert!(audit.contains("href=\"/admin/idem/audit\""), "{audit}");
     let rows: Vec<usize> = [
         "<td>sweep</td><td><code>expired, batch 1000</code></td><td class=\"n\">0</td>",
         "<td>purge</td><td><code>scope &quot;jobs&quot;, key &quot;job-2&quot;</code></td><td class=\"n\">1</td>",
-        "<td>redrive</td><td><code>reason &quot;no stream captures the subject&quot;</code></td><td class=\"n\">2</td>",
+        "<td>redrive</td><td><code>reason &quot;no stream captures the subject&quot;; as previewed: seq &lt;= ",
     ]
     .iter()
     .map(|row| {
@@ -220,6 +400,10 @@ async fn every_page(app: &TestApp, store: &Store) {
     })
     .collect();
     assert!(rows.is_sorted(), "newest first: {audit}");
+    assert!(
+        audit.contains(", 2 previewed</code></td><td class=\"n\">2</td>"),
+        "{audit}"
+    );
     assert_eq!(audit.matches("<td>console</td>").count(), 3, "{audit}");
     let entries = store.audit_log(10, None).await.unwrap();
     let (status, older) = get(
@@ -240,6 +424,7 @@ fn config(pooler: Pooler, portable: bool) -> Config {
         pooler,
         portable,
         admin_token: Some(TOKEN.into()),
+        admin_readonly_token: Some(READONLY.into()),
         ..Config::default()
     }
 }
@@ -293,9 +478,273 @@ async fn every_page_on_postgresql() {
     .await;
 }
 
+/// The console with its actions on, at `/ops`, behind a layer that names every operator
+/// `ana` and gives the role `x-role` asks for (`admin`; anything else read-only): one
+/// operator, two roles, so that a form an admin's page made carries a token valid for
+/// the read-only request too.
+async fn console_with_roles(pool: PgPool, store: &Store) -> TestApp {
+    async fn roles(
+        mut request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        let role = match request.headers().get("x-role").map(|v| v.as_bytes()) {
+            Some(b"admin") => Role::Admin,
+            _ => Role::ReadOnly,
+        };
+        request.extensions_mut().insert(role);
+        request
+            .headers_mut()
+            .insert("x-operator", http::HeaderValue::from_static("ana"));
+        next.run(request).await
+    }
+    let console = idem::console::Console::new(store.clone())
+        .actions(true)
+        .operator_header(http::HeaderName::from_static("x-operator"))
+        .router()
+        .layer(axum::middleware::from_fn(roles));
+    TestApp::serve(pool, axum::Router::new().nest("/ops", console)).await
+}
+
+/// A request to the console of [`console_with_roles`] as `role`: status and body, the
+/// redirect after an action followed.
+async fn as_role(
+    app: &TestApp,
+    role: &str,
+    path: &str,
+    form: Option<&[(&str, &str)]>,
+) -> (u16, String) {
+    let request = match form {
+        Some(form) => app.client.post(app.url(path)).form(form),
+        None => app.client.get(app.url(path)),
+    };
+    let response = request
+        .header("x-role", role)
+        .send()
+        .await
+        .expect("a request");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Issue 39: a bulk action's confirmation acts on the events its preview counted (the
+/// filter within the bound the preview took), not on whatever the filter matches by
+/// then: an event parked after the preview, whether written before the events it counted
+/// or after them, is left dead, and the page says so; the audit row has the bound. A
+/// confirmation whose bound holds more than its count does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_acts_on_what_its_preview_counted() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let emit = async |key: &str, topics: &[&str]| {
+            store
+                .run_once("jobs", key)
+                .run(async |mut tx| {
+                    for topic in topics {
+                        tx.emit(Event::new(*topic, &json!({}))).await?;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                })
+                .await
+                .expect("run the job");
+            store
+                .relay(Refusing)
+                .max_attempts(2)
+                .backoff(Duration::from_secs(3_600), Duration::from_secs(3_600))
+                .run_until_idle()
+                .await
+                .expect("run the relay");
+        };
+        // `slow.x` is written first and backs off; the two `nowhere` events are parked.
+        emit("job-1", &["slow.x", "nowhere.a", "nowhere.b"]).await;
+        let app = console_with_roles(pool.clone(), &store).await;
+        let reason = "no stream captures the subject";
+        let (status, preview) = as_role(
+            &app,
+            "admin",
+            &format!("/ops/dead/redrive?reason={}", reason.replace(' ', "+")),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{preview}");
+        assert!(preview.contains(">Re-drive 2 events</button>"), "{preview}");
+        let confirmation = form_of(&preview, "/ops/dead/redrive");
+
+        // After the preview: the event written before the two is parked for the same
+        // reason, and a new one is written and parked.
+        sqlx::query(
+            "UPDATE idem_outbox SET dead_at = now(), last_error = $1 WHERE topic = 'slow.x'",
+        )
+        .bind(reason)
+        .execute(&pool)
+        .await
+        .unwrap();
+        emit("job-2", &["nowhere.c"]).await;
+        let selection = DeadSelection::Reason(reason.into());
+        assert_eq!(store.dead_count(&selection).await.unwrap(), 4);
+
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/dead/redrive",
+            Some(&pairs(&confirmation)),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.contains(
+                "Re-drove 2 dead event(s): they are pending again. 2 dead event(s) \
+                           parked after your preview match the filter too; they were left as \
+                           they are."
+            ),
+            "{page}"
+        );
+        let mut left: Vec<String> = store
+            .dead_events(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.topic)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["nowhere.c", "slow.x"]);
+        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        let through = &confirmation
+            .iter()
+            .find(|(n, _)| n == "through")
+            .expect("the bound's seq")
+            .1;
+        assert!(
+            entry.filter.starts_with(&format!(
+                "reason {reason:?}; as previewed: seq <= {through}, parked by "
+            )) && entry.filter.ends_with(", 2 previewed"),
+            "{entry:?}"
+        );
+        assert_eq!((entry.action.as_str(), entry.rows), ("redrive", 2));
+
+        // A confirmation whose bound holds more than it counted does nothing.
+        let (_, preview) = as_role(
+            &app,
+            "admin",
+            &format!("/ops/dead/discard?reason={}", reason.replace(' ', "+")),
+            None,
+        )
+        .await;
+        assert!(preview.contains(">Discard 2 events</button>"), "{preview}");
+        let confirmation = form_of(&preview, "/ops/dead/discard");
+        let understated: Vec<(&str, &str)> = pairs(&confirmation)
+            .into_iter()
+            .map(|(n, v)| if n == "expected" { (n, "1") } else { (n, v) })
+            .collect();
+        let (status, page) = as_role(&app, "admin", "/ops/dead/discard", Some(&understated)).await;
+        assert_eq!(status, 409, "{page}");
+        assert!(
+            page.contains(
+                "Nothing was done: 2 dead event(s) are within what you confirmed now, not the 1"
+            ),
+            "{page}"
+        );
+        assert_eq!(store.dead_count(&selection).await.unwrap(), 2);
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/dead/discard",
+            Some(&pairs(&confirmation)),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Discarded 2 dead event(s)."), "{page}");
+        assert_eq!(store.dead_count(&selection).await.unwrap(), 0);
+    })
+    .await;
+}
+
+/// Issue 39: the role is the application's: a read-only request sees no action and is
+/// refused (403) every action, even with a CSRF token valid for its operator; the same
+/// form acts for an admin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_operator_is_refused_with_a_valid_token() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let app = console_with_roles(pool, &store).await;
+        let (status, admin) = as_role(&app, "admin", "/ops/dead", None).await;
+        assert_eq!(status, 200, "{admin}");
+        assert!(admin.contains("Re-drive all"), "{admin}");
+        let (_, key) = as_role(&app, "admin", "/ops/key?scope=jobs&key=job-1", None).await;
+        let token = csrf(&key);
+        let (status, seen) = as_role(&app, "viewer", "/ops/dead", None).await;
+        assert_eq!(status, 200, "{seen}");
+        assert!(seen.contains("read-only"), "{seen}");
+        for action in [
+            "method=\"post\"",
+            "Re-drive these",
+            "Re-drive all",
+            "type=\"checkbox\"",
+            "csrf",
+        ] {
+            assert!(!seen.contains(action), "{action} in {seen}");
+        }
+        let (_, key) = as_role(&app, "viewer", "/ops/key?scope=jobs&key=job-1", None).await;
+        assert!(!key.contains("Purge"), "{key}");
+        let (_, keys) = as_role(&app, "viewer", "/ops/keys", None).await;
+        assert!(!keys.contains("Sweep"), "{keys}");
+        for preview in [
+            "/ops/dead/redrive?all=1",
+            "/ops/dead/discard?all=1",
+            "/ops/sweep",
+        ] {
+            let (status, page) = as_role(&app, "viewer", preview, None).await;
+            assert_eq!(status, 403, "{preview}: {page}");
+        }
+
+        let (_, preview) = as_role(&app, "admin", "/ops/dead/redrive?all=1", None).await;
+        let confirmation = form_of(&preview, "/ops/dead/redrive");
+        assert!(confirmation.contains(&("csrf".to_owned(), token.clone())));
+        let purge = [
+            ("scope", "jobs"),
+            ("key", "job-2"),
+            ("csrf", token.as_str()),
+        ];
+        let sweep = [("expected", "0"), ("csrf", token.as_str())];
+        for (path, form) in [
+            ("/ops/dead/redrive", pairs(&confirmation)),
+            ("/ops/key/purge", purge.to_vec()),
+            ("/ops/sweep", sweep.to_vec()),
+        ] {
+            let (status, page) = as_role(&app, "viewer", path, Some(&form)).await;
+            assert_eq!(status, 403, "{path}: {page}");
+            assert!(page.contains("role is read-only"), "{path}: {page}");
+        }
+        assert_eq!(
+            store.dead_events(10).await.unwrap().len(),
+            2,
+            "nothing moved"
+        );
+        assert!(store.inspect("jobs", "", "job-2").await.unwrap().is_some());
+        assert!(store.audit_log(10, None).await.unwrap().is_empty());
+
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/dead/redrive",
+            Some(&pairs(&confirmation)),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Re-drove 2 dead event(s)"), "{page}");
+    })
+    .await;
+}
+
 /// Issue 37: the dead events' pages show each event's age beside the re-drive window and
-/// mark those outside it; a re-drive that selects one moves nothing and answers a page
-/// that says why, whose form (`force=1`) re-drives the same selection.
+/// mark those outside it; a re-drive's confirmation page says how many are outside it,
+/// and its button (`force=1`) names them. A confirmation without `force` that finds one
+/// outside the window by then moves nothing and answers a page that says why, whose form
+/// re-drives the same events with `force=1`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_past_the_window_asks_first() {
     with_test_db(async |db| {
@@ -310,83 +759,69 @@ async fn a_redrive_past_the_window_asks_first() {
             .execute(&pool)
             .await
             .unwrap();
-        let console = idem::console::Console::new(store.clone())
-            .actions(true)
-            .router();
-        let app = TestApp::serve(pool, axum::Router::new().nest("/ops", console)).await;
+        let app = console_with_roles(pool.clone(), &store).await;
         let marker = "outside the re-drive window</span>";
-        let (status, dead) = get(&app, "/ops/dead", None).await;
+        let (status, dead) = as_role(&app, "admin", "/ops/dead", None).await;
         assert_eq!(status, 200, "{dead}");
         assert!(dead.contains("Re-drive window: 24 h"), "{dead}");
         assert_eq!(dead.matches(marker).count(), 1, "{dead}");
-        let (_, page) = get(&app, &format!("/ops/dead/event?id={old}"), None).await;
+        let (_, page) = as_role(&app, "admin", &format!("/ops/dead/event?id={old}"), None).await;
         assert!(page.contains("3 d ago") && page.contains(marker), "{page}");
-        let (_, page) = get(&app, &format!("/ops/dead/event?id={young}"), None).await;
+        let (_, page) = as_role(&app, "admin", &format!("/ops/dead/event?id={young}"), None).await;
         assert!(!page.contains(marker), "{page}");
 
-        let token = csrf(&dead);
-        let (status, page) = post(
+        // The preview of both names the one outside the window on its button.
+        let (status, preview) = as_role(
             &app,
-            "/ops/dead/redrive",
-            &[("id", old), ("id", young), ("csrf", &token)],
+            "admin",
+            &format!("/ops/dead/redrive?id={old}&id={young}"),
+            None,
         )
         .await;
+        assert_eq!(status, 200, "{preview}");
+        assert!(
+            preview.contains("1 of them were written more than 24 h ago")
+                && preview.contains(">Re-drive 2 events, 1 past the window</button>"),
+            "{preview}"
+        );
+        let forced = form_of(&preview, "/ops/dead/redrive");
+        for field in [
+            ("id", old.as_str()),
+            ("id", young),
+            ("force", "1"),
+            ("expected", "2"),
+        ] {
+            assert!(
+                forced.contains(&(field.0.to_owned(), field.1.to_owned())),
+                "{field:?} in {forced:?}"
+            );
+        }
+        // Without `force`, the confirmation moves nothing and asks again.
+        let unforced: Vec<(&str, &str)> = pairs(&forced)
+            .into_iter()
+            .filter(|(n, _)| *n != "force")
+            .collect();
+        let (status, page) = as_role(&app, "admin", "/ops/dead/redrive", Some(&unforced)).await;
         assert_eq!(status, 409, "{page}");
         assert!(
             page.contains("Nothing was re-driven.")
-                && page.contains("1 of the 2 selected dead event(s)"),
+                && page.contains("1 of the 2 selected dead event(s)")
+                && page.contains(">Re-drive 2 events anyway</button>"),
             "{page}"
         );
-        for field in [
-            format!("name=\"id\" value=\"{old}\""),
-            format!("name=\"id\" value=\"{young}\""),
-            "name=\"force\" value=\"1\"".to_owned(),
-            "name=\"expected\" value=\"2\"".to_owned(),
-        ] {
-            assert!(page.contains(&field), "{field} in {page}");
-        }
+        assert_eq!(form_of(&page, "/ops/dead/redrive"), forced);
         assert_eq!(
             store.dead_events(10).await.unwrap().len(),
             2,
             "nothing moved"
         );
-
-        let (status, page) = post(
-            &app,
-            "/ops/dead/redrive",
-            &[("id", young), ("csrf", &token)],
-        )
-        .await;
+        let (status, page) =
+            as_role(&app, "admin", "/ops/dead/redrive", Some(&pairs(&forced))).await;
         assert_eq!(status, 200, "{page}");
-        assert!(page.contains("Re-drove 1 dead event(s)"), "{page}");
-        // The confirmation of two, sent when the selection holds one: shown again.
-        let (status, page) = post(
-            &app,
-            "/ops/dead/redrive",
-            &[
-                ("id", old),
-                ("id", young),
-                ("force", "1"),
-                ("expected", "2"),
-                ("csrf", &token),
-            ],
-        )
-        .await;
-        assert_eq!(status, 200, "{page}");
-        assert!(
-            page.contains("Nothing was re-driven: the selection holds 1 dead event(s) now"),
-            "{page}"
-        );
-        assert_eq!(store.dead_events(10).await.unwrap().len(), 1);
-        let (status, page) = post(
-            &app,
-            "/ops/dead/redrive",
-            &[("id", old), ("id", young), ("force", "1"), ("csrf", &token)],
-        )
-        .await;
-        assert_eq!(status, 200, "{page}");
-        assert!(page.contains("Re-drove 1 dead event(s)"), "{page}");
+        assert!(page.contains("Re-drove 2 dead event(s)"), "{page}");
         assert!(store.dead_events(10).await.unwrap().is_empty());
+        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        assert_eq!((entry.action.as_str(), entry.rows), ("redrive_forced", 2));
     })
     .await;
 }
@@ -524,6 +959,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         let config = Config {
             events: Some(prefix.clone()),
             admin_token: Some(TOKEN.into()),
+            admin_readonly_token: Some(READONLY.into()),
             ..Config::default()
         };
         let store = charges::store(pool.clone(), &config);
@@ -632,7 +1068,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         screenshot(&browser, "overview").await;
 
         // The dead list has both; the stream is back; the operator re-drives the charge's
-        // event, then the rest of its reason's group.
+        // event, picked in the list, through its confirmation page.
         browser
             .find(Locator::LinkText("Dead events"))
             .await
@@ -661,30 +1097,75 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             .await
             .unwrap();
         browser
-            .find(Locator::XPath("//button[text()='Re-drive selected']"))
+            .find(Locator::XPath("//button[text()='Re-drive selected…']"))
             .await
             .unwrap()
             .click()
             .await
             .unwrap();
-        assert_eq!(
-            notice(&browser).await,
-            "Re-drove 1 dead event(s): they are pending again."
+        let confirm = until("the re-drive's confirmation", async || {
+            browser
+                .find(Locator::XPath("//button[text()='Re-drive 1 event']"))
+                .await
+                .ok()
+        })
+        .await;
+        let preview = text().await;
+        assert!(
+            preview.contains(&dead[0].id) && !preview.contains(&dead[1].id),
+            "{preview}"
         );
-        browser
-            .find(Locator::XPath("//button[text()='Re-drive these']"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        screenshot(&browser, "preview").await;
+        confirm.click().await.unwrap();
         assert_eq!(
             notice(&browser).await,
             "Re-drove 1 dead event(s): they are pending again."
         );
 
-        // The audit trail has both re-drives, the operator's name and the count, newest
-        // first: the reason's group, then the event picked by its id.
+        // Issue 39: the operator filters the dead list by reason, and re-drives what the
+        // filter finds through its confirmation page, which names the count.
+        let reason = &dead[1].last_error;
+        let filter = browser
+            .form(Locator::Css("form.filter"))
+            .await
+            .expect("the dead list's filter");
+        filter.set_by_name("reason", reason).await.unwrap();
+        filter.submit().await.unwrap();
+        let filtered = until("the dead list filtered by reason", async || {
+            let page = text().await;
+            page.contains("1 dead event matches the filter.")
+                .then_some(page)
+        })
+        .await;
+        assert!(filtered.contains(&dead[1].id), "{filtered}");
+        browser
+            .find(Locator::LinkText("Re-drive these…"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let confirm = until("the reason's confirmation", async || {
+            browser
+                .find(Locator::XPath("//button[text()='Re-drive 1 event']"))
+                .await
+                .ok()
+        })
+        .await;
+        let preview = text().await;
+        assert!(
+            preview.contains(&dead[1].id) && preview.contains(&format!("reason {reason:?}")),
+            "{preview}"
+        );
+        confirm.click().await.unwrap();
+        assert_eq!(
+            notice(&browser).await,
+            "Re-drove 1 dead event(s): they are pending again."
+        );
+
+        // The audit trail has both re-drives, the operator's name, what was selected with
+        // the bound of its preview, and the count, newest first: the reason's, then the
+        // event picked by its id.
         browser
             .find(Locator::LinkText("Audit"))
             .await
@@ -699,14 +1180,19 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         .await;
         let rows: Vec<&str> = trail.lines().skip(1).collect();
         assert_eq!(rows.len(), 2, "{trail}");
-        let reason = &dead[1].last_error;
         for (row, selected) in rows
             .iter()
             .zip([format!("reason {reason:?}"), format!("ids {}", dead[0].id)])
         {
-            let found = ["admin", "console", "redrive", &selected]
-                .iter()
-                .all(|cell| row.contains(cell));
+            let found = [
+                "admin",
+                "console",
+                "redrive",
+                &selected,
+                "as previewed: seq <=",
+            ]
+            .iter()
+            .all(|cell| row.contains(cell));
             assert!(found && row.trim_end().ends_with('1'), "{row} in {trail}");
         }
         screenshot(&browser, "audit").await;
@@ -741,15 +1227,47 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             "{empty}"
         );
 
-        // The other pages: the keys (and the charge's key looked up), the outbox.
+        // The account's keys, a page at a time by keyset: the refund's, then the charge's.
         browser
-            .find(Locator::LinkText("Keys"))
+            .goto(&app.url("/admin/idem/keys?principal=acct_1&limit=1"))
+            .await
+            .unwrap();
+        let listed = async || -> Vec<String> {
+            let Ok(table) = browser.find(Locator::Css("table.keys")).await else {
+                return Vec::new();
+            };
+            let text = table.text().await.unwrap_or_default();
+            text.lines().skip(1).map(str::to_owned).collect()
+        };
+        let first = until("the first page of keys", async || {
+            let rows = listed().await;
+            (!rows.is_empty()).then_some(rows)
+        })
+        .await;
+        assert!(
+            first.len() == 1 && first[0].contains("refund-1"),
+            "{first:?}"
+        );
+        screenshot(&browser, "keys").await;
+        browser
+            .find(Locator::LinkText("Next page"))
             .await
             .unwrap()
             .click()
             .await
             .unwrap();
-        screenshot(&browser, "keys").await;
+        let second = until("the next page of keys", async || {
+            let rows = listed().await;
+            rows.iter().any(|r| r.contains("order-1")).then_some(rows)
+        })
+        .await;
+        assert_eq!(second.len(), 1, "{second:?}");
+        assert!(
+            browser.find(Locator::LinkText("Next page")).await.is_err(),
+            "the last page"
+        );
+
+        // The charge's key looked up: its record.
         let lookup = browser
             .form(Locator::Css("form[action$='/key']"))
             .await
@@ -764,6 +1282,71 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         })
         .await;
         screenshot(&browser, "key").await;
+        let token = csrf(&browser.source().await.unwrap());
+        let key_page = browser.current_url().await.unwrap();
+
+        // Issue 39: the read-only operator (ADMIN_READONLY_TOKEN) sees the same page without
+        // its button, and a purge posted by hand, with the form's CSRF token, is refused.
+        browser
+            .issue_cmd(DevTools(
+                "Network.setExtraHTTPHeaders",
+                json!({ "headers": { "Authorization": format!("Bearer {READONLY}") } }),
+            ))
+            .await
+            .unwrap();
+        browser.goto(key_page.as_str()).await.unwrap();
+        let seen = until("the key's record, read-only", async || {
+            let record = text().await;
+            record.contains("fingerprint").then_some(record)
+        })
+        .await;
+        assert!(!seen.contains("Purge"), "{seen}");
+        assert!(
+            browser
+                .find(Locator::Css("form[method=post]"))
+                .await
+                .is_err(),
+            "no action's form"
+        );
+        let level = browser.find(Locator::Css("header .muted")).await.unwrap();
+        assert_eq!(level.text().await.unwrap(), "read-only");
+        browser
+            .execute(
+                "const form = document.createElement('form');
+                 form.method = 'post';
+                 form.action = arguments[0];
+                 for (const [name, value] of arguments[1]) {
+                     const input = document.createElement('input');
+                     input.type = 'hidden';
+                     input.name = name;
+                     input.value = value;
+                     form.appendChild(input);
+                 }
+                 document.body.appendChild(form);
+                 form.submit();",
+                vec![
+                    json!(app.url("/admin/idem/key/purge")),
+                    json!([
+                        ["scope", "charges"],
+                        ["principal", "acct_1"],
+                        ["key", "order-1"],
+                        ["csrf", token]
+                    ]),
+                ],
+            )
+            .await
+            .unwrap();
+        let refused = until("the refusal", async || {
+            let page = text().await;
+            page.contains("403").then_some(page)
+        })
+        .await;
+        assert!(refused.contains("role is read-only"), "{refused}");
+        assert!(store
+            .key("charges", "acct_1", "order-1", false)
+            .await
+            .unwrap()
+            .is_some());
         browser.close().await.ok();
 
         relay.stop();

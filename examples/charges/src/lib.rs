@@ -94,9 +94,13 @@ pub struct Config {
     /// At most one NOTIFY per this interval (`StoreBuilder::outbox_notify_interval`);
     /// `None` for idem's default.
     pub events_notify_interval: Option<Duration>,
-    /// The bearer token of idem's console at `/admin/idem` (`ADMIN_TOKEN`); `None`
-    /// mounts nothing there.
+    /// The bearer token of idem's console at `/admin/idem` (`ADMIN_TOKEN`), whose holder
+    /// is the operator `admin` and may act; with `admin_readonly_token` also `None`,
+    /// nothing is mounted there.
     pub admin_token: Option<String>,
+    /// The bearer token of the console's read-only level (`ADMIN_READONLY_TOKEN`), whose
+    /// holder is the operator `readonly`: every page, no action.
+    pub admin_readonly_token: Option<String>,
 }
 
 impl Default for Config {
@@ -114,6 +118,7 @@ impl Default for Config {
             events_notify: true,
             events_notify_interval: None,
             admin_token: None,
+            admin_readonly_token: None,
         }
     }
 }
@@ -144,20 +149,34 @@ fn pooler_from_env(value: Option<&str>) -> Result<Pooler, String> {
     }
 }
 
-/// Reads `ADMIN_TOKEN`: unset or empty, no console; else at least 16 characters, so that
-/// a placeholder such as `admin` does not guard the console.
-fn admin_token_from_env(value: Option<String>) -> Result<Option<String>, String> {
+/// Reads the console's token `name` (`ADMIN_TOKEN`, `ADMIN_READONLY_TOKEN`): unset or
+/// empty, none; else at least 16 characters, so that a placeholder such as `admin` does
+/// not guard the console.
+fn admin_token_from_env(name: &str, value: Option<String>) -> Result<Option<String>, String> {
     match value.filter(|v| !v.is_empty()) {
         None => Ok(None),
         Some(token) if token.len() >= 16 && token.bytes().all(|b| b.is_ascii_graphic()) => {
             Ok(Some(token))
         }
-        Some(_) => Err(
-            "ADMIN_TOKEN must be at least 16 visible ASCII characters (it guards idem's console \
+        Some(_) => Err(format!(
+            "{name} must be at least 16 visible ASCII characters (it guards idem's console \
              at /admin/idem), or unset"
-                .into(),
-        ),
+        )),
     }
+}
+
+/// Reads `ADMIN_TOKEN` and `ADMIN_READONLY_TOKEN`: two different tokens, for there is no
+/// telling which level one token shared by both would give.
+fn admin_tokens_from_env(
+    admin: Option<String>,
+    readonly: Option<String>,
+) -> Result<(Option<String>, Option<String>), String> {
+    let admin = admin_token_from_env("ADMIN_TOKEN", admin)?;
+    let readonly = admin_token_from_env("ADMIN_READONLY_TOKEN", readonly)?;
+    if admin.is_some() && admin == readonly {
+        return Err("ADMIN_READONLY_TOKEN must differ from ADMIN_TOKEN".into());
+    }
+    Ok((admin, readonly))
 }
 
 /// Reads `DB_PORTABLE`: `false` (also when unset) or `true`.
@@ -343,8 +362,11 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     let portable = portable_from_env(std::env::var("DB_PORTABLE").ok().as_deref())
         .map_err(ServiceError::setting)?;
     let nats_url = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty());
-    let admin_token =
-        admin_token_from_env(std::env::var("ADMIN_TOKEN").ok()).map_err(ServiceError::setting)?;
+    let (admin_token, admin_readonly_token) = admin_tokens_from_env(
+        std::env::var("ADMIN_TOKEN").ok(),
+        std::env::var("ADMIN_READONLY_TOKEN").ok(),
+    )
+    .map_err(ServiceError::setting)?;
     let delivery = events::Delivery {
         max_attempts: within("OUTBOX_MAX_ATTEMPTS", 10, 1..=1_000)?,
         first_backoff: Duration::from_millis(number("OUTBOX_BACKOFF_MS", 500)?),
@@ -406,6 +428,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         events_notify: true,
         events_notify_interval: None,
         admin_token,
+        admin_readonly_token,
     };
     let store = store(pool.clone(), &config);
     if portable {
@@ -544,10 +567,12 @@ pub fn store(pool: PgPool, config: &Config) -> Store {
 /// The service's router: the store keys requests per account.
 pub fn app(pool: PgPool, config: Config) -> Router {
     let idempotency = store(pool.clone(), &config);
-    let admin = config
-        .admin_token
-        .clone()
-        .map(|token| admin(idempotency.clone(), token));
+    let operators = Operators {
+        admin: config.admin_token.clone(),
+        readonly: config.admin_readonly_token.clone(),
+    };
+    let admin = (operators.admin.is_some() || operators.readonly.is_some())
+        .then(|| admin(idempotency.clone(), operators));
     let state = AppState {
         idempotency,
         pool,
@@ -579,45 +604,73 @@ pub fn app(pool: PgPool, config: Config) -> Router {
 /// The header the admin layer names the operator in, for idem's console's action log.
 pub const OPERATOR_HEADER: &str = "x-operator";
 
-/// idem's console, actions on, behind [`admin_auth`] with `token`.
-fn admin(store: Store, token: String) -> Router {
+/// The console's two tokens: `ADMIN_TOKEN` acts, `ADMIN_READONLY_TOKEN` only looks.
+struct Operators {
+    admin: Option<String>,
+    readonly: Option<String>,
+}
+
+/// idem's console, actions on (for the admin), behind [`admin_auth`] with `operators`.
+fn admin(store: Store, operators: Operators) -> Router {
     idem::console::Console::new(store)
         .actions(true)
         .operator_header(axum::http::HeaderName::from_static(OPERATOR_HEADER))
         .router()
-        .layer(middleware::from_fn_with_state(Arc::new(token), admin_auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(operators),
+            admin_auth,
+        ))
 }
 
-/// `Authorization: Bearer <ADMIN_TOKEN>`, or 401: the console has no authentication of
-/// its own. The one token holder is the operator `admin` (a service with several
-/// operators names each from its own identity provider here); whatever a client sent as
-/// the operator header is replaced.
+/// `Authorization: Bearer <ADMIN_TOKEN>` (the operator `admin`, [`Role::Admin`]) or
+/// `Bearer <ADMIN_READONLY_TOKEN>` (the operator `readonly`, [`Role::ReadOnly`]), or 401:
+/// the console has no authentication of its own. A service with several operators names
+/// each from its own identity provider here, and decides their role; whatever a client
+/// sent as the operator header is replaced, and the role is an extension, which no client
+/// can send.
+///
+/// [`Role::Admin`]: idem::console::Role::Admin
+/// [`Role::ReadOnly`]: idem::console::Role::ReadOnly
 async fn admin_auth(
-    axum::extract::State(token): axum::extract::State<Arc<String>>,
+    axum::extract::State(operators): axum::extract::State<Arc<Operators>>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    use idem::console::Role;
+
     let sent = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if !same(sent.as_bytes(), token.as_bytes()) {
-        let mut response = (
-            StatusCode::UNAUTHORIZED,
-            "send `Authorization: Bearer <ADMIN_TOKEN>`\n",
-        )
-            .into_response();
-        response.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"idem console\""),
-        );
-        return response;
-    }
+    let holds = |token: &Option<String>| {
+        token
+            .as_deref()
+            .is_some_and(|token| same(sent.as_bytes(), token.as_bytes()))
+    };
+    // Both compared, in constant time each: how long a refusal takes tells nothing.
+    let (admin, readonly) = (holds(&operators.admin), holds(&operators.readonly));
+    let (operator, role) = match (admin, readonly) {
+        (true, _) => ("admin", Role::Admin),
+        (false, true) => ("readonly", Role::ReadOnly),
+        (false, false) => {
+            let mut response = (
+                StatusCode::UNAUTHORIZED,
+                "send `Authorization: Bearer <ADMIN_TOKEN>` (or `<ADMIN_READONLY_TOKEN>`)\n",
+            )
+                .into_response();
+            response.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"idem console\""),
+            );
+            return response;
+        }
+    };
     request
         .headers_mut()
-        .insert(OPERATOR_HEADER, HeaderValue::from_static("admin"));
+        .insert(OPERATOR_HEADER, HeaderValue::from_static(operator));
+    request.extensions_mut().insert(role);
     next.run(request).await
 }
 
@@ -821,14 +874,32 @@ mod tests {
 
     #[test]
     fn admin_token_is_long_or_unset() {
-        assert_eq!(admin_token_from_env(None), Ok(None));
-        assert_eq!(admin_token_from_env(Some(String::new())), Ok(None));
+        assert_eq!(admin_token_from_env("ADMIN_TOKEN", None), Ok(None));
+        assert_eq!(
+            admin_token_from_env("ADMIN_TOKEN", Some(String::new())),
+            Ok(None)
+        );
         let token = "0123456789abcdef".to_owned();
-        assert_eq!(admin_token_from_env(Some(token.clone())), Ok(Some(token)));
+        assert_eq!(
+            admin_token_from_env("ADMIN_TOKEN", Some(token.clone())),
+            Ok(Some(token.clone()))
+        );
         for wrong in ["admin", "0123456789 abcdef"] {
-            let error = admin_token_from_env(Some(wrong.into())).unwrap_err();
-            assert!(error.starts_with("ADMIN_TOKEN must be"), "{error}");
+            let error =
+                admin_token_from_env("ADMIN_READONLY_TOKEN", Some(wrong.into())).unwrap_err();
+            assert!(error.starts_with("ADMIN_READONLY_TOKEN must be"), "{error}");
         }
+        let other = "fedcba9876543210".to_owned();
+        assert_eq!(
+            admin_tokens_from_env(Some(token.clone()), Some(other.clone())),
+            Ok((Some(token.clone()), Some(other.clone())))
+        );
+        assert_eq!(
+            admin_tokens_from_env(None, Some(other.clone())),
+            Ok((None, Some(other)))
+        );
+        let error = admin_tokens_from_env(Some(token.clone()), Some(token)).unwrap_err();
+        assert_eq!(error, "ADMIN_READONLY_TOKEN must differ from ADMIN_TOKEN");
         assert!(same(b"abc", b"abc"));
         assert!(!same(b"abc", b"abd"));
         assert!(!same(b"abc", b"ab"));

@@ -20,7 +20,9 @@
 //! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects; the ledger's
 //! dead letters go to the stream `<prefix>_dead`),
 //! `ADMIN_TOKEN` (unset by default: nothing at `/admin/idem`; set, at least 16 characters,
-//! idem's console is mounted there behind `Authorization: Bearer <ADMIN_TOKEN>`),
+//! idem's console is mounted there behind `Authorization: Bearer <ADMIN_TOKEN>`, actions
+//! on), `ADMIN_READONLY_TOKEN` (unset by default; set, at least 16 characters and not
+//! `ADMIN_TOKEN`, its bearer sees the console read-only: no action, 403 on any),
 //! `OUTBOX_MAX_ATTEMPTS` (default 10: failed publishes before an event is parked as dead),
 //! `OUTBOX_BACKOFF_MS` (default 500: the first wait after a failed publish, doubling),
 //! `RUST_LOG` (default `info`, with PostgreSQL's notices such as "relation already exists,

@@ -4,47 +4,70 @@
 //!
 //! ```no_run
 //! # async fn f(store: idem::Store) {
-//! use axum::Router;
-//! use idem::console::Console;
+//! use axum::{Extension, Router};
+//! use idem::console::{Console, Role};
 //!
 //! let admin = Console::new(store)
-//!     .actions(true) // re-drive, discard, purge, sweep
+//!     .actions(true) // re-drive, discard, purge, sweep: for operators whose role is Admin
 //!     .operator_header(axum::http::HeaderName::from_static("x-operator"))
-//!     .router();
+//!     .router()
+//!     // One level of operator: everyone who passes the service's auth acts. A service
+//!     // with two inserts the `Role` of each request in its auth layer instead.
+//!     .layer(Extension(Role::Admin));
 //! // Behind the service's own authentication: the console has none.
 //! let app: Router = Router::new().nest("/admin/idem", admin);
 //! # }
 //! ```
 //!
 //! - **No authentication of its own.** Mount it behind the service's auth layer (the
-//!   guide's "Operating idem", "The console", shows a bearer-token layer); anyone who reaches it sees keys, scopes and
-//!   principals.
-//! - **Read-only unless [`Console::actions`]** turns on the POST forms (re-drive and
-//!   discard dead events, purge a key, sweep). Each form carries a CSRF token tied to
-//!   the operator, and each action is logged (target `idem::console`, INFO) with the
-//!   operator's name from [`Console::operator_header`], a header the auth layer sets.
+//!   guide's "Operating idem", "The console", shows a bearer-token layer); anyone who
+//!   reaches it sees keys, scopes and principals.
+//! - **Read-only unless [`Console::actions`]** turns on the actions (re-drive and discard
+//!   dead events, purge a key, sweep), **and the request's [`Role`] is
+//!   [`Role::Admin`]**. The role is the application's decision: its auth layer inserts a
+//!   `Role` into the request's extensions (`request.extensions_mut().insert(..)`, or
+//!   axum's `Extension` layer for a console with one level), where no client can set it.
+//!   A request without one is [`Role::ReadOnly`]: it sees no action button nor form, and
+//!   every action answers it 403 (an HTML page, as the console's other errors), whatever
+//!   CSRF token it sends. Each form carries a CSRF token tied to the operator, and each
+//!   action is logged (target `idem::console`, INFO) with the operator's name from
+//!   [`Console::operator_header`], a header the auth layer sets.
 //! - **Every action is audited.** It runs through [`Store::audited`] as the operator
 //!   (`unknown` without the header), via `console`: its row in the audit table commits
 //!   with the action, and the "Audit" page lists the trail, newest first, whoever acted
 //!   (the console, `idem` on the command line, the service's own tools).
-//! - **A re-drive past the window asks first.** The dead events' pages show each event's
-//!   age beside the store's re-drive window
-//!   ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)); a
-//!   re-drive whose selection holds an event outside it moves nothing and answers a
-//!   page that says so, whose form re-drives the same selection with `force=1`.
+//! - **A bulk action shows what it will touch first.** Re-driving or discarding dead
+//!   events (checked ones, a reason's, those a filter finds, or all) opens a confirmation
+//!   page: how many, the first of them, how many are past the re-drive window
+//!   ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)), and a
+//!   button that names the count ("Re-drive 12 events"). Only that button acts, and it
+//!   acts on the events the page counted: the filter within the preview's
+//!   [`DeadBound`] (the highest `seq` and the instant it saw). An event parked after the
+//!   preview is left as it is, and the page after the action says how many were. A
+//!   sweep's page counts the expired records per scope before its button sweeps them.
+//!   Purging one key is a single-item action: the key's own page, which shows the record,
+//!   is its confirmation, and its button purges that record only.
+//! - **Things are found by filters and pages.** The key list by scope, principal, key
+//!   prefix and age; the pending and the dead events by topic, reason (last error),
+//!   ordering key prefix and age; each a page at a time by keyset ("Next page" starts
+//!   after the last row shown, never at an offset). A key's page lists the events its
+//!   request wrote that are still in the outbox; an event's page links to the request
+//!   that wrote it, when its record is still there ([`Store::key_events`] says how, and
+//!   what no link reaches).
 //! - **Bodies and payloads hidden unless [`Console::show_bodies`]**: stored responses
 //!   and event payloads carry personal data.
 //!
 //! Pages: the overview (records per scope, those expiring within the hour, what this
 //! process counted of replays, 409s and 422s with the `metrics` feature, the outbox's
-//! lag over the last hour, dead events by reason), keys (a list by scope, principal or
-//! age, and one key's record), the outbox (pending per topic, leases, blocked ordering
-//! keys), the dead events (grouped by reason, re-driven or discarded in bulk) and the
-//! audit trail.
+//! lag over the last hour, dead events by reason), keys (a list, and one key's record,
+//! steps and events), the outbox (pending per topic, leases, blocked ordering keys), the
+//! pending events, the dead events (grouped by reason and listed) and the audit trail.
 //!
 //! The lag chart is drawn from samples the console takes itself, every
 //! [`Console::lag_sample_every`], from when [`Console::router`] is called (within a tokio
 //! runtime) until the router is dropped.
+//!
+//! [`DeadBound`]: crate::operate::DeadBound
 
 mod csrf;
 mod lag;
@@ -64,7 +87,9 @@ use axum::Router;
 use maud::Markup;
 use serde::Deserialize;
 
-use crate::operate::{Audited, DeadSelection, KeyFilter, Operator, RedriveError};
+use crate::operate::{
+    Audited, ConfirmError, DeadBound, EventFilter, KeyCursor, KeyFilter, Operator,
+};
 use crate::Store;
 
 /// The console of one store, configured; [`Console::router`] makes its router.
@@ -75,6 +100,38 @@ pub struct Console {
     show_bodies: bool,
     operator_header: Option<HeaderName>,
     lag_every: Duration,
+}
+
+/// What an operator may do in the console, decided by the service: its auth layer
+/// inserts one into each request's extensions (where a client cannot set it), beside
+/// the operator's name in [`Console::operator_header`].
+///
+/// ```
+/// use axum::extract::Request;
+/// use axum::middleware::Next;
+/// use axum::response::{IntoResponse, Response};
+/// use idem::console::Role;
+///
+/// /// Two bearer tokens: one acts, one only looks.
+/// async fn operators(mut request: Request, next: Next) -> Response {
+///     let sent = request.headers().get("authorization").and_then(|v| v.to_str().ok());
+///     let role = match sent {
+///         Some("Bearer admin-token-0123456789") => Role::Admin,
+///         Some("Bearer viewer-token-0123456789") => Role::ReadOnly,
+///         _ => return axum::http::StatusCode::UNAUTHORIZED.into_response(),
+///     };
+///     request.extensions_mut().insert(role);
+///     next.run(request).await
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Sees every page; shown no action, and answered 403 on any action. What a request
+    /// without a `Role` is.
+    #[default]
+    ReadOnly,
+    /// Sees every page and takes the console's actions, when [`Console::actions`] is on.
+    Admin,
 }
 
 /// The read-only console of `store`, bodies hidden: `Console::new(store).router()`.
@@ -98,8 +155,10 @@ impl Console {
         }
     }
 
-    /// Whether the console offers its actions (default off): re-drive and discard dead
-    /// events, purge a key, sweep expired records.
+    /// Whether the console has its actions (default off): re-drive and discard dead
+    /// events, purge a key, sweep expired records. On, they are offered to the requests
+    /// whose [`Role`] is [`Role::Admin`], and refused (403) to the others; off, their
+    /// routes do not exist (404).
     pub fn actions(mut self, on: bool) -> Self {
         self.actions = on;
         self
@@ -149,15 +208,17 @@ impl Console {
             .route("/abandoned", get(abandoned))
             .route("/key", get(key))
             .route("/outbox", get(outbox))
+            .route("/pending", get(pending))
             .route("/dead", get(dead))
             .route("/dead/event", get(dead_event))
+            .route("/event/request", get(event_request))
             .route("/audit", get(audit));
         if self.actions {
             router = router
                 .route("/key/purge", post(purge_key))
-                .route("/sweep", post(sweep))
-                .route("/dead/redrive", post(redrive))
-                .route("/dead/discard", post(discard));
+                .route("/sweep", get(sweep_preview).post(sweep))
+                .route("/dead/redrive", get(redrive_preview).post(redrive))
+                .route("/dead/discard", get(discard_preview).post(discard));
         }
         router.with_state(shared)
     }
@@ -180,13 +241,41 @@ pub(crate) struct Shared {
 /// The handlers' state.
 type Console_ = State<Arc<Shared>>;
 
-/// What a page needs besides its data: where the console is mounted, whether actions
-/// are on (and the operator's CSRF token), a message after an action.
+/// What a page needs besides its data: where the console is mounted, whether this
+/// operator may act (and their CSRF token), a message after an action.
 pub(crate) struct Frame {
     base: String,
     token: Option<String>,
     show_bodies: bool,
     notice: Option<String>,
+}
+
+/// Who asks, as the service's auth layer described them: where the console is mounted
+/// (`/admin/idem`, or nothing at the root: every link and form of a page starts with
+/// it), the operator's name from [`Console::operator_header`] (empty without it), and
+/// their [`Role`].
+struct Viewer {
+    base: String,
+    operator: String,
+    role: Role,
+}
+
+impl FromRequestParts<Arc<Shared>> for Viewer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        console: &Arc<Shared>,
+    ) -> Result<Self, Self::Rejection> {
+        let nested = parts.extensions.get::<NestedPath>();
+        Ok(Self {
+            base: nested
+                .map(|n| n.as_str().trim_end_matches('/').to_owned())
+                .unwrap_or_default(),
+            operator: console.operator(&parts.headers),
+            role: parts.extensions.get::<Role>().copied().unwrap_or_default(),
+        })
+    }
 }
 
 impl Shared {
@@ -199,22 +288,39 @@ impl Shared {
             .to_owned()
     }
 
-    fn frame(&self, base: &str, headers: &HeaderMap, notice: Option<String>) -> Frame {
+    /// Whether `viewer` may act: the actions are on and their role is admin.
+    fn may_act(&self, viewer: &Viewer) -> bool {
+        self.actions && viewer.role == Role::Admin
+    }
+
+    fn frame(&self, viewer: &Viewer, notice: Option<String>) -> Frame {
         Frame {
-            base: base.to_owned(),
+            base: viewer.base.clone(),
             token: self
-                .actions
-                .then(|| self.csrf.token(&self.operator(headers))),
+                .may_act(viewer)
+                .then(|| self.csrf.token(&viewer.operator)),
             show_bodies: self.show_bodies,
             notice,
         }
     }
 
-    /// The operator of a POST whose token is right; `None` for a missing or wrong
-    /// token ([`refused`]).
-    fn check(&self, headers: &HeaderMap, token: &str) -> Option<String> {
-        let operator = self.operator(headers);
-        self.csrf.verify(&operator, token).then_some(operator)
+    /// The refusal of an action's page to a read-only operator; `None` for an admin.
+    fn read_only(&self, viewer: &Viewer) -> Option<Response> {
+        (!self.may_act(viewer)).then(|| Refused::ReadOnly.page())
+    }
+
+    /// The operator of a POST that may act: an admin whose form carries their CSRF
+    /// token. Else why not, the role checked first, so that a read-only operator is
+    /// refused whatever token they send.
+    fn acting(&self, viewer: &Viewer, fields: &[(String, String)]) -> Result<String, Refused> {
+        if !self.may_act(viewer) {
+            return Err(Refused::ReadOnly);
+        }
+        let token = field(fields, "csrf").unwrap_or("");
+        if !self.csrf.verify(&viewer.operator, token) {
+            return Err(Refused::Token);
+        }
+        Ok(viewer.operator.clone())
     }
 
     /// The store's actions as `operator` takes them through the console: recorded in the
@@ -229,20 +335,27 @@ impl Shared {
     }
 }
 
-/// Where the console is mounted: `/admin/idem`, or nothing at the root. Every link and
-/// form of a page starts with it, so pages work under any mount point.
-struct Base(String);
+/// Why an action was refused (403).
+enum Refused {
+    /// The operator's role is read-only.
+    ReadOnly,
+    /// The form's CSRF token is missing or another operator's.
+    Token,
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for Base {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let nested = parts.extensions.get::<NestedPath>();
-        Ok(Self(
-            nested
-                .map(|n| n.as_str().trim_end_matches('/').to_owned())
-                .unwrap_or_default(),
-        ))
+impl Refused {
+    fn page(&self) -> Response {
+        let why = match self {
+            Self::ReadOnly => {
+                "This operator's role is read-only: the console's actions are for operators \
+                 the service names admin."
+            }
+            Self::Token => {
+                "The form's CSRF token is missing or not this operator's: reload the page and \
+                 try again."
+            }
+        };
+        page_error(StatusCode::FORBIDDEN, why)
     }
 }
 
@@ -254,14 +367,6 @@ fn html(status: StatusCode, markup: Markup) -> Response {
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
-}
-
-/// A POST whose CSRF token is missing or not its operator's.
-fn refused() -> Response {
-    page_error(
-        StatusCode::FORBIDDEN,
-        "The form's CSRF token is missing or not this operator's: reload the page and try again.",
-    )
 }
 
 fn page_error(status: StatusCode, message: &str) -> Response {
@@ -290,6 +395,74 @@ fn back(base: &str, path: &str, notice: &str) -> Response {
     response
 }
 
+/// A page's fields (a query's or a form's), in order, a name repeated for a list.
+type Fields = Vec<(String, String)>;
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A field that is there and not blank, trimmed.
+fn filled(fields: &[(String, String)], name: &str) -> Option<String> {
+    field(fields, name)
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+/// How many rows a list shows: its `limit` field, 1 to 500, else 100.
+fn page_size(fields: &[(String, String)]) -> u32 {
+    field(fields, "limit")
+        .and_then(|n| n.parse::<u32>().ok())
+        .map_or(100, |n| n.clamp(1, 500))
+}
+
+/// A form's age field named `label`: `None` when left empty, else the age as operators
+/// write it, or the line that says how to write one (a 400 page).
+fn age_field(text: Option<&str>, label: &str) -> Result<Option<Duration>, String> {
+    let Some(text) = text.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    crate::operate::parse_age(text)
+        .map(Some)
+        .ok_or_else(|| format!("\"{label}\" is a whole number and a unit: 90s, 30m, 24h or 7d."))
+}
+
+/// The events a page's fields name: `id` (repeated), `reason`, `topic`, `ordering_key`
+/// (a prefix), `older_than` (an age); none of them (or `all`): every event. A bad age is
+/// the line that says how to write one.
+fn event_filter(fields: &[(String, String)]) -> Result<EventFilter, String> {
+    let ids: Vec<String> = fields
+        .iter()
+        .filter(|(n, v)| n == "id" && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect();
+    Ok(EventFilter {
+        ids: (!ids.is_empty()).then_some(ids),
+        reason: field(fields, "reason")
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
+        topic: filled(fields, "topic"),
+        ordering_key: filled(fields, "ordering_key"),
+        older_than: age_field(field(fields, "older_than"), "older than")?,
+    })
+}
+
+/// The bound a confirmation form carries (`through`, `as_of`, `expected`), if it carries
+/// all three.
+fn bound(fields: &[(String, String)]) -> Option<DeadBound> {
+    let number = |name: &str| field(fields, name)?.parse::<i64>().ok();
+    let expected = u64::try_from(number("expected")?).ok()?;
+    Some(DeadBound::new(
+        number("through")?,
+        number("as_of")?,
+        expected,
+    ))
+}
+
 #[derive(Deserialize, Default)]
 struct Notice {
     done: Option<String>,
@@ -297,8 +470,7 @@ struct Notice {
 
 async fn overview(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
+    viewer: Viewer,
     Query(notice): Query<Notice>,
 ) -> Response {
     let store = &console.store;
@@ -320,7 +492,7 @@ async fn overview(
         .iter()
         .copied()
         .collect();
-    let frame = console.frame(&base, &headers, notice.done);
+    let frame = console.frame(&viewer, notice.done);
     let chart = lag::chart(&samples, SystemTime::now(), console.lag_every);
     html(
         StatusCode::OK,
@@ -340,61 +512,41 @@ fn outcomes() -> Option<Vec<(String, crate::Outcome, u64)>> {
     }
 }
 
-#[derive(Deserialize, Default)]
-struct KeysQuery {
-    scope: Option<String>,
-    principal: Option<String>,
-    older_than: Option<String>,
-    expired: Option<String>,
-    done: Option<String>,
-}
-
-/// A form's age field named `label`: `None` when left empty, else the age as operators
-/// write it, or the line that says how to write one (a 400 page).
-fn age_field(text: Option<&str>, label: &str) -> Result<Option<Duration>, String> {
-    let Some(text) = text.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    crate::operate::parse_age(text)
-        .map(Some)
-        .ok_or_else(|| format!("\"{label}\" is a whole number and a unit: 90s, 30m, 24h or 7d."))
-}
-
-async fn keys(
-    State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Query(q): Query<KeysQuery>,
-) -> Response {
-    let filled = |v: &Option<String>| {
-        v.as_deref()
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    let older_than = match age_field(q.older_than.as_deref(), "older than") {
+/// The key list: `scope`, `principal`, `prefix` (of the key), `older_than`, `expired`,
+/// `limit`, and `after` (the cursor of the page it continues).
+async fn keys(State(console): Console_, viewer: Viewer, Query(fields): Query<Fields>) -> Response {
+    let older_than = match age_field(field(&fields, "older_than"), "older than") {
         Ok(age) => age,
         Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
     };
-    let filter = KeyFilter {
-        scope: filled(&q.scope),
-        principal: filled(&q.principal),
-        older_than,
-        include_expired: q.expired.is_some(),
-        limit: 100,
+    let after = match field(&fields, "after").filter(|a| !a.is_empty()) {
+        None => None,
+        Some(text) => match text.parse::<KeyCursor>() {
+            Ok(cursor) => Some(cursor),
+            Err(why) => return page_error(StatusCode::BAD_REQUEST, &why),
+        },
     };
-    let listed = match console.store.keys(&filter).await {
-        Ok(listed) => listed,
+    let filter = KeyFilter {
+        scope: filled(&fields, "scope"),
+        principal: filled(&fields, "principal"),
+        key_prefix: filled(&fields, "prefix"),
+        older_than,
+        include_expired: field(&fields, "expired").is_some(),
+        limit: page_size(&fields),
+    };
+    let page = match console.store.keys_page(&filter, after.as_ref()).await {
+        Ok(page) => page,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, q.done);
+    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
     html(
         StatusCode::OK,
         pages::keys(
             &frame,
             &filter,
-            q.older_than.as_deref().unwrap_or(""),
-            &listed,
+            field(&fields, "older_than").unwrap_or(""),
+            after.is_some(),
+            &page,
         ),
     )
 }
@@ -407,8 +559,7 @@ struct AbandonedQuery {
 
 async fn abandoned(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
+    viewer: Viewer,
     Query(q): Query<AbandonedQuery>,
 ) -> Response {
     let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
@@ -421,7 +572,7 @@ async fn abandoned(
         Ok(listed) => listed,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, q.done);
+    let frame = console.frame(&viewer, q.done);
     html(
         StatusCode::OK,
         pages::abandoned(
@@ -442,21 +593,17 @@ struct KeyQuery {
     done: Option<String>,
 }
 
-async fn key(
-    State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Query(q): Query<KeyQuery>,
-) -> Response {
+async fn key(State(console): Console_, viewer: Viewer, Query(q): Query<KeyQuery>) -> Response {
     let store = &console.store;
-    let (found, steps) = match tokio::try_join!(
+    let (found, steps, events) = match tokio::try_join!(
         store.key(&q.scope, &q.principal, &q.key, console.show_bodies),
         store.key_steps(&q.scope, &q.principal, &q.key, console.show_bodies),
+        store.key_events(&q.scope, &q.principal, &q.key),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, q.done);
+    let frame = console.frame(&viewer, q.done);
     let status = if found.is_some() || !steps.is_empty() {
         StatusCode::OK
     } else {
@@ -466,16 +613,19 @@ async fn key(
         status,
         pages::key(
             &frame,
-            &q.scope,
-            &q.principal,
-            &q.key,
+            &pages::KeyShown {
+                scope: &q.scope,
+                principal: &q.principal,
+                key: &q.key,
+            },
             found.as_ref(),
             &steps,
+            &events,
         ),
     )
 }
 
-async fn outbox(State(console): Console_, Base(base): Base, headers: HeaderMap) -> Response {
+async fn outbox(State(console): Console_, viewer: Viewer) -> Response {
     let store = &console.store;
     let (pending, leases, blocked) = match tokio::try_join!(
         store.outbox_pending(),
@@ -485,32 +635,87 @@ async fn outbox(State(console): Console_, Base(base): Base, headers: HeaderMap) 
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, None);
+    let frame = console.frame(&viewer, None);
     html(
         StatusCode::OK,
         pages::outbox(&frame, &pending, &leases, &blocked),
     )
 }
 
-async fn dead(
+/// A list's `after` field: the `seq` its page continues after; `Err` when it is not one.
+fn after_seq(fields: &[(String, String)]) -> Result<Option<i64>, ()> {
+    match field(fields, "after").filter(|a| !a.is_empty()) {
+        None => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(|_| ()),
+    }
+}
+
+/// The answer to an `after` that is not a list's position.
+fn bad_after() -> Response {
+    page_error(
+        StatusCode::BAD_REQUEST,
+        "\"after\" is the position of a list's last row shown: follow the page's links.",
+    )
+}
+
+/// The pending events, filtered, a page at a time after `after`.
+async fn pending(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Query(notice): Query<Notice>,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
 ) -> Response {
+    let filter = match event_filter(&fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Ok(after) = after_seq(&fields) else {
+        return bad_after();
+    };
+    let limit = page_size(&fields);
+    let page = match console.store.pending_events(&filter, after, limit).await {
+        Ok(page) => page,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    let shown = pages::Listed {
+        filter: &filter,
+        older_than: field(&fields, "older_than").unwrap_or(""),
+        limit,
+        paged: after.is_some(),
+    };
+    html(StatusCode::OK, pages::pending(&frame, &shown, &page))
+}
+
+/// The dead events: grouped by reason, and listed, filtered, a page at a time.
+async fn dead(State(console): Console_, viewer: Viewer, Query(fields): Query<Fields>) -> Response {
+    let filter = match event_filter(&fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Ok(after) = after_seq(&fields) else {
+        return bad_after();
+    };
+    let limit = page_size(&fields);
     let store = &console.store;
-    let (reasons, events) = match tokio::try_join!(
+    let (reasons, page, matching) = match tokio::try_join!(
         store.dead_reasons(),
-        store.dead_events_in(&DeadSelection::All, 500),
+        store.dead_page(&filter, after, limit),
+        store.dead_matching(&filter),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, notice.done);
+    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let shown = pages::Listed {
+        filter: &filter,
+        older_than: field(&fields, "older_than").unwrap_or(""),
+        limit,
+        paged: after.is_some(),
+    };
     let max_age = store.redrive_max_age();
     html(
         StatusCode::OK,
-        pages::dead(&frame, &reasons, &events, max_age),
+        pages::dead(&frame, &shown, &reasons, &page, matching, max_age),
     )
 }
 
@@ -521,15 +726,14 @@ struct EventQuery {
 
 async fn dead_event(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
+    viewer: Viewer,
     Query(q): Query<EventQuery>,
 ) -> Response {
     let found = match console.store.dead_event(&q.id, console.show_bodies).await {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, None);
+    let frame = console.frame(&viewer, None);
     let status = if found.is_some() {
         StatusCode::OK
     } else {
@@ -542,145 +746,241 @@ async fn dead_event(
     )
 }
 
-/// A POSTed form's fields, `id` repeated for a selection.
-type Fields = Form<Vec<(String, String)>>;
-
-fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    fields
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
-/// The dead events a form selects: `all`, a `reason`, or the checked `id`s; a re-drive's
-/// `force` re-drives them past the re-drive window.
-fn selection(fields: &[(String, String)]) -> Option<DeadSelection> {
-    if field(fields, "all").is_some() {
-        return Some(DeadSelection::All);
-    }
-    if let Some(reason) = field(fields, "reason") {
-        return Some(DeadSelection::Reason(reason.to_owned()));
-    }
-    let ids: Vec<String> = fields
-        .iter()
-        .filter(|(n, _)| n == "id")
-        .map(|(_, v)| v.clone())
-        .collect();
-    (!ids.is_empty()).then_some(DeadSelection::Ids(ids))
-}
-
-async fn redrive(
+/// The request that wrote an outbox event, pending or dead.
+async fn event_request(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Form(fields): Fields,
+    viewer: Viewer,
+    Query(q): Query<EventQuery>,
 ) -> Response {
-    dead_action(&console, &base, &headers, &fields, true).await
-}
-
-async fn discard(
-    State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Form(fields): Fields,
-) -> Response {
-    dead_action(&console, &base, &headers, &fields, false).await
-}
-
-async fn dead_action(
-    console: &Shared,
-    base: &str,
-    headers: &HeaderMap,
-    fields: &[(String, String)],
-    redrive: bool,
-) -> Response {
-    let Some(operator) = console.check(headers, field(fields, "csrf").unwrap_or("")) else {
-        return refused();
-    };
-    let Some(selection) = selection(fields) else {
-        return back(base, "/dead", "Nothing was selected.");
-    };
-    let force = redrive && field(fields, "force").is_some();
-    // The confirmation names how many it counted: a selection by reason, or of all,
-    // that holds others by now (events parked since) is shown again, not re-driven.
-    let expected = field(fields, "expected").and_then(|n| n.parse::<u64>().ok());
-    if let (true, Some(expected)) = (force, expected) {
-        match console.store.dead_count(&selection).await {
-            Ok(now) if now != expected => {
-                return back(
-                    base,
-                    "/dead",
-                    &format!(
-                        "Nothing was re-driven: the selection holds {now} dead event(s) now, \
-                         not the {expected} you confirmed. Review it again."
-                    ),
-                );
-            }
-            Ok(_) => {}
-            Err(e) => return failed(e),
-        }
-    }
-    let audited = console.audited(&operator);
-    let done = if force {
-        audited.redrive_dead_forced(&selection).await
-    } else if redrive {
-        match audited.redrive_dead(&selection).await {
-            Err(RedriveError::OutsideWindow {
-                selected,
-                outside,
-                oldest,
-                max_age,
-            }) => {
-                tracing::info!(
-                    target: "idem::console",
-                    operator = %operator,
-                    action = "redrive",
-                    selection = %selection,
-                    outside,
-                    "idem console: re-drive refused, events outside the re-drive window"
-                );
-                let frame = console.frame(base, headers, None);
-                let page = pages::redrive_past_window(
-                    &frame, &selection, selected, outside, oldest, max_age,
-                );
-                return html(StatusCode::CONFLICT, page);
-            }
-            Err(RedriveError::Database(e)) => Err(e),
-            Ok(n) => Ok(n),
-        }
-    } else {
-        audited.discard_dead(&selection).await
-    };
-    let n = match done {
-        Ok(n) => n,
+    let found = match console.store.event_request(&q.id).await {
+        Ok(found) => found,
         Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    let status = if found.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    html(status, pages::event_request(&frame, &q.id, found.as_ref()))
+}
+
+/// Which of the two bulk actions on dead events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadAction {
+    Redrive,
+    Discard,
+}
+
+impl DeadAction {
+    /// Its path under the console's base.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Self::Redrive => "/dead/redrive",
+            Self::Discard => "/dead/discard",
+        }
+    }
+
+    /// Its verb, capitalised, for a button.
+    pub(crate) fn verb(self) -> &'static str {
+        match self {
+            Self::Redrive => "Re-drive",
+            Self::Discard => "Discard",
+        }
+    }
+}
+
+async fn redrive_preview(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    if let Some(refused) = console.read_only(&viewer) {
+        return refused;
+    }
+    preview(&console, &viewer, &fields, DeadAction::Redrive, None).await
+}
+
+async fn discard_preview(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    if let Some(refused) = console.read_only(&viewer) {
+        return refused;
+    }
+    preview(&console, &viewer, &fields, DeadAction::Discard, None).await
+}
+
+/// The confirmation page of `action` on the dead events `fields` name: the dry run, and
+/// the form that acts on what it counted. `warning` (after a confirmation that found the
+/// set changed) is shown above it, with 409.
+async fn preview(
+    console: &Shared,
+    viewer: &Viewer,
+    fields: &[(String, String)],
+    action: DeadAction,
+    warning: Option<String>,
+) -> Response {
+    let filter = match event_filter(fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let preview = match console.store.dead_preview(&filter, 20).await {
+        Ok(preview) => preview,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(viewer, None);
+    let status = if warning.is_some() {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::OK
+    };
+    let max_age = console.store.redrive_max_age();
+    html(
+        status,
+        pages::preview(
+            &frame,
+            action,
+            &filter,
+            &preview,
+            max_age,
+            warning.as_deref(),
+        ),
+    )
+}
+
+async fn redrive(State(console): Console_, viewer: Viewer, Form(fields): Form<Fields>) -> Response {
+    confirm(&console, &viewer, &fields, DeadAction::Redrive).await
+}
+
+async fn discard(State(console): Console_, viewer: Viewer, Form(fields): Form<Fields>) -> Response {
+    confirm(&console, &viewer, &fields, DeadAction::Discard).await
+}
+
+/// A confirmation of `action`: it acts on the events its preview counted (the filter
+/// within the bound the form carries), and only then. A form without a bound (a form
+/// made by hand, or one of an earlier version) acts on nothing: it is answered the
+/// preview.
+async fn confirm(
+    console: &Shared,
+    viewer: &Viewer,
+    fields: &[(String, String)],
+    action: DeadAction,
+) -> Response {
+    let operator = match console.acting(viewer, fields) {
+        Ok(operator) => operator,
+        Err(refused) => return refused.page(),
+    };
+    let filter = match event_filter(fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Some(bound) = bound(fields) else {
+        return preview(console, viewer, fields, action, None).await;
+    };
+    let force = action == DeadAction::Redrive && field(fields, "force").is_some();
+    let audited = console.audited(&operator);
+    let done = match action {
+        DeadAction::Redrive => audited.redrive_confirmed(&filter, &bound, force).await,
+        DeadAction::Discard => audited.discard_confirmed(&filter, &bound).await,
+    };
+    let verb = match action {
+        DeadAction::Redrive => "redrive",
+        DeadAction::Discard => "discard",
+    };
+    let done = match done {
+        Ok(done) => done,
+        Err(ConfirmError::Changed { bounded, previewed }) => {
+            let warning = format!(
+                "Nothing was done: {bounded} dead event(s) are within what you confirmed now, \
+                 not the {previewed} it counted (one was parked by a transaction that was \
+                 running during your preview). Review them again."
+            );
+            return preview(console, viewer, fields, action, Some(warning)).await;
+        }
+        Err(ConfirmError::OutsideWindow {
+            selected,
+            outside,
+            oldest,
+            max_age,
+        }) => {
+            tracing::info!(
+                target: "idem::console",
+                operator = %operator,
+                action = verb,
+                selection = %filter,
+                outside,
+                "idem console: re-drive refused, events outside the re-drive window"
+            );
+            let frame = console.frame(viewer, None);
+            let page = pages::redrive_past_window(
+                &frame,
+                &filter,
+                &bound,
+                &pages::Window {
+                    selected,
+                    outside,
+                    oldest,
+                    max_age,
+                },
+            );
+            return html(StatusCode::CONFLICT, page);
+        }
+        Err(ConfirmError::Database(e)) => return failed(e),
     };
     tracing::info!(
         target: "idem::console",
         operator = %operator,
-        action = if redrive { "redrive" } else { "discard" },
-        selection = %selection,
+        action = verb,
+        selection = %filter,
+        bound = %bound,
         forced = force,
-        events = n,
+        events = done.moved,
+        left = done.left,
         "idem console: dead events {}",
-        if redrive { "re-driven" } else { "discarded" }
+        if action == DeadAction::Redrive { "re-driven" } else { "discarded" }
     );
-    let notice = if redrive {
-        format!("Re-drove {n} dead event(s): they are pending again.")
-    } else {
-        format!("Discarded {n} dead event(s).")
+    let mut notice = match action {
+        DeadAction::Redrive => format!(
+            "Re-drove {} dead event(s): they are pending again.",
+            done.moved
+        ),
+        DeadAction::Discard => format!("Discarded {} dead event(s).", done.moved),
     };
-    back(base, "/dead", &notice)
+    if done.moved < done.previewed {
+        notice.push_str(&format!(
+            " {} of the {} you confirmed had left the dead list meanwhile.",
+            done.previewed - done.moved,
+            done.previewed
+        ));
+    }
+    if done.left > 0 {
+        notice.push_str(&format!(
+            " {} dead event(s) parked after your preview match the filter too; they were left \
+             as they are.",
+            done.left
+        ));
+    }
+    let mut listed = filter.clone();
+    listed.ids = None;
+    back(
+        &viewer.base,
+        &format!("/dead{}", pages::filter_query(&listed)),
+        &notice,
+    )
 }
 
+/// One key's record purged: a single-item action, whose confirmation is the key's page
+/// (it shows the record the button names).
 async fn purge_key(
     State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Form(fields): Fields,
+    viewer: Viewer,
+    Form(fields): Form<Fields>,
 ) -> Response {
-    let Some(operator) = console.check(&headers, field(&fields, "csrf").unwrap_or("")) else {
-        return refused();
+    let operator = match console.acting(&viewer, &fields) {
+        Ok(operator) => operator,
+        Err(refused) => return refused.page(),
     };
     let (Some(scope), Some(key)) = (field(&fields, "scope"), field(&fields, "key")) else {
         return page_error(StatusCode::BAD_REQUEST, "A purge names a scope and a key.");
@@ -703,20 +1003,33 @@ async fn purge_key(
         "idem console: key purged"
     );
     back(
-        &base,
+        &viewer.base,
         "/keys",
         &format!("Purged {n} record(s) of that key in scope {scope}."),
     )
 }
 
-async fn sweep(
-    State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Form(fields): Fields,
-) -> Response {
-    let Some(operator) = console.check(&headers, field(&fields, "csrf").unwrap_or("")) else {
-        return refused();
+/// The sweep's confirmation page: the expired records per scope.
+async fn sweep_preview(State(console): Console_, viewer: Viewer) -> Response {
+    if let Some(refused) = console.read_only(&viewer) {
+        return refused;
+    }
+    let counts = match console.store.key_counts(Duration::ZERO).await {
+        Ok(counts) => counts,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    html(StatusCode::OK, pages::sweep_preview(&frame, &counts))
+}
+
+/// A sweep, confirmed on its page (a form without `expected` is answered that page).
+async fn sweep(State(console): Console_, viewer: Viewer, Form(fields): Form<Fields>) -> Response {
+    let operator = match console.acting(&viewer, &fields) {
+        Ok(operator) => operator,
+        Err(refused) => return refused.page(),
+    };
+    let Some(expected) = field(&fields, "expected").and_then(|n| n.parse::<u64>().ok()) else {
+        return sweep_preview(State(Arc::clone(&console)), viewer).await;
     };
     let n = match console.audited(&operator).purge_expired(1_000).await {
         Ok(n) => n,
@@ -727,9 +1040,17 @@ async fn sweep(
         operator = %operator,
         action = "sweep",
         records = n,
+        previewed = expected,
         "idem console: expired records swept"
     );
-    back(&base, "/keys", &format!("Swept {n} expired record(s)."))
+    let mut notice = format!("Swept {n} expired record(s).");
+    if n > expected {
+        notice.push_str(&format!(
+            " {} of them expired after your preview, which counted {expected}.",
+            n - expected
+        ));
+    }
+    back(&viewer.base, "/keys", &notice)
 }
 
 #[derive(Deserialize, Default)]
@@ -738,20 +1059,81 @@ struct AuditQuery {
 }
 
 /// The audit trail, newest first, a page at a time: `before` pages by id.
-async fn audit(
-    State(console): Console_,
-    Base(base): Base,
-    headers: HeaderMap,
-    Query(q): Query<AuditQuery>,
-) -> Response {
+async fn audit(State(console): Console_, viewer: Viewer, Query(q): Query<AuditQuery>) -> Response {
     let limit = 100;
     let entries = match console.store.audit_log(limit, q.before).await {
         Ok(entries) => entries,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&base, &headers, None);
+    let frame = console.frame(&viewer, None);
     html(
         StatusCode::OK,
         pages::audit(&frame, &entries, limit, q.before.is_some()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> Fields {
+        pairs
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_pages_fields_name_the_events_they_filter() {
+        let filter = event_filter(&fields(&[
+            ("id", "a"),
+            ("id", ""),
+            ("id", "b"),
+            ("reason", "no stream"),
+            ("topic", " charge.created "),
+            ("ordering_key", ""),
+            ("older_than", "2h"),
+        ]))
+        .unwrap();
+        assert_eq!(filter.ids, Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(filter.reason.as_deref(), Some("no stream"));
+        assert_eq!(filter.topic.as_deref(), Some("charge.created"));
+        assert_eq!(filter.ordering_key, None);
+        assert_eq!(filter.older_than, Some(Duration::from_secs(7_200)));
+        assert!(event_filter(&fields(&[("all", "1")])).unwrap().is_all());
+        let wrong = event_filter(&fields(&[("older_than", "2 hours")])).unwrap_err();
+        assert!(wrong.contains("90s, 30m, 24h or 7d"), "{wrong}");
+    }
+
+    #[test]
+    fn a_confirmation_carries_its_whole_bound_or_none() {
+        let whole = fields(&[
+            ("through", "41"),
+            ("as_of", "1795860530123456"),
+            ("expected", "12"),
+        ]);
+        assert_eq!(
+            bound(&whole),
+            Some(DeadBound::new(41, 1_795_860_530_123_456, 12))
+        );
+        for missing in ["through", "as_of", "expected"] {
+            let part: Fields = whole
+                .iter()
+                .filter(|(n, _)| n != missing)
+                .cloned()
+                .collect();
+            assert_eq!(bound(&part), None, "without {missing}");
+        }
+        assert_eq!(
+            bound(&fields(&[
+                ("through", "x"),
+                ("as_of", "1"),
+                ("expected", "1")
+            ])),
+            None
+        );
+        assert_eq!(page_size(&fields(&[("limit", "0")])), 1);
+        assert_eq!(page_size(&fields(&[("limit", "9999")])), 500);
+        assert_eq!(page_size(&[]), 100);
+    }
 }

@@ -6,10 +6,11 @@ use std::time::{Duration, SystemTime};
 use axum::http::StatusCode;
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::Frame;
+use super::{DeadAction, Frame};
 use crate::operate::{
-    format_time, Abandoned, AuditEntry, BlockedKey, DeadDetail, DeadReason, DeadSelection,
-    KeyCounts, KeyDetail, KeyFilter, KeySummary, Lease, StepRecord, TopicPending,
+    format_time, Abandoned, AuditEntry, BlockedKey, DeadBound, DeadDetail, DeadPreview, DeadReason,
+    DeadSelection, EventFilter, KeyCounts, KeyCursor, KeyDetail, KeyEvent, KeyFilter, KeySummary,
+    Lease, Page, PendingEvent, RequestKey, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -31,6 +32,7 @@ code,pre{font:12px ui-monospace,monospace}td code{word-break:break-all}pre{backg
 form.inline{display:inline}button{font:inherit;padding:.15em .7em;cursor:pointer}
 button.danger{color:#cf222e}input[type=text]{font:inherit;width:12em}
 .chart{background:#fff;max-width:100%}
+form.filter{margin:0 0 .6em}nav.pages{margin:.6em 0 0;display:flex;gap:1.2em}
 ";
 
 /// `text` for a URL's query: unreserved characters as they are, every other byte as
@@ -45,6 +47,50 @@ pub(crate) fn encode(text: &str) -> String {
         }
     }
     out
+}
+
+/// The query string (`?a=1&b=2`, or nothing) of the fields that name `filter`'s events.
+pub(crate) fn filter_query(filter: &EventFilter) -> String {
+    let fields = filter_fields(filter);
+    if fields.is_empty() {
+        return String::new();
+    }
+    let pairs: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| format!("{name}={}", encode(value)))
+        .collect();
+    format!("?{}", pairs.join("&"))
+}
+
+/// The form fields that name `filter`'s events, as the console reads them back: `id`
+/// (repeated), `reason`, `topic`, `ordering_key`, `older_than` (in seconds).
+fn filter_fields(filter: &EventFilter) -> Vec<(&'static str, String)> {
+    let mut fields: Vec<(&'static str, String)> = Vec::new();
+    for id in filter.ids.iter().flatten() {
+        fields.push(("id", id.clone()));
+    }
+    if let Some(reason) = &filter.reason {
+        fields.push(("reason", reason.clone()));
+    }
+    if let Some(topic) = &filter.topic {
+        fields.push(("topic", topic.clone()));
+    }
+    if let Some(prefix) = &filter.ordering_key {
+        fields.push(("ordering_key", prefix.clone()));
+    }
+    if let Some(age) = filter.older_than {
+        fields.push(("older_than", format!("{}s", age.as_secs())));
+    }
+    fields
+}
+
+/// `n` `thing`s, the plural with an `s`: `1 event`, `12 events`.
+fn counted(n: u64, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
 }
 
 /// Seconds as a reader takes them in: `0.4 s`, `12 s`, `3 min`, `2.5 h`, `3 d`.
@@ -94,6 +140,7 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                     a href=(format!("{base}/keys")) { "Keys" }
                     a href=(format!("{base}/abandoned")) { "Abandoned" }
                     a href=(format!("{base}/outbox")) { "Outbox" }
+                    a href=(format!("{base}/pending")) { "Pending events" }
                     a href=(format!("{base}/dead")) { "Dead events" }
                     a href=(format!("{base}/audit")) { "Audit" }
                     @if frame.token.is_none() {
@@ -113,8 +160,14 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
 }
 
 /// A POST form of the console: the action under the base, the CSRF token, `fields`
-/// hidden, one button. Nothing when actions are off.
-fn action(frame: &Frame, path: &str, fields: &[(&str, &str)], label: &str, danger: bool) -> Markup {
+/// hidden, one button. Nothing for an operator who may not act.
+fn action(
+    frame: &Frame,
+    path: &str,
+    fields: &[(&str, String)],
+    label: &str,
+    danger: bool,
+) -> Markup {
     let Some(token) = &frame.token else {
         return html! {};
     };
@@ -125,6 +178,34 @@ fn action(frame: &Frame, path: &str, fields: &[(&str, &str)], label: &str, dange
                 input type="hidden" name=(name) value=(value);
             }
             button class=[danger.then_some("danger")] type="submit" { (label) }
+        }
+    }
+}
+
+/// A link to the confirmation page of `action` on the events `filter` names, labelled
+/// `label`. Nothing for an operator who may not act.
+fn to_preview(frame: &Frame, action: DeadAction, filter: &EventFilter, label: &str) -> Markup {
+    if frame.token.is_none() {
+        return html! {};
+    }
+    let href = format!("{}{}{}", frame.base, action.path(), filter_query(filter));
+    html! {
+        a.action href=(href) { (label) }
+    }
+}
+
+/// "First page" (when `paged`) and "Next page" (to `next`, with the list's other
+/// fields `query`) under a list.
+fn pager(base_path: &str, query: &str, paged: bool, next: Option<String>) -> Markup {
+    let separator = if query.is_empty() { '?' } else { '&' };
+    html! {
+        @if paged || next.is_some() {
+            nav.pages {
+                @if paged { a href=(format!("{base_path}{query}")) { "First page" } }
+                @if let Some(next) = next {
+                    a rel="next" href=(format!("{base_path}{query}{separator}after={}", encode(&next))) { "Next page" }
+                }
+            }
         }
     }
 }
@@ -215,13 +296,23 @@ pub(crate) fn overview(
     layout(frame, "Overview", body)
 }
 
+/// The dead events of one reason.
+fn by_reason(reason: &str) -> EventFilter {
+    EventFilter {
+        reason: Some(reason.to_owned()),
+        ..EventFilter::default()
+    }
+}
+
 fn reason_table(frame: &Frame, reasons: &[DeadReason]) -> Markup {
+    let base = &frame.base;
     html! {
         table.reasons {
             tr { th { "reason" } th { "events" } th { "topics" } th { "parked" } @if frame.token.is_some() { th {} } }
             @for r in reasons {
+                @let filter = by_reason(&r.reason);
                 tr {
-                    td { code { (r.reason) } }
+                    td { a href=(format!("{base}/dead{}", filter_query(&filter))) title="List them" { code { (r.reason) } } }
                     td.n { (r.events) }
                     td { @for t in &r.topics { code { (t) } " " } }
                     td {
@@ -230,9 +321,9 @@ fn reason_table(frame: &Frame, reasons: &[DeadReason]) -> Markup {
                     }
                     @if frame.token.is_some() {
                         td {
-                            (action(frame, "/dead/redrive", &[("reason", &r.reason)], "Re-drive these", false))
+                            (to_preview(frame, DeadAction::Redrive, &filter, "Re-drive these…"))
                             " "
-                            (action(frame, "/dead/discard", &[("reason", &r.reason)], "Discard these", true))
+                            (to_preview(frame, DeadAction::Discard, &filter, "Discard these…"))
                         }
                     }
                 }
@@ -245,9 +336,39 @@ pub(crate) fn keys(
     frame: &Frame,
     filter: &KeyFilter,
     older_than: &str,
-    listed: &[KeySummary],
+    paged: bool,
+    page: &Page<KeySummary, KeyCursor>,
 ) -> Markup {
     let base = &frame.base;
+    let listed = &page.rows;
+    let mut query: Vec<(&str, String)> = Vec::new();
+    for (name, value) in [
+        ("scope", &filter.scope),
+        ("principal", &filter.principal),
+        ("prefix", &filter.key_prefix),
+    ] {
+        if let Some(value) = value {
+            query.push((name, value.clone()));
+        }
+    }
+    if !older_than.trim().is_empty() {
+        query.push(("older_than", older_than.trim().to_owned()));
+    }
+    if filter.include_expired {
+        query.push(("expired", "1".to_owned()));
+    }
+    if filter.limit != 100 {
+        query.push(("limit", filter.limit.to_string()));
+    }
+    let query = if query.is_empty() {
+        String::new()
+    } else {
+        let pairs: Vec<String> = query
+            .iter()
+            .map(|(n, v)| format!("{n}={}", encode(v)))
+            .collect();
+        format!("?{}", pairs.join("&"))
+    };
     let body = html! {
         section {
             h2 { "Look up a key" }
@@ -260,17 +381,19 @@ pub(crate) fn keys(
         }
         section {
             h2 { "Records" }
-            form method="get" action=(format!("{base}/keys")) {
+            form.filter method="get" action=(format!("{base}/keys")) {
                 label { "scope " input type="text" name="scope" value=(filter.scope.as_deref().unwrap_or("")); } " "
                 label { "principal " input type="text" name="principal" value=(filter.principal.as_deref().unwrap_or("")); } " "
+                label { "key prefix " input type="text" name="prefix" value=(filter.key_prefix.as_deref().unwrap_or("")); } " "
                 label { "older than " input type="text" name="older_than" placeholder="24h" value=(older_than); } " "
                 label { input type="checkbox" name="expired" value="1" checked[filter.include_expired]; " expired too" } " "
+                @if filter.limit != 100 { input type="hidden" name="limit" value=(filter.limit); }
                 button type="submit" { "List" }
             }
             @if listed.is_empty() {
-                p.muted { "No records." }
+                p.muted { @if paged { "No more records." } @else { "No records." } }
             } @else {
-                table {
+                table.keys {
                     tr { th { "scope" } th { "principal" } th { "key" } th { "status" } th { "body" } th { "created" } th { "expires" } }
                     @for k in listed {
                         tr {
@@ -285,17 +408,15 @@ pub(crate) fn keys(
                             }
                             td.n { (k.status) }
                             td.n { (k.body_bytes) " B" }
-                            td { (format_time(k.created_at)) }
-                            td { (format_time(k.expires_at)) @if k.expired { " " span.muted { "(expired)" } } }
+                            td.at { (format_time(k.created_at)) }
+                            td.at { (format_time(k.expires_at)) @if k.expired { " " span.muted { "(expired)" } } }
                         }
                     }
                 }
-                @if listed.len() as u32 >= filter.limit {
-                    p.muted { "The newest " (filter.limit) " shown." }
-                }
             }
+            (pager(&format!("{base}/keys"), &query, paged, page.next.as_ref().map(ToString::to_string)))
             @if frame.token.is_some() {
-                p { (action(frame, "/sweep", &[], "Sweep expired records now", false)) }
+                p { a.action href=(format!("{base}/sweep")) { "Sweep expired records…" } }
             }
         }
     };
@@ -351,14 +472,26 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
     layout(frame, "Abandoned requests", body)
 }
 
+/// The key a key's page was asked for, as the operator wrote it.
+pub(crate) struct KeyShown<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) principal: &'a str,
+    pub(crate) key: &'a str,
+}
+
 pub(crate) fn key(
     frame: &Frame,
-    scope: &str,
-    principal: &str,
-    key: &str,
+    shown: &KeyShown<'_>,
     found: Option<&KeyDetail>,
     steps: &[StepRecord],
+    events: &[KeyEvent],
 ) -> Markup {
+    let KeyShown {
+        scope,
+        principal,
+        key,
+    } = *shown;
+    let base = &frame.base;
     let body = html! {
         section {
             table {
@@ -384,10 +517,15 @@ pub(crate) fn key(
             @if found.is_none() && steps.is_empty() {
                 p { "No committed record of this key. A request in flight is not visible until it commits." }
             }
-            @if !steps.is_empty() {
+            @if found.is_some() {
+                p { (action(frame, "/key/purge", &[("scope", scope.to_owned()), ("principal", principal.to_owned()), ("key", key.to_owned())], "Purge this key", true)) }
+            }
+        }
+        @if !steps.is_empty() {
+            section {
                 h2 { "Recorded steps" }
                 p.muted { "Outside calls of a request that has not committed: its retry resumes after them instead of calling again." }
-                table {
+                table.steps {
                     tr { th { "step" } th { "recorded" } th { "expires" } th { "result" } }
                     @for step in steps {
                         tr {
@@ -406,8 +544,33 @@ pub(crate) fn key(
                     }
                 }
             }
-            @if found.is_some() {
-                p { (action(frame, "/key/purge", &[("scope", scope), ("principal", principal), ("key", key)], "Purge this key", true)) }
+        }
+        @if found.is_some() {
+            section {
+                h2 { "Events it wrote, still in the outbox" }
+                @if events.is_empty() {
+                    p.muted { "None: it wrote none, or the relay published them all." }
+                } @else {
+                    table.events {
+                        tr { th { "event" } th { "topic" } th { "ordering key" } th { "state" } th { "attempts" } th { "last error" } }
+                        @for e in events {
+                            tr {
+                                td {
+                                    @if e.dead {
+                                        a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } }
+                                    } @else {
+                                        code { (e.id) }
+                                    }
+                                }
+                                td { code { (e.topic) } }
+                                td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                                td { @if e.dead { "dead" } @else { "pending" } }
+                                td.n { (e.attempts) }
+                                td { @if let Some(error) = &e.last_error { code { (error) } } }
+                            }
+                        }
+                    }
+                }
             }
         }
     };
@@ -436,6 +599,7 @@ pub(crate) fn outbox(
     leases: &[Lease],
     blocked: &[BlockedKey],
 ) -> Markup {
+    let base = &frame.base;
     let body = html! {
         section {
             h2 { "Pending per topic" }
@@ -445,9 +609,13 @@ pub(crate) fn outbox(
                 table {
                     tr { th { "topic" } th { "pending" } th { "held" } th { "lag (oldest)" } }
                     @for p in pending {
-                        tr { td { code { (p.topic) } } td.n { (p.events) } td.n { (p.held) } td { (ago(p.oldest)) } }
+                        tr {
+                            td { a href=(format!("{base}/pending?topic={}", encode(&p.topic))) { code { (p.topic) } } }
+                            td.n { (p.events) } td.n { (p.held) } td { (ago(p.oldest)) }
+                        }
                     }
                 }
+                p { a href=(format!("{base}/pending")) { "The pending events, one by one" } }
             }
         }
         section {
@@ -483,7 +651,7 @@ fn age(event: &DeadEvent, max_age: Duration) -> Markup {
     html! {
         (ago(event.age)) " ago"
         @if event.outside_window(max_age) {
-            " " span.outside title="A re-drive of it asks for confirmation" { "outside the re-drive window" }
+            " " span.outside title="A re-drive of it is forced past the window" { "outside the re-drive window" }
         }
     }
 }
@@ -494,18 +662,101 @@ fn window(max_age: Duration) -> Markup {
         p.muted {
             "Re-drive window: " (ago(max_age)) ". Consumers that deduplicate with "
             code { "run_once" } " may have forgotten an event written longer ago, and would apply it "
-            "again if it reached them before: re-driving one asks for confirmation."
+            "again if it reached them before: a re-drive's confirmation page says how many of its "
+            "events are past the window."
         }
     }
 }
 
+/// What an events list shows: its filter (and the age as the operator typed it), its
+/// page size, whether it is past its first page.
+pub(crate) struct Listed<'a> {
+    pub(crate) filter: &'a EventFilter,
+    pub(crate) older_than: &'a str,
+    pub(crate) limit: u32,
+    pub(crate) paged: bool,
+}
+
+impl Listed<'_> {
+    /// The query of this list's filter and page size, for its pages' links.
+    fn query(&self) -> String {
+        let mut query = filter_query(self.filter);
+        if self.limit != 100 {
+            query.push(if query.is_empty() { '?' } else { '&' });
+            query.push_str(&format!("limit={}", self.limit));
+        }
+        query
+    }
+
+    /// The filter form of the list at `path`: topic, reason (`with_reason`), ordering key
+    /// prefix, age.
+    fn form(&self, base: &str, path: &str, with_reason: bool) -> Markup {
+        let f = self.filter;
+        html! {
+            form.filter method="get" action=(format!("{base}{path}")) {
+                label { "topic " input type="text" name="topic" value=(f.topic.as_deref().unwrap_or("")); } " "
+                @if with_reason {
+                    label { "reason " input type="text" name="reason" value=(f.reason.as_deref().unwrap_or("")); } " "
+                }
+                label { "ordering key prefix " input type="text" name="ordering_key" value=(f.ordering_key.as_deref().unwrap_or("")); } " "
+                label { "older than " input type="text" name="older_than" placeholder="1h" value=(self.older_than); } " "
+                @if self.limit != 100 { input type="hidden" name="limit" value=(self.limit); }
+                button type="submit" { "Filter" }
+                @if !f.is_all() { " " a href=(format!("{base}{path}")) { "Clear" } }
+            }
+        }
+    }
+}
+
+pub(crate) fn pending(
+    frame: &Frame,
+    listed: &Listed<'_>,
+    page: &Page<PendingEvent, i64>,
+) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        section {
+            (listed.form(base, "/pending", false))
+            @if page.rows.is_empty() {
+                p.muted { @if listed.paged { "No more pending events." } @else { "No pending event matches." } }
+            } @else {
+                table.events {
+                    tr { th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "written" } th { "held" } th { "last error" } th {} }
+                    @for e in &page.rows {
+                        tr {
+                            td { code { (e.id) } }
+                            td { code { (e.topic) } }
+                            td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                            td.n { (e.attempts) }
+                            td { (ago(e.age)) " ago" }
+                            td {
+                                @if let Some(held) = e.held_for {
+                                    "for " (ago(held))
+                                    @if let Some(owner) = e.owner { " by relay " (owner) }
+                                } @else { span.muted { "ready" } }
+                            }
+                            td { @if let Some(error) = &e.last_error { code { (error) } } }
+                            td { a href=(format!("{base}/event/request?id={}", encode(&e.id))) { "its request" } }
+                        }
+                    }
+                }
+            }
+            (pager(&format!("{base}/pending"), &listed.query(), listed.paged, page.next.map(|n| n.to_string())))
+        }
+    };
+    layout(frame, "Pending events", body)
+}
+
 pub(crate) fn dead(
     frame: &Frame,
+    listed: &Listed<'_>,
     reasons: &[DeadReason],
-    events: &[DeadEvent],
+    page: &Page<DeadEvent, i64>,
+    matching: u64,
     max_age: Duration,
 ) -> Markup {
     let base = &frame.base;
+    let filter = listed.filter;
     let body = html! {
         @if reasons.is_empty() {
             section { p.muted { "No dead events." } }
@@ -513,40 +764,52 @@ pub(crate) fn dead(
             section {
                 h2 { "By reason" }
                 (reason_table(frame, reasons))
-                @if frame.token.is_some() {
-                    p {
-                        (action(frame, "/dead/redrive", &[("all", "1")], "Re-drive all", false)) " "
-                        (action(frame, "/dead/discard", &[("all", "1")], "Discard all", true))
-                    }
-                }
             }
             section {
                 h2 { "Events" }
+                (listed.form(base, "/dead", true))
                 (window(max_age))
-                form id="selected" method="post" {
-                    @if let Some(token) = &frame.token { input type="hidden" name="csrf" value=(token); }
-                    table.events {
-                        tr { @if frame.token.is_some() { th {} } th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "written" } th { "reason" } }
-                        @for e in events {
-                            tr {
-                                @if frame.token.is_some() { td { input type="checkbox" name="id" value=(e.id) aria-label=(format!("select {}", e.id)); } }
-                                td { a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } } }
-                                td { code { (e.topic) } }
-                                td { @if let Some(k) = &e.ordering_key { code { (k) } } }
-                                td.n { (e.attempts) }
-                                td { (ago(e.dead_for)) " ago" }
-                                td { (age(e, max_age)) }
-                                td { code { (e.last_error) } }
+                p {
+                    (counted(matching, "dead event"))
+                    @if filter.is_all() { " in all." }
+                    @else if matching == 1 { " matches the filter." }
+                    @else { " match the filter." }
+                    @if matching > 0 && frame.token.is_some() {
+                        " "
+                        (to_preview(frame, DeadAction::Redrive, filter, &format!("Re-drive {}…", if filter.is_all() { "all" } else { "these" })))
+                        " "
+                        (to_preview(frame, DeadAction::Discard, filter, &format!("Discard {}…", if filter.is_all() { "all" } else { "these" })))
+                    }
+                }
+                @if page.rows.is_empty() {
+                    p.muted { @if listed.paged { "No more dead events." } @else { "No dead event matches." } }
+                } @else {
+                    // Checked events go to the confirmation page of an action on them.
+                    form #selected method="get" {
+                        table.events {
+                            tr { @if frame.token.is_some() { th {} } th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "written" } th { "reason" } }
+                            @for e in &page.rows {
+                                tr {
+                                    @if frame.token.is_some() { td { input type="checkbox" name="id" value=(e.id) aria-label=(format!("select {}", e.id)); } }
+                                    td { a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } } }
+                                    td { code { (e.topic) } }
+                                    td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                                    td.n { (e.attempts) }
+                                    td { (ago(e.dead_for)) " ago" }
+                                    td { (age(e, max_age)) }
+                                    td { code { (e.last_error) } }
+                                }
+                            }
+                        }
+                        @if frame.token.is_some() {
+                            p {
+                                button type="submit" formaction=(format!("{base}/dead/redrive")) { "Re-drive selected…" } " "
+                                button.danger type="submit" formaction=(format!("{base}/dead/discard")) { "Discard selected…" }
                             }
                         }
                     }
-                    @if frame.token.is_some() {
-                        p {
-                            button type="submit" formaction=(format!("{base}/dead/redrive")) { "Re-drive selected" } " "
-                            button.danger type="submit" formaction=(format!("{base}/dead/discard")) { "Discard selected" }
-                        }
-                    }
                 }
+                (pager(&format!("{base}/dead"), &listed.query(), listed.paged, page.next.map(|n| n.to_string())))
             }
         }
     };
@@ -559,6 +822,8 @@ pub(crate) fn dead_event(
     found: Option<&DeadDetail>,
     max_age: Duration,
 ) -> Markup {
+    let base = &frame.base;
+    let one = EventFilter::from(&DeadSelection::Ids(vec![id.to_owned()]));
     let body = html! {
         section {
             @if let Some(d) = found {
@@ -570,6 +835,7 @@ pub(crate) fn dead_event(
                     tr { th { "attempts" } td { (d.event.attempts) } }
                     tr { th { "parked" } td { (ago(d.event.dead_for)) " ago" } }
                     tr { th { "reason" } td { code { (d.event.last_error) } } }
+                    tr { th { "request" } td { a href=(format!("{base}/event/request?id={}", encode(&d.event.id))) { "The request that wrote it" } } }
                     tr { th { "headers" } td { pre { (d.headers) } } }
                     tr { th { "payload" } td {
                         @if let Some(payload) = &d.payload {
@@ -580,9 +846,11 @@ pub(crate) fn dead_event(
                     } }
                 }
                 (window(max_age))
-                p {
-                    (action(frame, "/dead/redrive", &[("id", &d.event.id)], "Re-drive", false)) " "
-                    (action(frame, "/dead/discard", &[("id", &d.event.id)], "Discard", true))
+                @if frame.token.is_some() {
+                    p {
+                        (to_preview(frame, DeadAction::Redrive, &one, "Re-drive…")) " "
+                        (to_preview(frame, DeadAction::Discard, &one, "Discard…"))
+                    }
                 }
             } @else {
                 p { "No dead event " code { (id) } ": it was re-driven, discarded, or never parked." }
@@ -592,25 +860,202 @@ pub(crate) fn dead_event(
     layout(frame, "Dead event", body)
 }
 
-/// A re-drive refused because `outside` of the `selected` events are outside the window
-/// `max_age` (the oldest `oldest` old): nothing moved; the form re-drives the same
-/// selection with `force=1`.
+/// The request that wrote the event `id`, if its record says so.
+pub(crate) fn event_request(frame: &Frame, id: &str, found: Option<&RequestKey>) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        section {
+            p { "Event " code { (id) } }
+            @if let Some(k) = found {
+                table {
+                    tr { th { "scope" } td { code { (k.scope) } @if let Some(spread) = &k.spread { " " span.muted { "(spread by " (spread) ")" } } } }
+                    tr { th { "principal" } td { @if k.principal.is_empty() { span.muted { "none" } } @else { code { (k.principal) } } } }
+                    tr { th { "key" } td {
+                        // A key spread by its hash is looked up without a principal; one
+                        // spread by a tenant only with the body that named it.
+                        @match k.spread.as_deref() {
+                            None => a href=(format!("{base}/key?scope={}&principal={}&key={}", encode(&k.scope), encode(&k.principal), encode(&k.key))) { code { (k.key) } },
+                            Some("key") => a href=(format!("{base}/key?scope={}&key={}", encode(&k.scope), encode(&k.key))) { code { (k.key) } },
+                            Some(_) => code { (k.key) },
+                        }
+                    } }
+                }
+            } @else {
+                p {
+                    "No committed record says which request wrote it: the event is gone from the "
+                    "outbox (published, re-driven and published, or discarded), it was written "
+                    "without a key, or its request's record expired, was purged, or was taken over "
+                    "by a later request with its key."
+                }
+            }
+            p.muted {
+                "An event's row does not record its key: it is found as the record created in the "
+                "same transaction whose key derives the event's id. This reads the whole table of "
+                "records."
+            }
+        }
+    };
+    layout(frame, "The request that wrote an event", body)
+}
+
+/// The form fields of a confirmation: the filter, the bound, and `force` for a re-drive
+/// past the window.
+fn confirmation(
+    filter: &EventFilter,
+    bound: &DeadBound,
+    force: bool,
+) -> Vec<(&'static str, String)> {
+    let mut fields = filter_fields(filter);
+    fields.push(("through", bound.through().to_string()));
+    fields.push(("as_of", bound.as_of().to_string()));
+    fields.push(("expected", bound.events().to_string()));
+    if force {
+        fields.push(("force", "1".to_owned()));
+    }
+    fields
+}
+
+/// The confirmation page of `action` on the dead events `filter` names: how many, the
+/// first of them, those past the re-drive window `max_age`, and the button that acts on
+/// what it counted. `warning` says why a confirmation was refused.
+pub(crate) fn preview(
+    frame: &Frame,
+    action: DeadAction,
+    filter: &EventFilter,
+    preview: &DeadPreview,
+    max_age: Duration,
+    warning: Option<&str>,
+) -> Markup {
+    let base = &frame.base;
+    let redrive = action == DeadAction::Redrive;
+    let force = redrive && preview.outside_window > 0;
+    let title = if redrive {
+        "Re-drive dead events?"
+    } else {
+        "Discard dead events?"
+    };
+    let body = html! {
+        @if let Some(warning) = warning {
+            section.warn role="status" { p { strong { (warning) } } }
+        }
+        section {
+            p {
+                "Selected: " code { (filter) } ". "
+                @if preview.events == 0 {
+                    "No dead event matches: there is nothing to " (if redrive { "re-drive" } else { "discard" }) "."
+                } @else {
+                    strong { (counted(preview.events, "dead event")) } " match"
+                    @if preview.events == 1 { "es" }
+                    " now. "
+                    @if redrive {
+                        "A re-drive makes each pending again, its attempts reset: the relay publishes it."
+                    } @else {
+                        "A discard deletes each: it is never published."
+                    }
+                }
+            }
+            @if preview.events > 0 {
+                p.muted {
+                    "The button acts on the " (preview.events) " counted here, no other: an event "
+                    "parked after this page was drawn may match the filter too, and is left as it is."
+                }
+            }
+        }
+        @if force {
+            section.warn {
+                p {
+                    strong { (preview.outside_window) " of them were written more than " (ago(max_age)) " ago, " }
+                    "outside the re-drive window. Consumers that deduplicate with " code { "run_once" }
+                    " keep their record of a delivery for about that long. If one of these events "
+                    "reached them before (its publish failed after the broker took it), they may have "
+                    "forgotten it, and would apply it a second time."
+                }
+            }
+        }
+        @if !preview.first.is_empty() {
+            section {
+                h2 {
+                    @if preview.events as usize > preview.first.len() {
+                        "The first " (preview.first.len()) ", oldest first"
+                    } @else {
+                        "All of them, oldest first"
+                    }
+                }
+                table.events {
+                    tr { th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "written" } th { "reason" } }
+                    @for e in &preview.first {
+                        tr {
+                            td { a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } } }
+                            td { code { (e.topic) } }
+                            td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                            td.n { (e.attempts) }
+                            td { (ago(e.dead_for)) " ago" }
+                            td { (age(e, max_age)) }
+                            td { code { (e.last_error) } }
+                        }
+                    }
+                }
+            }
+        }
+        section {
+            p {
+                @if let Some(bound) = &preview.bound {
+                    @let label = if force {
+                        format!("{} {}, {} past the window", action.verb(), counted(preview.events, "event"), preview.outside_window)
+                    } else {
+                        format!("{} {}", action.verb(), counted(preview.events, "event"))
+                    };
+                    (action_form(frame, action, &confirmation(filter, bound, force), &label, !redrive || force))
+                    " "
+                }
+                a href=(format!("{base}/dead{}", filter_query(&listing(filter)))) { "Cancel" }
+            }
+        }
+    };
+    layout(frame, title, body)
+}
+
+/// `filter` as the dead list shows it: without ids (the list has no field for them).
+fn listing(filter: &EventFilter) -> EventFilter {
+    let mut listed = filter.clone();
+    listed.ids = None;
+    listed
+}
+
+/// The form of `action` with `fields`.
+fn action_form(
+    frame: &Frame,
+    action: DeadAction,
+    fields: &[(&'static str, String)],
+    label: &str,
+    danger: bool,
+) -> Markup {
+    self::action(frame, action.path(), fields, label, danger)
+}
+
+/// What a re-drive refused for the window found.
+pub(crate) struct Window {
+    pub(crate) selected: u64,
+    pub(crate) outside: u64,
+    pub(crate) oldest: Duration,
+    pub(crate) max_age: Duration,
+}
+
+/// A confirmed re-drive refused because events of it are outside the re-drive window by
+/// now: nothing moved; the form re-drives the same events (the filter within the same
+/// bound) with `force=1`.
 pub(crate) fn redrive_past_window(
     frame: &Frame,
-    selection: &DeadSelection,
-    selected: u64,
-    outside: u64,
-    oldest: Duration,
-    max_age: Duration,
+    filter: &EventFilter,
+    bound: &DeadBound,
+    window: &Window,
 ) -> Markup {
-    let mut fields: Vec<(&str, &str)> = match selection {
-        DeadSelection::All => vec![("all", "1")],
-        DeadSelection::Reason(reason) => vec![("reason", reason.as_str())],
-        DeadSelection::Ids(ids) => ids.iter().map(|id| ("id", id.as_str())).collect(),
-    };
-    let expected = selected.to_string();
-    fields.push(("force", "1"));
-    fields.push(("expected", &expected));
+    let Window {
+        selected,
+        outside,
+        oldest,
+        max_age,
+    } = *window;
     let body = html! {
         section.warn role="status" {
             p {
@@ -627,13 +1072,54 @@ pub(crate) fn redrive_past_window(
         }
         section {
             p {
-                (action(frame, "/dead/redrive", &fields, &format!("Re-drive all {selected} anyway"), true))
+                (action_form(frame, DeadAction::Redrive, &confirmation(filter, bound, true), &format!("Re-drive {} anyway", counted(selected, "event")), true))
                 " "
-                a href=(format!("{}/dead", frame.base)) { "Cancel" }
+                a href=(format!("{}/dead{}", frame.base, filter_query(&listing(filter)))) { "Cancel" }
             }
         }
     };
     layout(frame, "Re-drive past the window?", body)
+}
+
+/// The sweep's confirmation page: the expired records per scope, and the button that
+/// sweeps them.
+pub(crate) fn sweep_preview(frame: &Frame, counts: &[KeyCounts]) -> Markup {
+    let expired: Vec<&KeyCounts> = counts.iter().filter(|c| c.expired > 0).collect();
+    let total: u64 = expired.iter().map(|c| c.expired).sum();
+    let body = html! {
+        section {
+            @if total == 0 {
+                p { "No expired record is waiting for a sweep." }
+            } @else {
+                p {
+                    strong { (counted(total, "expired record")) } " wait for a sweep. They are never "
+                    "replayed again (a request with their key runs afresh); a sweep deletes them, and "
+                    "the expired steps of requests that never committed."
+                }
+                table {
+                    tr { th { "scope" } th { "expired" } }
+                    @for c in &expired {
+                        tr { td { code { (c.scope) } } td.n { (c.expired) } }
+                    }
+                }
+                p.muted {
+                    "A sweep deletes what has expired when it runs: a record that expires after this "
+                    "page was drawn goes too (the service's own sweeper would delete it the same), and "
+                    "the page after it says how many did."
+                }
+            }
+        }
+        section {
+            p {
+                @if total > 0 {
+                    (action(frame, "/sweep", &[("expected", total.to_string())], &format!("Sweep {}", counted(total, "expired record")), true))
+                    " "
+                }
+                a href=(format!("{}/keys", frame.base)) { "Cancel" }
+            }
+        }
+    };
+    layout(frame, "Sweep expired records?", body)
 }
 
 /// The audit trail, newest first: `entries`, at most `limit` of them; `paged` when this

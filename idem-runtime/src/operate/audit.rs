@@ -14,7 +14,9 @@ use std::time::SystemTime;
 use serde::Serialize;
 use sqlx::{Postgres, Row, Transaction};
 
-use super::{instant, rfc3339, DeadSelection, RedriveError};
+use super::{
+    instant, rfc3339, ConfirmError, Confirmed, DeadBound, DeadSelection, EventFilter, RedriveError,
+};
 use crate::table::audit::AuditWrite;
 use crate::Store;
 
@@ -65,7 +67,9 @@ pub struct AuditEntry {
     /// re-drive window or past it), `discard` (dead events deleted).
     pub action: String,
     /// What the action selected: the key with its scope and principal, the events' ids,
-    /// their reason or `all` ([`DeadSelection`]'s text), the sweep's batch size.
+    /// their reason or `all` ([`DeadSelection`]'s text), the sweep's batch size; for an
+    /// action confirmed after its preview, the [`EventFilter`] and then, after `; as
+    /// previewed: `, its [`DeadBound`].
     pub filter: String,
     /// How many rows it moved.
     pub rows: u64,
@@ -203,7 +207,7 @@ impl Audited<'_> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
         let moved = store
-            .redrive_on(&mut tx, selection, false)
+            .redrive_on(&mut tx, &EventFilter::from(selection), None, false)
             .await?
             .unforced(store.inner.redrive_max_age)?;
         self.commit(tx, "redrive", &selection.to_string(), moved)
@@ -215,7 +219,8 @@ impl Audited<'_> {
     pub async fn redrive_dead_forced(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
-        let moved = store.redrive_on(&mut tx, selection, true).await?.moved;
+        let filter = EventFilter::from(selection);
+        let moved = store.redrive_on(&mut tx, &filter, None, true).await?.moved;
         self.commit(tx, "redrive_forced", &selection.to_string(), moved)
             .await?;
         Ok(moved)
@@ -225,10 +230,87 @@ impl Audited<'_> {
     pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
-        let discarded = store.discard_on(&mut tx, selection).await?;
+        let filter = EventFilter::from(selection);
+        let (discarded, _) = store.discard_on(&mut tx, &filter, None).await?;
         self.commit(tx, "discard", &selection.to_string(), discarded)
             .await?;
         Ok(discarded)
+    }
+
+    /// Re-drives the dead events `filter` names within `bound`, the bound of their
+    /// preview ([`Store::dead_preview`]): those the operator saw counted, not an event
+    /// parked since, which is left as it is and counted in [`Confirmed::left`]. Recorded
+    /// as `redrive` (`redrive_forced` when `force`) with the filter and the bound. Within
+    /// the re-drive window unless `force`, as [`Store::redrive_dead`]. Nothing moves, and
+    /// nothing is recorded, when the bound holds more events than the preview counted
+    /// ([`ConfirmError::Changed`]) or, unforced, when one is outside the window.
+    pub async fn redrive_confirmed(
+        &self,
+        filter: &EventFilter,
+        bound: &DeadBound,
+        force: bool,
+    ) -> Result<Confirmed, ConfirmError> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let done = store
+            .redrive_on(&mut tx, filter, Some(bound), force)
+            .await?;
+        if done.selected > bound.events() {
+            return Err(ConfirmError::Changed {
+                bounded: done.selected,
+                previewed: bound.events(),
+            });
+        }
+        if !force && done.outside > 0 {
+            return Err(ConfirmError::OutsideWindow {
+                selected: done.selected,
+                outside: done.outside,
+                oldest: done.oldest,
+                max_age: store.inner.redrive_max_age,
+            });
+        }
+        let action = if force { "redrive_forced" } else { "redrive" };
+        self.commit(tx, action, &bounded(filter, bound), done.moved)
+            .await?;
+        self.confirmed(filter, bound, done.moved).await
+    }
+
+    /// Deletes the dead events `filter` names within `bound`, the bound of their preview
+    /// ([`Store::dead_preview`]), as [`Audited::redrive_confirmed`] re-drives them:
+    /// recorded as `discard` with the filter and the bound; nothing deleted nor recorded
+    /// when the bound holds more events than the preview counted.
+    pub async fn discard_confirmed(
+        &self,
+        filter: &EventFilter,
+        bound: &DeadBound,
+    ) -> Result<Confirmed, ConfirmError> {
+        let store = self.store;
+        let mut tx = store.inner.table.acting(&store.inner.pool).await?;
+        let (discarded, selected) = store.discard_on(&mut tx, filter, Some(bound)).await?;
+        if selected > bound.events() {
+            return Err(ConfirmError::Changed {
+                bounded: selected,
+                previewed: bound.events(),
+            });
+        }
+        self.commit(tx, "discard", &bounded(filter, bound), discarded)
+            .await?;
+        self.confirmed(filter, bound, discarded).await
+    }
+
+    /// What a confirmed action that moved `moved` events reports, with the events of
+    /// `filter` it left (read after its commit).
+    async fn confirmed(
+        &self,
+        filter: &EventFilter,
+        bound: &DeadBound,
+        moved: u64,
+    ) -> Result<Confirmed, ConfirmError> {
+        Ok(Confirmed {
+            moved,
+            previewed: bound.events(),
+            left: self.store.dead_matching(filter).await?,
+        })
     }
 
     /// Writes the action's row in `tx`, the action's transaction, and commits both.
@@ -253,4 +335,10 @@ impl Audited<'_> {
             .await?;
         tx.commit().await
     }
+}
+
+/// A confirmed action's filter as the audit trail records it: the filter, then the bound
+/// of its preview.
+fn bounded(filter: &EventFilter, bound: &DeadBound) -> String {
+    format!("{filter}; as previewed: {bound}")
 }

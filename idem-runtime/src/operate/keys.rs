@@ -1,6 +1,8 @@
 //! The idempotency table as an operator sees it: one key's record, a list of records,
 //! counts per scope, and purging one key.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
@@ -8,7 +10,7 @@ use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
 
-use super::{instant, rfc3339};
+use super::{instant, rfc3339, Page};
 use crate::table::{statement, PrincipalType};
 use crate::{IdempotencyKey, Store};
 
@@ -23,12 +25,18 @@ SELECT extract(epoch FROM created_at)::float8 AS created_at,
   FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND status IS NOT NULL";
 
-/// Committed records, newest first. $1 a scope (its spread places included) or NULL, $2
-/// a principal or NULL, $3 a least age in seconds or NULL, $4 whether expired records
-/// are listed, $5 how many.
+/// Committed records, newest first (ties in the order of their primary key, backwards).
+/// $1 a scope (its spread places included) or NULL, $2 a principal or NULL, $3 a least
+/// age in seconds or NULL, $4 whether expired records are listed, $5 how many, $6 a key
+/// prefix or NULL; $7 to $10 the record the page starts after ([`KeyCursor`]: its
+/// `created_at` in microseconds since the epoch, its stored scope, principal and key) or
+/// NULL. Keyset, not an offset: a page costs what the filter's first rows cost (a scope
+/// and a principal narrow it by the primary key; the order by `created_at`, which no
+/// index keeps, sorts what the filter selects).
 const LIST: &str = "\
 SELECT scope, principal::text AS principal, key,
        extract(epoch FROM created_at)::float8 AS created_at,
+       (extract(epoch FROM created_at) * 1000000)::bigint AS created_us,
        extract(epoch FROM expires_at)::float8 AS expires_at,
        expires_at <= now() AS expired, status,
        coalesce(octet_length(body), 0) AS body_bytes
@@ -38,7 +46,11 @@ SELECT scope, principal::text AS principal, key,
    AND ($2::text IS NULL OR principal = {p2})
    AND ($3::float8 IS NULL OR created_at <= now() - $3::float8 * interval '1 second')
    AND ($4::bool OR expires_at > now())
- ORDER BY created_at DESC
+   AND ($6::text IS NULL OR left(key, length($6)) = $6)
+   AND ($7::bigint IS NULL
+        OR (created_at, scope, principal::text, key)
+           < (timestamptz 'epoch' + $7::bigint * interval '1 microsecond', $8::text, $9::text, $10::text))
+ ORDER BY created_at DESC, scope DESC, principal::text DESC, key DESC
  LIMIT $5";
 
 /// Committed records per scope (spread places counted with their scope): live, live
@@ -164,8 +176,8 @@ pub struct KeySummary {
     pub body_bytes: usize,
 }
 
-/// Which records [`Store::keys`] lists. The default lists the 50 newest live records
-/// of every scope.
+/// Which records [`Store::keys`] and [`Store::keys_page`] list. The default lists the 50
+/// newest live records of every scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyFilter {
@@ -175,6 +187,9 @@ pub struct KeyFilter {
     pub principal: Option<String>,
     /// Only records at least this old.
     pub older_than: Option<Duration>,
+    /// Only keys that start with this (as stored: a `run_once` id or a body field's value
+    /// that is stored hashed is not found by a prefix of its text).
+    pub key_prefix: Option<String>,
     /// Expired records too.
     pub include_expired: bool,
     /// At most this many.
@@ -187,9 +202,63 @@ impl Default for KeyFilter {
             scope: None,
             principal: None,
             older_than: None,
+            key_prefix: None,
             include_expired: false,
             limit: 50,
         }
+    }
+}
+
+/// Where a page of [`Store::keys_page`] ends: its last record's creation, stored scope,
+/// principal and key. Written as text (`Display`) and read back (`FromStr`) for a link
+/// to the next page: four fields, the last three in hex, dot-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyCursor {
+    created_us: i64,
+    scope: String,
+    principal: String,
+    key: String,
+}
+
+impl fmt::Display for KeyCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = |text: &str| crate::fingerprint::hex(text.as_bytes());
+        write!(
+            f,
+            "{}.{}.{}.{}",
+            self.created_us,
+            hex(&self.scope),
+            hex(&self.principal),
+            hex(&self.key)
+        )
+    }
+}
+
+impl FromStr for KeyCursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let wrong = || format!("not a cursor of the keys' list: {text:?}");
+        let unhex = |part: &str| -> Option<String> {
+            if !part.len().is_multiple_of(2) {
+                return None;
+            }
+            let bytes = (0..part.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(part.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()?;
+            String::from_utf8(bytes).ok()
+        };
+        let parts: Vec<&str> = text.split('.').collect();
+        let [at, scope, principal, key] = parts[..] else {
+            return Err(wrong());
+        };
+        Ok(Self {
+            created_us: at.parse().map_err(|_| wrong())?,
+            scope: unhex(scope).ok_or_else(wrong)?,
+            principal: unhex(principal).ok_or_else(wrong)?,
+            key: unhex(key).ok_or_else(wrong)?,
+        })
     }
 }
 
@@ -222,17 +291,21 @@ struct Statements {
 }
 
 impl Store {
-    fn key_statements(&self) -> Statements {
+    /// `sql` for this store: `{table}` its idempotency table, `{steps}` its steps table,
+    /// `{p2}` the principal's parameter $2 cast to the column's type.
+    pub(super) fn key_sql(&self, sql: &str) -> SqlStr {
         let table = self.inner.table_name.qualified();
         let p2 = self.inner.dialect.principal_type.parameter();
         let steps = self.inner.steps_table.qualified();
-        let render = |sql: &str| {
-            statement(
-                sql.replace("{table}", &table)
-                    .replace("{steps}", &steps)
-                    .replace("{p2}", p2),
-            )
-        };
+        statement(
+            sql.replace("{table}", &table)
+                .replace("{steps}", &steps)
+                .replace("{p2}", p2),
+        )
+    }
+
+    fn key_statements(&self) -> Statements {
+        let render = |sql: &str| self.key_sql(sql);
         Statements {
             key: render(KEY),
             list: render(LIST),
@@ -248,7 +321,7 @@ impl Store {
     /// is ([`IdempotencyKey::from_text`]: a `run_once` id or a body field's value that is
     /// long or has spaces, control characters or non-ASCII), so that an operator finds a
     /// record by the id they know. Each: the stored key, the stored scope, the principal.
-    fn spelled_places(
+    pub(super) fn spelled_places(
         &self,
         scope: &str,
         principal: &str,
@@ -273,7 +346,7 @@ impl Store {
 
     /// A statement of this module as the store sends it: unnamed behind a transaction
     /// pooler.
-    fn operator_query(
+    pub(super) fn operator_query(
         &self,
         sql: SqlStr,
     ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
@@ -400,16 +473,35 @@ impl Store {
         Ok((principals, holders))
     }
 
-    /// Committed records, newest first, as `filter` selects them.
+    /// Committed records, newest first, as `filter` selects them: the first
+    /// [`Store::keys_page`].
     pub async fn keys(&self, filter: &KeyFilter) -> Result<Vec<KeySummary>, sqlx::Error> {
+        Ok(self.keys_page(filter, None).await?.rows)
+    }
+
+    /// Committed records, newest first, as `filter` selects them, at most
+    /// `filter.limit`, those after the record `after` (`None`: from the newest). The
+    /// page's [`Page::next`] is the next page's `after`: a keyset, so records written
+    /// meanwhile (newer than the first page) neither shift nor repeat a row.
+    pub async fn keys_page(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&KeyCursor>,
+    ) -> Result<Page<KeySummary, KeyCursor>, sqlx::Error> {
         let principal_type = self.inner.dialect.principal_type;
         let principal = match filter.principal.as_deref() {
             None => None,
             Some(p) => match principal_type.canonical(p) {
                 Some(p) => Some(p),
-                None => return Ok(Vec::new()),
+                None => {
+                    return Ok(Page {
+                        rows: Vec::new(),
+                        next: None,
+                    })
+                }
             },
         };
+        let limit = filter.limit.max(1);
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
         let rows = self
             .operator_query(self.key_statements().list)
@@ -417,13 +509,28 @@ impl Store {
             .bind(principal)
             .bind(filter.older_than.map(|d| d.as_secs_f64()))
             .bind(filter.include_expired)
-            .bind(i64::from(filter.limit))
+            .bind(i64::from(limit) + 1)
+            .bind(filter.key_prefix.as_deref())
+            .bind(after.map(|a| a.created_us))
+            .bind(after.map(|a| a.scope.clone()))
+            .bind(after.map(|a| a.principal.clone()))
+            .bind(after.map(|a| a.key.clone()))
             .fetch_all(&mut *conn)
             .await?;
         conn.finish().await?;
-        rows.iter()
-            .map(|row| summary(row, principal_type))
-            .collect()
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let cursor = KeyCursor {
+                    created_us: row.try_get("created_us")?,
+                    scope: row.try_get("scope")?,
+                    principal: row.try_get("principal")?,
+                    key: row.try_get("key")?,
+                };
+                Ok((summary(row, principal_type)?, cursor))
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok(Page::of(rows, limit))
     }
 
     /// Committed records per scope: live, expiring within `within`, and expired.
@@ -560,4 +667,32 @@ fn summary(row: &PgRow, principal_type: PrincipalType) -> Result<KeySummary, sql
         status: u16::try_from(row.try_get::<i16, _>("status")?).unwrap_or(0),
         body_bytes: usize::try_from(row.try_get::<i32, _>("body_bytes")?).unwrap_or(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_read_back_as_it_was_written() {
+        let cursor = KeyCursor {
+            created_us: 1_795_860_530_123_456,
+            scope: "webhooks\u{1f}key".into(),
+            principal: "acct.1 é".into(),
+            key: "order-1".into(),
+        };
+        let text = cursor.to_string();
+        assert_eq!(text.split('.').count(), 4, "{text}");
+        assert_eq!(text.parse::<KeyCursor>(), Ok(cursor));
+        for wrong in [
+            "",
+            "1.2.3",
+            "x.61.62.63",
+            "1.6.62.63",
+            "1.zz.62.63",
+            "1.61.62.63.64",
+        ] {
+            assert!(wrong.parse::<KeyCursor>().is_err(), "{wrong}");
+        }
+    }
 }

@@ -13,6 +13,13 @@
 //!   ([`Store::redrive_dead`], within the re-drive window; [`Store::redrive_dead_forced`]
 //!   past it) or discarded ([`Store::discard_dead`]), by id, by reason or all
 //!   ([`DeadSelection`]);
+//! - the outbox's events found: pending ([`Store::pending_events`]) and dead
+//!   ([`Store::dead_page`]) events by id, reason, topic, ordering key prefix or age
+//!   ([`EventFilter`]), a [`Page`] at a time by keyset; a bulk action's dry run
+//!   ([`Store::dead_preview`]), whose [`DeadBound`] its confirmation acts within
+//!   ([`Audited::redrive_confirmed`], [`Audited::discard_confirmed`]);
+//! - what links a key to the events its request wrote ([`Store::key_events`]) and an
+//!   event to the request that wrote it ([`Store::event_request`]);
 //! - the audit trail: the same actions taken by an [`Operator`] ([`Store::audited`]),
 //!   each recorded in the audit table in its own transaction, and the trail read back,
 //!   newest first ([`Store::audit_log`]);
@@ -38,13 +45,20 @@
 //! [`Store::redrive_dead`]: crate::Store::redrive_dead
 //! [`Store::redrive_dead_forced`]: crate::Store::redrive_dead_forced
 //! [`Store::discard_dead`]: crate::Store::discard_dead
+//! [`Store::pending_events`]: crate::Store::pending_events
+//! [`Store::dead_page`]: crate::Store::dead_page
+//! [`Store::dead_preview`]: crate::Store::dead_preview
+//! [`Store::key_events`]: crate::Store::key_events
+//! [`Store::event_request`]: crate::Store::event_request
 //! [`Store::audited`]: crate::Store::audited
 //! [`Store::audit_log`]: crate::Store::audit_log
 
 mod abandoned;
 mod audit;
 mod errors;
+mod events;
 mod keys;
+mod links;
 mod outbox;
 mod relays;
 
@@ -53,11 +67,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use abandoned::{Abandoned, AbandonedStep};
 pub use audit::{AuditEntry, Audited, Operator};
 pub use errors::FailedPublish;
-pub use relays::RelaySession;
-pub use keys::{KeyCounts, KeyDetail, KeyFilter, KeySummary, StepRecord};
+pub use events::{
+    ConfirmError, Confirmed, DeadBound, DeadPreview, EventFilter, Page, PendingEvent,
+};
+pub use keys::{KeyCounts, KeyCursor, KeyDetail, KeyFilter, KeySummary, StepRecord};
+pub use links::{KeyEvent, RequestKey};
 pub use outbox::{
     BlockedKey, DeadDetail, DeadJson, DeadReason, DeadSelection, Lease, RedriveError, TopicPending,
 };
+pub use relays::RelaySession;
 
 /// An instant PostgreSQL gave as seconds since the Unix epoch.
 fn instant(epoch: f64) -> SystemTime {

@@ -10,6 +10,7 @@ use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
 
+use super::events::{DeadBound, EventFilter};
 use super::{format_age, instant, rfc3339, seconds, secs};
 use crate::outbox::DeadEvent;
 use crate::table::statement;
@@ -66,49 +67,73 @@ SELECT coalesce(last_error, '') AS reason, count(*)::bigint AS events,
  GROUP BY 1
  ORDER BY events DESC, reason";
 
-/// The dead events a selection names: $1 ids or NULL, $2 a reason or NULL (both NULL:
-/// all). Every statement below filters with it.
-const SELECTED: &str = "\
-dead_at IS NOT NULL AND ($1::text[] IS NULL OR id = ANY($1))
-   AND ($2::text IS NULL OR coalesce(last_error, '') = $2)";
+/// The events an [`EventFilter`] names, $1 to $7 ([`EventFilter::bind`]): $1 ids or NULL,
+/// $2 the last error (a dead event's reason) or NULL, $3 a topic or NULL, $4 an ordering
+/// key's prefix or NULL, $5 a least age in seconds or NULL, and a bound ([`DeadBound`]) or
+/// NULL: $6 the highest `seq`, $7 the instant it was taken (microseconds since the epoch),
+/// which ages count from and which no event of the bound was parked after. All NULL: every
+/// event. Dead events are `{selected}`, pending ones `{pending}`.
+pub(super) const MATCHES: &str = "\
+($1::text[] IS NULL OR id = ANY($1))
+   AND ($2::text IS NULL OR coalesce(last_error, '') = $2)
+   AND ($3::text IS NULL OR topic = $3)
+   AND ($4::text IS NULL OR left(ordering_key, length($4)) = $4)
+   AND ($5::float8 IS NULL
+        OR created_at <= coalesce(timestamptz 'epoch' + $7::bigint * interval '1 microsecond', now())
+                         - $5::float8 * interval '1 second')
+   AND ($6::bigint IS NULL OR seq <= $6)
+   AND ($7::bigint IS NULL OR dead_at <= timestamptz 'epoch' + $7::bigint * interval '1 microsecond')";
 
-/// The selected dead events, oldest first. $3 how many.
-const DEAD_LIST: &str = "\
-SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
+/// The selected dead events, oldest first, after the `seq` $8 (NULL: from the first). $9
+/// how many. `seq` pages them ([`Page::next`]).
+pub(super) const DEAD_LIST: &str = "\
+SELECT seq, id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
        extract(epoch FROM now() - dead_at)::float8 AS dead_for,
        extract(epoch FROM now() - created_at)::float8 AS age
   FROM {table}
- WHERE {selected}
+ WHERE {selected} AND ($8::bigint IS NULL OR seq > $8)
  ORDER BY seq
- LIMIT $3";
+ LIMIT $9";
 
 /// How many dead events the selection names.
 const DEAD_COUNT: &str = "SELECT count(*)::bigint FROM {table} WHERE {selected}";
 
 /// The selected dead events made pending again, their attempts reset, unless one of them
-/// is outside the re-drive window and the re-drive is not forced: then none. $3 the
-/// window in seconds, $4 whether forced. One statement: the check and the move read one
-/// snapshot, and `now()` is one instant for both, so no event ages between them and none
-/// the check did not count is moved. Answers how many moved, how many were selected, how
-/// many of those are outside the window and the oldest's age.
+/// is outside the re-drive window and the re-drive is not forced, or the selection holds
+/// more than a confirmation counted: then none. $8 the window in seconds, $9 whether
+/// forced, $10 the count confirmed or NULL. One statement: the checks and the move read
+/// one snapshot, and `now()` is one instant for them, so no event ages between them and
+/// none the checks did not count is moved. Answers how many moved, how many were
+/// selected, how many of those are outside the window and the oldest's age.
 const REDRIVE: &str = "\
 WITH selected AS (
   SELECT count(*)::bigint AS events,
-         coalesce(sum(CASE WHEN age >= $3 THEN 1 ELSE 0 END), 0)::bigint AS outside,
-         max(CASE WHEN age >= $3 THEN age END) AS oldest
+         coalesce(sum(CASE WHEN age >= $8 THEN 1 ELSE 0 END), 0)::bigint AS outside,
+         max(CASE WHEN age >= $8 THEN age END) AS oldest
     FROM (SELECT extract(epoch FROM now() - created_at)::float8 AS age
             FROM {table}
            WHERE {selected}) AS s
 ), moved AS (
   UPDATE {table} SET dead_at = NULL, attempts = 0, available_at = now(), lease_owner = NULL
-   WHERE {selected} AND ($4::bool OR (SELECT outside FROM selected) = 0)
+   WHERE {selected} AND ($9::bool OR (SELECT outside FROM selected) = 0)
+     AND ($10::bigint IS NULL OR (SELECT events FROM selected) <= $10)
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM moved)::bigint AS moved, events, outside, oldest
   FROM selected";
 
-/// The selected dead events deleted.
-const DISCARD: &str = "DELETE FROM {table} WHERE {selected}";
+/// The selected dead events deleted, unless the selection holds more than a confirmation
+/// counted ($8, or NULL): then none. Answers how many went and how many were selected,
+/// read in one snapshot.
+const DISCARD: &str = "\
+WITH selected AS (
+  SELECT count(*)::bigint AS events FROM {table} WHERE {selected}
+), gone AS (
+  DELETE FROM {table}
+   WHERE {selected} AND ($8::bigint IS NULL OR (SELECT events FROM selected) <= $8)
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone)::bigint AS moved, events FROM selected";
 
 /// One dead event: $1 its id, $2 whether to read its payload.
 const DEAD_ONE: &str = "\
@@ -285,16 +310,6 @@ impl fmt::Display for DeadSelection {
     }
 }
 
-impl DeadSelection {
-    fn binds(&self) -> (Option<&[String]>, Option<&str>) {
-        match self {
-            Self::Ids(ids) => (Some(ids), None),
-            Self::Reason(reason) => (None, Some(reason)),
-            Self::All => (None, None),
-        }
-    }
-}
-
 /// Why [`Store::redrive_dead`] re-drove nothing.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -356,12 +371,15 @@ impl From<sqlx::Error> for RedriveError {
 impl Store {
     fn outbox_statement(&self, sql: &str) -> SqlStr {
         statement(
-            sql.replace("{selected}", SELECTED)
+            sql.replace("{selected}", &format!("dead_at IS NOT NULL AND {MATCHES}"))
+                .replace("{pending}", &format!("dead_at IS NULL AND {MATCHES}"))
                 .replace("{table}", self.inner.outbox.qualified()),
         )
     }
 
-    async fn outbox_rows(
+    /// The rows `sql` (a statement of this module or of [`super::events`]) answers, its
+    /// parameters bound by `bind`, on a connection of its own.
+    pub(super) async fn outbox_rows(
         &self,
         sql: &str,
         bind: impl FnOnce(
@@ -447,17 +465,19 @@ impl Store {
             .collect()
     }
 
-    /// The dead events `selection` names, oldest first, at most `limit`.
+    /// The dead events `selection` names, oldest first, at most `limit`
+    /// ([`Store::dead_page`] filters more, a page at a time).
     pub async fn dead_events_in(
         &self,
         selection: &DeadSelection,
         limit: u32,
     ) -> Result<Vec<DeadEvent>, sqlx::Error> {
-        let (ids, reason) = selection.binds();
+        let filter = EventFilter::from(selection);
         let rows = self
             .outbox_rows(DEAD_LIST, |q| {
-                q.bind(ids.map(<[String]>::to_vec))
-                    .bind(reason.map(str::to_owned))
+                filter
+                    .bind(q, None)
+                    .bind(None::<i64>)
                     .bind(i64::from(limit))
             })
             .await?;
@@ -467,12 +487,13 @@ impl Store {
     /// How many dead events `selection` names: what a re-drive or a discard of it would
     /// move now.
     pub async fn dead_count(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
-        let (ids, reason) = selection.binds();
+        self.dead_matching(&EventFilter::from(selection)).await
+    }
+
+    /// How many dead events `filter` names now.
+    pub async fn dead_matching(&self, filter: &EventFilter) -> Result<u64, sqlx::Error> {
         let rows = self
-            .outbox_rows(DEAD_COUNT, |q| {
-                q.bind(ids.map(<[String]>::to_vec))
-                    .bind(reason.map(str::to_owned))
-            })
+            .outbox_rows(DEAD_COUNT, |q| filter.bind(q, None))
             .await?;
         match rows.first() {
             Some(row) => Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0)),
@@ -538,26 +559,29 @@ impl Store {
         force: bool,
     ) -> Result<Redriven, sqlx::Error> {
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let done = self.redrive_on(&mut conn, selection, force).await?;
+        let filter = EventFilter::from(selection);
+        let done = self.redrive_on(&mut conn, &filter, None, force).await?;
         conn.finish().await?;
         Ok(done)
     }
 
-    /// [`REDRIVE`] on `conn`.
+    /// [`REDRIVE`] on `conn`: the dead events `filter` names, within `bound` if any (and
+    /// then none if the bound holds more than it counted).
     pub(super) async fn redrive_on(
         &self,
         conn: &mut PgConnection,
-        selection: &DeadSelection,
+        filter: &EventFilter,
+        bound: Option<&DeadBound>,
         force: bool,
     ) -> Result<Redriven, sqlx::Error> {
-        let (ids, reason) = selection.binds();
         let max_age = self.inner.redrive_max_age.as_secs_f64();
-        let row = sqlx::query(self.outbox_statement(REDRIVE))
-            .persistent(self.inner.table.persistent())
-            .bind(ids.map(<[String]>::to_vec))
-            .bind(reason.map(str::to_owned))
+        let query =
+            sqlx::query(self.outbox_statement(REDRIVE)).persistent(self.inner.table.persistent());
+        let row = filter
+            .bind(query, bound)
             .bind(max_age)
             .bind(force)
+            .bind(bound.map(|b| i64::try_from(b.events()).unwrap_or(i64::MAX)))
             .fetch_optional(conn)
             .await?;
         // An aggregate without GROUP BY: always one row.
@@ -576,25 +600,33 @@ impl Store {
     /// published.
     pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let discarded = self.discard_on(&mut conn, selection).await?;
+        let filter = EventFilter::from(selection);
+        let (discarded, _) = self.discard_on(&mut conn, &filter, None).await?;
         conn.finish().await?;
         Ok(discarded)
     }
 
-    /// [`DISCARD`] on `conn`: how many went.
+    /// [`DISCARD`] on `conn`: the dead events `filter` names, within `bound` if any (and
+    /// then none if the bound holds more than it counted). How many went, and how many
+    /// were selected.
     pub(super) async fn discard_on(
         &self,
         conn: &mut PgConnection,
-        selection: &DeadSelection,
-    ) -> Result<u64, sqlx::Error> {
-        let (ids, reason) = selection.binds();
-        let done = sqlx::query(self.outbox_statement(DISCARD))
-            .persistent(self.inner.table.persistent())
-            .bind(ids.map(<[String]>::to_vec))
-            .bind(reason.map(str::to_owned))
-            .execute(conn)
+        filter: &EventFilter,
+        bound: Option<&DeadBound>,
+    ) -> Result<(u64, u64), sqlx::Error> {
+        let query =
+            sqlx::query(self.outbox_statement(DISCARD)).persistent(self.inner.table.persistent());
+        let row = filter
+            .bind(query, bound)
+            .bind(bound.map(|b| i64::try_from(b.events()).unwrap_or(i64::MAX)))
+            .fetch_optional(conn)
             .await?;
-        Ok(done.rows_affected())
+        // An aggregate without GROUP BY: always one row.
+        let Some(row) = row else {
+            return Ok((0, 0));
+        };
+        Ok((count(&row, "moved")?, count(&row, "events")?))
     }
 }
 
@@ -627,7 +659,8 @@ impl Redriven {
     }
 }
 
-fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
+/// A `bigint` count column as a `u64`.
+pub(super) fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
     Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
 }
 
