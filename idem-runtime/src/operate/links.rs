@@ -11,10 +11,10 @@
 //! Each link is checked by the id, so two transactions that began in the same microsecond
 //! are told apart.
 
-use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 use super::keys::owner;
+use crate::table::outbox::{attempt_hash, attempt_prefix, event_id};
 use crate::Store;
 
 /// How many of a request's events a link tries: an event is found by its place among
@@ -95,19 +95,8 @@ pub struct RequestKey {
 /// [`MAX_PLACE`]. The attempt's hash is `Tx::emit`'s: each part length-prefixed, under
 /// `idem.event.v1`.
 fn derives(id: &str, scope: &str, principal: &str, key: &str, topic: &str, began: f64) -> bool {
-    let part = |hasher: &mut Sha256, part: &str| {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part.as_bytes());
-    };
-    let mut attempt = Sha256::new();
-    for p in ["idem.event.v1", scope, principal, key, topic] {
-        part(&mut attempt, p);
-    }
-    (0..MAX_PLACE).any(|place| {
-        let mut hasher = attempt.clone();
-        part(&mut hasher, &place.to_string());
-        crate::table::outbox::event_id(&hasher.finalize(), began) == id
-    })
+    let prefix = attempt_prefix(scope, principal, key, topic);
+    (0..MAX_PLACE).any(|place| event_id(&attempt_hash(&prefix, place), began) == id)
 }
 
 /// The endpoint's scope of a stored scope: without its spread.
@@ -223,6 +212,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use sha2::{Digest, Sha256};
+
     use super::*;
 
     #[test]

@@ -32,7 +32,6 @@ pub mod nats;
 use std::fmt;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 #[cfg(any(feature = "nats", feature = "amqp"))]
 pub use consume::Received;
@@ -45,6 +44,7 @@ pub use crate::table::outbox::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQ
 
 use crate::operate::{DeadSelection, RedriveError};
 use crate::store::Store;
+use crate::table::outbox::{attempt_hash, attempt_prefix};
 use crate::tx::Tx;
 
 /// An event to record in the outbox with [`Tx::emit`]: where it goes (a NATS subject, an
@@ -165,19 +165,8 @@ impl Tx<'_> {
             .map_err(|e| EmitError::Payload(e.clone()))?;
         let place = self.next_event();
         let attempt = self.key_in_scope().map(|key| {
-            let mut hasher = Sha256::new();
-            for part in [
-                "idem.event.v1",
-                &key.scope,
-                &key.principal,
-                key.key.as_str(),
-                &event.topic,
-                &place.to_string(),
-            ] {
-                hasher.update((part.len() as u64).to_be_bytes());
-                hasher.update(part.as_bytes());
-            }
-            hasher.finalize().to_vec()
+            let prefix = attempt_prefix(&key.scope, &key.principal, key.key.as_str(), &event.topic);
+            attempt_hash(&prefix, place)
         });
         let outbox = self.outbox();
         // Where a key's row (or its response) rides COMMIT, the event rides it too: no

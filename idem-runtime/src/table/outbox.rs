@@ -931,6 +931,31 @@ impl WakeGate {
     }
 }
 
+/// What identifies the events of one writing attempt, before their place among its
+/// events: `idem.event.v1`, the key's scope, principal and key, and the event's topic,
+/// each length-prefixed. [`attempt_hash`] finishes it for one place; `Tx::emit` and the
+/// operators' links from an event to its request both derive ids so.
+pub(crate) fn attempt_prefix(scope: &str, principal: &str, key: &str, topic: &str) -> Sha256 {
+    let mut hasher = Sha256::new();
+    for part in ["idem.event.v1", scope, principal, key, topic] {
+        length_prefixed(&mut hasher, part);
+    }
+    hasher
+}
+
+/// The hash of the attempt whose [`attempt_prefix`] is `prefix`, for its event at `place`
+/// (0 for its first event): what [`event_id`] takes.
+pub(crate) fn attempt_hash(prefix: &Sha256, place: u32) -> Vec<u8> {
+    let mut hasher = prefix.clone();
+    length_prefixed(&mut hasher, &place.to_string());
+    hasher.finalize().to_vec()
+}
+
+fn length_prefixed(hasher: &mut Sha256, part: &str) {
+    hasher.update((part.len() as u64).to_be_bytes());
+    hasher.update(part.as_bytes());
+}
+
 /// The id [`WRITE`] gives an event of `attempt` (its hash) in a transaction that began
 /// at `began` (`extract(epoch FROM now())::float8`): 32 hex digits of a SHA-256.
 pub(crate) fn event_id(attempt: &[u8], began: f64) -> String {
