@@ -753,15 +753,7 @@ impl OutboxTable {
         seqs: &[i64],
         token: i64,
     ) -> Result<u64, sqlx::Error> {
-        let mut single = single;
-        let done = self
-            .query(&self.done)
-            .bind(seqs)
-            .bind(token)
-            .execute(&mut *single)
-            .await?;
-        single.finish().await?;
-        Ok(done.rows_affected())
+        self.mark_rows(&self.done, single, seqs, token).await
     }
 
     /// [`RELEASE`]: how many of the rows were still this relay's to give back.
@@ -771,15 +763,27 @@ impl OutboxTable {
         seqs: &[i64],
         token: i64,
     ) -> Result<u64, sqlx::Error> {
+        self.mark_rows(&self.release, single, seqs, token).await
+    }
+
+    /// `sql` ([`DONE`] or [`RELEASE`]) over the rows `seqs` still under `token`: how many
+    /// it marked.
+    async fn mark_rows(
+        &self,
+        sql: &SqlStr,
+        single: Single,
+        seqs: &[i64],
+        token: i64,
+    ) -> Result<u64, sqlx::Error> {
         let mut single = single;
-        let released = self
-            .query(&self.release)
+        let marked = self
+            .query(sql)
             .bind(seqs)
             .bind(token)
             .execute(&mut *single)
             .await?;
         single.finish().await?;
-        Ok(released.rows_affected())
+        Ok(marked.rows_affected())
     }
 
     /// [`FAILED`]: whether the row was still this relay's to mark.
@@ -1201,26 +1205,37 @@ mod cost {
         (table, schema)
     }
 
-    /// The shared buffers (hit or read) one take of `limit` events reads, from its plan
-    /// as `EXPLAIN (ANALYZE, BUFFERS)` counts them (the top node counts its children), in
-    /// a transaction rolled back: the table is as it was.
-    async fn take_buffers(pool: &PgPool, table: &OutboxTable, limit: i64) -> (u64, usize) {
+    /// `sql` (the take, or a plan of it) bound as the relay binds its take of `limit`
+    /// events, from the first key, in a transaction rolled back: the table is as it was.
+    async fn first_take(pool: &PgPool, sql: SqlStr, limit: i64) -> Vec<PgRow> {
         let mut tx = pool.begin().await.unwrap();
-        let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        let rows = sqlx::query(sql)
+            .bind(limit)
+            .bind(30.0_f64)
+            .bind(1_i64)
+            .bind(None::<i32>)
+            .bind(None::<String>)
+            .bind(limit * 4)
+            .bind(None::<i64>)
+            .fetch_all(&mut *tx)
+            .await
+            .expect("a take");
+        tx.rollback().await.unwrap();
+        rows
+    }
+
+    /// The shared buffers (hit or read) one take of `limit` events reads, from its plan
+    /// as `EXPLAIN (ANALYZE, BUFFERS)` counts them (the top node counts its children).
+    async fn take_buffers(pool: &PgPool, table: &OutboxTable, limit: i64) -> (u64, usize) {
+        let sql = format!(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {}",
             table.claim.as_str()
-        )))
-        .bind(limit)
-        .bind(30.0_f64)
-        .bind(1_i64)
-        .bind(None::<i32>)
-        .bind(None::<String>)
-        .bind(limit * 4)
-        .bind(None::<i64>)
-        .fetch_all(&mut *tx)
-        .await
-        .expect("the take's plan");
-        tx.rollback().await.unwrap();
+        );
+        let plan: Vec<String> = first_take(pool, statement(sql), limit)
+            .await
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
         buffers(&plan)
     }
 
@@ -1264,19 +1279,7 @@ mod cost {
         table: &OutboxTable,
         limit: i64,
     ) -> Vec<(i64, String, Option<i64>)> {
-        let mut tx = pool.begin().await.unwrap();
-        let rows = sqlx::query(table.claim.clone())
-            .bind(limit)
-            .bind(30.0_f64)
-            .bind(1_i64)
-            .bind(None::<i32>)
-            .bind(None::<String>)
-            .bind(limit * 4)
-            .bind(None::<i64>)
-            .fetch_all(&mut *tx)
-            .await
-            .expect("a take");
-        tx.rollback().await.unwrap();
+        let rows = first_take(pool, table.claim.clone(), limit).await;
         let mut taken: Vec<_> = rows
             .iter()
             .filter_map(|row| {
