@@ -402,6 +402,46 @@ async fn a_keys_backlog_goes_in_order_and_a_failure_gives_the_rest_back() {
     .await;
 }
 
+/// A round publishes a key's events for about a second, then gives the rest back: an
+/// event written meanwhile, without a key, goes out at the next round, not behind the
+/// whole backlog of a slow destination (40 events of one key at 100 ms each took one
+/// round of four seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_keys_backlog_does_not_hold_back_the_next_round() {
+    with_test_db(async |db| {
+        let (pool, store) = migrated(db).await;
+        emit_many(&store, "slow", 40, |_| Some("k".into())).await;
+        let recorder = Recorder {
+            delay: Duration::from_millis(100),
+            ..Recorder::default()
+        };
+        let relay = store
+            .relay(recorder.clone())
+            .poll_interval(Duration::from_millis(20))
+            .spawn()
+            .unwrap();
+        // The first round has begun on the backlog.
+        recorder.wait_for(1, Duration::from_secs(10)).await;
+        emit_many(&store, "loose", 1, |_| None).await;
+        let events = recorder.wait_for(41, Duration::from_secs(30)).await;
+        assert_eq!(events.len(), 41);
+        let loose = events.iter().position(|e| e.ordering_key.is_none());
+        assert!(
+            loose.is_some_and(|at| at < 30),
+            "the event without a key went out at {loose:?} of 41"
+        );
+        let keyed: Vec<i64> = events
+            .iter()
+            .filter(|e| e.ordering_key.is_some())
+            .map(|e| serde_json::from_slice(&e.payload).unwrap())
+            .collect();
+        assert_eq!(keyed, (0..40).collect::<Vec<_>>(), "the key's order");
+        drained(&pool).await;
+        relay.stop();
+    })
+    .await;
+}
+
 /// An event's attempt history (issue 39): each failed publish is kept with its time, the
 /// last ten, oldest first, and through a re-drive, so that an operator sees whether a dead
 /// event always failed the same way.

@@ -1,10 +1,12 @@
 //! The relay: takes committed events from the outbox table, hands them to a
-//! [`Publisher`], and deletes each once the broker acknowledged it.
+//! [`Publisher`], and deletes those the broker acknowledged when its round's publishes
+//! have ended.
 //!
 //! At least once, never lost: a row is deleted only after its publish succeeded, so a
 //! relay that dies in between leaves it leased, and another relay (or this one,
 //! restarted) takes it again and publishes it again under the same id, which the broker
-//! or the consumer drops. A failed publish (or a publisher that panicked) makes the row
+//! or the consumer drops: what a round published before its relay died (up to a batch,
+//! or a second of one key's events) is published again. A failed publish (or a publisher that panicked) makes the row
 //! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
 //! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
 //!
@@ -249,9 +251,17 @@ impl Store {
     }
 }
 
+/// How long a round goes on publishing the events of a key after its first: the rest go
+/// back to the table for the next round, so that a slow destination holds the events the
+/// round did not take back for about this long, not for its lease.
+const CHAIN_TIME: Duration = Duration::from_secs(1);
+
 impl<P: Publisher> RelayBuilder<P> {
-    /// How many events one round takes (default 256). They are published concurrently,
-    /// at most one per ordering key.
+    /// How many events one round takes (default 256). Events of different ordering keys
+    /// (and events without one) are published concurrently. The events of one key go one
+    /// after another, each once the destination acknowledged the one before; when fewer
+    /// keys than the batch are ready, a round takes several events of each, and goes on
+    /// publishing them for up to a second.
     pub fn batch_size(mut self, size: u32) -> Self {
         self.batch_size = size.max(1);
         self
@@ -858,11 +868,14 @@ impl<P: Publisher> Running<P> {
         let taken = rows.len();
         // A key's events go in order, one at a time, by one task: the chain its take
         // leased behind its head. The rest of a chain is given back unpublished after a
-        // failure, and when the lease would end before the next publish could.
+        // failure, once the round has run for CHAIN_TIME (the events the round did not
+        // take wait for its end: a slow destination does not hold them back for the
+        // whole lease), and when the lease would end before the next publish could.
         let (chains, mut release) = chains(rows);
         let last_start = lease_ends
             .checked_sub(builder.publish_timeout)
-            .unwrap_or(started);
+            .unwrap_or(started)
+            .min(started + CHAIN_TIME);
         let mut publishing = JoinSet::new();
         for chain in chains {
             let publisher = Arc::clone(&builder.publisher);
