@@ -179,7 +179,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| database(&e, &target))?;
     let store = store(pool)?;
     let failed = |e: sqlx::Error| database(&e, &target);
-    let operator = Operator::new(cli.operator.clone().unwrap_or_else(os_user), "cli");
+    // A blank name names nobody: the OS user's stands in.
+    let named = cli.operator.clone().filter(|name| !name.trim().is_empty());
+    let operator = Operator::new(named.unwrap_or_else(os_user), "cli");
     let audited = store.audited(operator);
     match cli.command {
         Command::Migrate { colocate_with, .. } => {

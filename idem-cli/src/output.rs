@@ -321,8 +321,8 @@ impl Out {
                 vec![
                     r.owner.to_string(),
                     r.name.clone(),
-                    r.client_addr.clone().unwrap_or_else(|| "local".to_owned()),
-                    format_time(r.since),
+                    r.client_addr.clone().unwrap_or_else(|| "-".to_owned()),
+                    r.since.map_or_else(|| "-".to_owned(), format_time),
                 ]
             })
             .collect();

@@ -899,6 +899,20 @@ async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
             &[],
             &["key", "purge", "jobs", "job-1", "--yes"],
         ));
+        // A sweep commits batch by batch; it tries its audit row before the first.
+        sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 hour' WHERE key = 'job-2'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (sweep_code, sweep_line) = failure(&idem(&as_role, &[], &["key", "sweep"]));
+        let expired: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = 'job-2'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(sweep_code, 6, "{sweep_line}");
+        assert!(sweep_line.contains("idem_audit"), "{sweep_line}");
+        assert_eq!(expired, 1, "the sweep deleted before it could record itself");
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "REVOKE ALL ON idempotency_keys FROM {role}; DROP ROLE {role}"
         )))

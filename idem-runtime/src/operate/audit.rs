@@ -182,13 +182,29 @@ impl Audited<'_> {
     /// [`Store::purge_expired`], recorded as `sweep` with its batch size. A sweep
     /// commits batch by batch (no request waits behind it), so its row is written in a
     /// transaction of its own after its last batch, with the total; after a failure part
-    /// way, with what the finished batches deleted, and the failure is returned.
+    /// way, with what the finished batches deleted, and the failure is returned. Its row
+    /// is first written and rolled back before the first batch: a sweep that could not
+    /// record itself (no audit table, no `INSERT` on it) deletes nothing.
     pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
         let store = self.store;
+        let filter = format!("expired, batch {}", batch_size.max(1));
+        let mut tried = store.inner.table.acting(&store.inner.pool).await?;
+        let row = AuditWrite {
+            operator: &self.operator.name,
+            via: &self.operator.via,
+            action: "sweep",
+            filter: &filter,
+            rows: 0,
+        };
+        store
+            .inner
+            .audit
+            .write(&mut tried, store.inner.table.persistent(), &row)
+            .await?;
+        tried.rollback().await?;
         let mut removed = 0;
         let swept = store.purge_expired_counting(batch_size, &mut removed).await;
         if swept.is_ok() || removed > 0 {
-            let filter = format!("expired, batch {}", batch_size.max(1));
             let tx = store.inner.table.acting(&store.inner.pool).await;
             let written = match tx {
                 Ok(tx) => self.commit(tx, "sweep", &filter, removed).await,

@@ -17,20 +17,35 @@ pub struct RelaySession {
     /// ([`Lease::owner`](crate::operate::Lease::owner)).
     pub owner: i64,
     /// Its session's `application_name`: `idem relay`, the host's name and the process's
-    /// id (or what the connection options given to
-    /// [`RelayBuilder::session`](crate::outbox::RelayBuilder::session) left of it).
+    /// id (the relay sets it, over any the connection options given to
+    /// [`RelayBuilder::session`](crate::outbox::RelayBuilder::session) had).
     pub name: String,
-    /// The session's client address, as the database sees it (none over a Unix socket).
+    /// The session's client address, as the database sees it: `None` over a Unix socket,
+    /// and for a role that may not see other roles' sessions (below).
     pub client_addr: Option<String>,
-    /// When the session connected.
-    #[serde(serialize_with = "rfc3339")]
-    pub since: SystemTime,
+    /// When the session connected: `None` for a role that may not see other roles'
+    /// sessions (below).
+    #[serde(serialize_with = "rfc3339_or_none")]
+    pub since: Option<SystemTime>,
+}
+
+fn rfc3339_or_none<S: serde::Serializer>(
+    time: &Option<SystemTime>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match time {
+        Some(time) => rfc3339(time, s),
+        None => s.serialize_none(),
+    }
 }
 
 impl Store {
     /// The relays of this store's outbox whose sessions hold their locks now, oldest
     /// first: where a lease's owner number runs. None in the portable mode, and for relays
-    /// without a session (their leases end by time only).
+    /// without a session (their leases end by time only). PostgreSQL shows a session's
+    /// start and client address only to its own role, a superuser, and roles granted
+    /// `pg_read_all_stats`: ask as one of them to see those of relays running as
+    /// another role.
     pub async fn outbox_relays(&self) -> Result<Vec<RelaySession>, sqlx::Error> {
         let single = self.inner.table.single(&self.inner.pool).await?;
         let relays = self.inner.outbox.relays(single).await?;
@@ -40,7 +55,7 @@ impl Store {
                 owner,
                 name,
                 client_addr,
-                since: instant(since),
+                since: since.map(instant),
             })
             .collect())
     }

@@ -682,13 +682,19 @@ pub struct DeadLetter {
     /// When the stream stored it.
     #[serde(serialize_with = "rfc3339")]
     pub at: SystemTime,
-    /// The event's payload, as the consumer received it.
+    /// The event's payload, as the consumer received it (as text in JSON, invalid UTF-8
+    /// replaced).
+    #[serde(serialize_with = "lossy")]
     pub payload: Vec<u8>,
+}
+
+fn lossy<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes))
 }
 
 /// The newest dead letters of the stream `stream` (the one that captures a consumer's
 /// [`dead_letter_subject`](JetStreamConsumer::dead_letter_subject)), newest first, at
-/// most `limit`: what the consumers gave up on, for operators (the outbox's own dead
+/// most `limit` (messages without an `Idem-Event-Id` header are not idem's, and skipped): what the consumers gave up on, for operators (the outbox's own dead
 /// events are in [`Store::dead_events`](crate::Store::dead_events)). Looks at no more
 /// than `limit` and a hundred of the stream's last sequences, so that messages deleted
 /// from the stream cost a bounded walk.
@@ -719,6 +725,8 @@ pub async fn dead_letters(
     let mut sequence = state.last_sequence;
     while letters.len() < limit && sequence >= oldest {
         match found.get_raw_message(sequence).await {
+            // A message without the event's id is no dead letter of idem's: skipped.
+            Ok(message) if message.headers.get("Idem-Event-Id").is_none() => {}
             Ok(message) => {
                 let header = |name: &str| {
                     message

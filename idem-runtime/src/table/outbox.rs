@@ -831,11 +831,12 @@ impl OutboxTable {
     }
 
     /// [`RELAYS`], as (owner, application name, client address, seconds since the epoch
-    /// of the session's start); none where leases cannot be tied to sessions.
+    /// of the session's start, if the role may see it); none where leases cannot be tied
+    /// to sessions.
     pub(crate) async fn relays(
         &self,
         single: Single,
-    ) -> Result<Vec<(i64, String, Option<String>, f64)>, sqlx::Error> {
+    ) -> Result<Vec<(i64, String, Option<String>, Option<f64>)>, sqlx::Error> {
         let mut single = single;
         if !self.can_tie() {
             single.finish().await?;
@@ -850,7 +851,7 @@ impl OutboxTable {
                     row.try_get::<Option<String>, _>("application_name")?
                         .unwrap_or_default(),
                     row.try_get("client_addr")?,
-                    row.try_get::<Option<f64>, _>("since")?.unwrap_or(0.0),
+                    row.try_get("since")?,
                 ))
             })
             .collect()
