@@ -165,8 +165,8 @@ pub enum VerifyError {
 const FIX: &str = "run `Store::migrate()` at startup, or add idem's migrations \
                    (`idem::MIGRATIONS`, idem-runtime/migrations/) to your own";
 
-/// Where the README explains the production settings.
-const PRODUCTION: &str = "README, \"Running in production\"";
+/// Where the guide explains the production settings.
+const PRODUCTION: &str = "the guide's \"Topologies\"";
 
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -177,8 +177,8 @@ impl fmt::Display for VerifyError {
             }
             Self::MissingColumn { table, column } => write!(
                 f,
-                "the idempotency table `{table}` has no column `{column}` (it is older than \
-                 this version of idem): {FIX}"
+                "idem's table `{table}` has no column `{column}` (it is older than this \
+                 version of idem): {FIX}"
             ),
             Self::WrongType {
                 table,

@@ -240,7 +240,7 @@ async fn a_store_that_is_not_portable_on_citus_is_refused() {
         error.to_string(),
         "the database is distributed (Citus 13.0.1 (simulated)), but the store is not \
          portable: build it with `.portable()` and distribute its table by principal \
-         (README, \"Running in production\", \"Distributed PostgreSQL (Citus)\")"
+         (the guide's \"Topologies\", \"Distributed PostgreSQL (Citus)\")"
     );
 }
 

@@ -395,7 +395,7 @@ async fn verify_refuses_a_session_store_behind_a_transaction_pooler() {
                 "server process",
                 "`.pooler(Pooler::Transaction)`",
                 "`statement_cache_capacity(0)`",
-                "README, \"Running in production\", \"Behind a transaction pooler\"",
+                "the guide's \"Topologies\", \"Behind a transaction pooler\"",
             ] {
                 assert!(line.contains(part), "{part:?} not in: {line}");
             }
