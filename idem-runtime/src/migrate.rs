@@ -95,7 +95,8 @@ const COLUMNS: &[(&str, &[&str])] = &[
 pub enum VerifyError {
     /// The database could not be asked.
     Database(sqlx::Error),
-    /// The table does not exist.
+    /// One of idem's tables (the idempotency table, the outbox, the steps table, the
+    /// audit table) does not exist.
     MissingTable {
         /// The table, as configured.
         table: String,
@@ -173,7 +174,7 @@ impl fmt::Display for VerifyError {
         match self {
             Self::Database(e) => write!(f, "cannot check the idempotency table: {e}"),
             Self::MissingTable { table } => {
-                write!(f, "the idempotency table `{table}` does not exist: {FIX}")
+                write!(f, "idem's table `{table}` does not exist: {FIX}")
             }
             Self::MissingColumn { table, column } => write!(
                 f,
@@ -300,10 +301,12 @@ impl Store {
     ///   42P05, or "does not exist", 26000);
     /// - the table exists with every column this version of idem uses, of a usable type,
     ///   and its primary key (the catalog: `to_regclass`, `pg_attribute`,
-    ///   `pg_constraint`);
+    ///   `pg_constraint`); the outbox, the steps table (on the step pool, if it has its
+    ///   own) and the audit table exist too ([`VerifyError::MissingTable`]), and the
+    ///   outbox has the columns of its later migrations ([`VerifyError::MissingColumn`]);
     /// - the session is writable ([`VerifyError::ReadOnly`]: `default_transaction_read_only`
     ///   set for the database or the role, or a standby), and the role it connects as may
-    ///   read, insert, update and delete in each of idem's tables that exists, and read and
+    ///   read, insert, update and delete in each of idem's tables, and read and
     ///   insert in the audit table, whose rows are never changed
     ///   ([`VerifyError::Privileges`], `has_table_privilege`); a
     ///   [`step_pool`](crate::StoreBuilder::step_pool) of its own is checked the same for
@@ -315,7 +318,7 @@ impl Store {
     ///
     /// ```no_run
     /// # async fn f(store: idem::Store) -> Result<(), Box<dyn std::error::Error>> {
-    /// store.verify().await?; // "the idempotency table `idempotency_keys` does not exist: ..."
+    /// store.verify().await?; // "idem's table `idempotency_keys` does not exist: ..."
     /// # Ok(()) }
     /// ```
     pub async fn verify(&self) -> Result<(), VerifyError> {
@@ -394,6 +397,26 @@ impl Store {
         if !has_key {
             return Err(VerifyError::MissingPrimaryKey { table, constraint });
         }
+        // idem's other tables, each created by a migration of its own: without one, the
+        // first event, step or operator action fails. A step pool of its own may reach
+        // another database: its table is looked for there, below.
+        let mut others = vec![
+            (
+                self.inner.outbox.qualified().to_owned(),
+                self.inner.outbox.qualified().replace('"', ""),
+            ),
+            (
+                self.inner.audit_table.qualified(),
+                self.inner.audit_table.to_string(),
+            ),
+        ];
+        if !self.inner.step_pool_given {
+            others.push((
+                self.inner.steps_table.qualified(),
+                self.inner.steps_table.to_string(),
+            ));
+        }
+        missing_table(&mut conn, persistent, &others).await?;
         // The outbox's later columns: without them, the relay's mark of a failed publish
         // fails (a migration that has not run).
         let outbox = self.inner.outbox.qualified().to_owned();
@@ -429,6 +452,13 @@ impl Store {
         // A step pool of its own (another role, or another host) records the steps.
         if self.inner.step_pool_given {
             let mut steps = self.inner.table.single(self.outside()).await?;
+            let table = self.inner.steps_table.qualified();
+            missing_table(
+                &mut steps,
+                persistent,
+                &[(table, self.inner.steps_table.to_string())],
+            )
+            .await?;
             let tables = [(self.inner.steps_table.qualified(), &PRIVILEGES[..])];
             self.verify_session(&mut steps, persistent, &tables, &[])
                 .await?;
@@ -450,6 +480,28 @@ impl Store {
         conn.finish().await?;
         outcome
     }
+}
+
+/// The first of `tables` (each as qualified, and as configured) that does not exist, as
+/// [`VerifyError::MissingTable`].
+async fn missing_table(
+    conn: &mut crate::table::Single,
+    persistent: bool,
+    tables: &[(String, String)],
+) -> Result<(), VerifyError> {
+    for (qualified, table) in tables {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(qualified)
+            .persistent(persistent)
+            .fetch_one(&mut **conn)
+            .await?;
+        if !exists {
+            return Err(VerifyError::MissingTable {
+                table: table.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The outbox's columns added after its first migration, which [`Store::verify`] checks.

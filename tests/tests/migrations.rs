@@ -86,6 +86,13 @@ async fn idems_file_in_a_users_migrations_directory() {
     .await;
 }
 
+/// `keys` (the idempotency table's DDL, as a test made it), then idem's other tables, as
+/// their migrations make them.
+fn with_the_rest(keys: &str) -> String {
+    let rest: Vec<&str> = MIGRATIONS[1..].iter().map(|(_, sql)| *sql).collect();
+    format!("{keys}\n{}", rest.join("\n"))
+}
+
 /// `verify` on `setup`'s table, of a store with the default settings.
 async fn verify_after(setup: &str) -> Result<(), VerifyError> {
     verify_with(setup, Store::new).await
@@ -153,6 +160,29 @@ async fn an_outbox_without_its_attempt_history_is_named() {
         .expect("every migration");
 }
 
+/// A store deployed before the migrations of idem's other tables ran: its first event,
+/// step or audited action would fail, so `verify` names the table.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_audit_or_outbox_table_is_named() {
+    let error = verify_after(SCHEMA_SQL).await.expect_err("no outbox");
+    assert!(
+        error.to_string().contains("`idem_outbox` does not exist"),
+        "{error}"
+    );
+    let without_audit: Vec<&str> = MIGRATIONS
+        .iter()
+        .filter(|(name, _)| !name.ends_with("_idem_audit.sql"))
+        .map(|(_, sql)| *sql)
+        .collect();
+    let error = verify_after(&without_audit.join("\n"))
+        .await
+        .expect_err("no audit table");
+    assert!(
+        matches!(&error, VerifyError::MissingTable { table } if table == "idem_audit"),
+        "{error:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_column_of_the_wrong_type_is_named() {
     let setup = SCHEMA_SQL.replace("status       smallint", "status       text");
@@ -183,7 +213,7 @@ async fn a_principal_of_type_uuid_or_bigint_verifies() {
     for ty in ["uuid", "bigint", "text"] {
         let setup = SCHEMA_SQL.replace("principal    text", &format!("principal    {ty}"));
         assert!(setup.contains(&format!("principal    {ty}")));
-        verify_after(&setup)
+        verify_after(&with_the_rest(&setup))
             .await
             .unwrap_or_else(|e| panic!("{ty}: {e}"));
     }
@@ -228,7 +258,7 @@ fn portable(pool: sqlx::PgPool) -> Store {
 /// naming the engine, the setting and the README section.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_that_is_not_portable_on_citus_is_refused() {
-    let setup = format!("{SCHEMA_SQL}\n{SIMULATED_CITUS}");
+    let setup = format!("{}\n{SIMULATED_CITUS}", with_the_rest(SCHEMA_SQL));
     let error = verify_with(&setup, Store::new)
         .await
         .expect_err("not portable on Citus");
@@ -249,7 +279,7 @@ async fn a_store_that_is_not_portable_on_citus_is_refused() {
 /// `Store::schema_sql()` says, it verifies. Without Citus, a portable store verifies.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
-    let citus = format!("{SCHEMA_SQL}\n{SIMULATED_CITUS}");
+    let citus = format!("{}\n{SIMULATED_CITUS}", with_the_rest(SCHEMA_SQL));
     let distributed = |method: &str, column: &str| {
         format!(
             "{citus}\nINSERT INTO pg_dist_partition \
@@ -281,7 +311,7 @@ async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
     verify_with(&distributed("h", "principal"), portable)
         .await
         .expect("distributed by principal");
-    verify_with(SCHEMA_SQL, portable)
+    verify_with(&with_the_rest(SCHEMA_SQL), portable)
         .await
         .expect("portable on plain PostgreSQL");
 }
