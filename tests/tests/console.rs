@@ -3,12 +3,18 @@
 //! three topologies (PostgreSQL directly, behind PgBouncer in transaction mode, on
 //! Citus); and an operator, in headless Chromium, finds a dead event the example's relay
 //! parked for real (its subject captured by no JetStream stream), re-drives it once the
-//! stream exists, and sees it delivered and gone from the dead list. The browser test
-//! saves a screenshot of each page under `target/console/`.
+//! stream exists, and sees it delivered and gone from the dead list; watches the overview
+//! refresh itself as events are parked, reads an event's attempt history, the relays by
+//! host and process, and the ledger's dead letters. The browser test saves a screenshot of
+//! each page under `target/console/`: the guide's and the README's are those, copied to
+//! `docs/book/src/console/` after a run of the browser test alone (`cargo test -p
+//! idem-tests --test console chromium`: run with the others, this process's request counts
+//! on the overview include theirs).
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
@@ -17,7 +23,7 @@ use charges::Config;
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
 use idem::console::Role;
-use idem::operate::{DeadSelection, EventFilter};
+use idem::operate::{DeadSelection, EventFilter, FailedPublish};
 use idem::outbox::nats::MSG_ID;
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::{Pooler, Store};
@@ -151,6 +157,81 @@ fn next_page(page: &str) -> Option<String> {
     Some(href.replace("&amp;", "&"))
 }
 
+/// `page` lists `errors`, the event's failed publishes, in its attempt history, oldest
+/// first, each with its time.
+fn assert_attempts(page: &str, errors: &[FailedPublish]) {
+    let at = page
+        .find("<table class=\"attempts\">")
+        .unwrap_or_else(|| panic!("an attempt history in {page}"));
+    let table = &page[at..at + page[at..].find("</table>").expect("its end")];
+    assert_eq!(table.matches("<tr>").count(), errors.len() + 1, "{table}");
+    let mut from = 0;
+    for error in errors {
+        let row = format!("<td class=\"at\">{} ", idem::operate::format_time(error.at));
+        let found = table[from..]
+            .find(&row)
+            .unwrap_or_else(|| panic!("{row} after {from} in {table}"));
+        from += found + row.len();
+        let rest = &table[from..];
+        let cell = format!("<td><code>{}</code></td>", error.error);
+        let next = rest.find("<td>").expect("the error's cell");
+        assert!(rest[next..].starts_with(&cell), "{cell} in {table}");
+    }
+}
+
+/// Issue 39: the page at `path` is sent with a policy that allows the console's own
+/// stylesheet and script and no inline code; both are served from the links the page
+/// has, with their types, and a name the console did not give is 404.
+async fn assert_assets(app: &TestApp, path: &str, token: Option<&str>) {
+    let mut request = app.client.get(app.url(path));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("GET");
+    let policy = response
+        .headers()
+        .get("content-security-policy")
+        .expect("a Content-Security-Policy")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for directive in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(policy.contains(directive), "{directive} in {policy}");
+    }
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    let page = response.text().await.unwrap();
+    assert!(
+        !page.contains("<style") && !page.contains("<script>"),
+        "{page}"
+    );
+    for (attribute, kind) in [
+        ("<link rel=\"stylesheet\" href=\"", "text/css"),
+        ("<script src=\"", "text/javascript"),
+    ] {
+        let at = page.find(attribute).expect("the asset's link") + attribute.len();
+        let href = &page[at..at + page[at..].find('"').unwrap()];
+        let mut request = app.client.get(app.url(href));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let asset = request.send().await.unwrap();
+        assert_eq!(asset.status().as_u16(), 200, "{href}");
+        let served = asset.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(served.starts_with(kind), "{href}: {served}");
+        let wrong = href.replace("console.", "console.0");
+        let mut request = app.client.get(app.url(&wrong));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        assert_eq!(request.send().await.unwrap().status().as_u16(), 404);
+    }
+}
+
 /// Every page and action of the console, on the example's app over `store`'s database.
 async fn every_page(app: &TestApp, store: &Store) {
     seed(store).await;
@@ -167,9 +248,29 @@ async fn every_page(app: &TestApp, store: &Store) {
         "<svg",
         "replayed",
         "2 pending",
+        "2 dead",
     ] {
         assert!(overview.contains(expected), "{expected:?} in {overview}");
     }
+    // Issue 39: the database's figures and this process's apart, each block saying so;
+    // the page refreshes itself (`data-live`) with the console's own script, which its
+    // policy allows, and no other.
+    let database = overview
+        .find("From the database")
+        .expect("the database's block");
+    let process = overview
+        .find("From this process")
+        .expect("this process's block");
+    let (live, requests) = (
+        overview.find("expiring within the hour").unwrap(),
+        overview.find("422 mismatch").unwrap(),
+    );
+    assert!(
+        database < live && live < process && process < requests,
+        "records in the database's block, requests in this process's: {overview}"
+    );
+    assert!(overview.contains("<main data-live=\"5\">"), "{overview}");
+    assert_assets(app, "/admin/idem", Some(TOKEN)).await;
     let (status, keys) = get(app, "/admin/idem/keys?scope=jobs", Some(TOKEN)).await;
     assert_eq!(status, 200, "{keys}");
     assert!(keys.contains("job-1") && keys.contains("job-2"), "{keys}");
@@ -233,10 +334,32 @@ async fn every_page(app: &TestApp, store: &Store) {
     let (status, outbox) = get(app, "/admin/idem/outbox", Some(TOKEN)).await;
     assert_eq!(status, 200, "{outbox}");
     assert!(
-        outbox.contains("slow.x") && outbox.contains("<code>acct-1</code>"),
+        outbox.contains("slow.x") && outbox.contains(">acct-1</code>"),
         "{outbox}"
     );
     assert!(outbox.contains("broker unavailable"), "{outbox}");
+    // Issue 39: live too, with its relays (none holds a session here: the seed's relay
+    // ran until idle and closed its own) and the example's relay figures, which it has
+    // not (no NATS).
+    assert!(outbox.contains("<main data-live=\"5\">"), "{outbox}");
+    assert!(store.outbox_relays().await.unwrap().is_empty());
+    assert!(
+        outbox.contains("No relay holds a session now")
+            && outbox.contains("No relay of this process was given to the console"),
+        "{outbox}"
+    );
+    // A pending event's own page: who holds it, its failed publishes with their times.
+    let (status, held) = get(
+        app,
+        &format!("/admin/idem/pending/event?id={}", pending.rows[0].id),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{held}");
+    let errors = store.event_errors(&pending.rows[0].id).await.unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_attempts(&held, &errors);
+    assert!(held.contains("backoff, or a lease by time"), "{held}");
     // The pending events by topic and by ordering key prefix, a page at a time.
     let (status, listed) = get(app, "/admin/idem/pending?topic=slow.x", Some(TOKEN)).await;
     assert_eq!(status, 200, "{listed}");
@@ -285,6 +408,21 @@ async fn every_page(app: &TestApp, store: &Store) {
         one.contains("hidden: payloads carry personal data") && !one.contains("4111"),
         "{one}"
     );
+    // Issue 39: a dead event's page has its attempt history; a dead event's id on the
+    // pending events' page leads there, an unknown one is 404.
+    let errors = store.event_errors(&dead_events[0].id).await.unwrap();
+    assert!(!errors.is_empty());
+    assert_attempts(&one, &errors);
+    let (status, moved) = get(
+        app,
+        &format!("/admin/idem/pending/event?id={}", dead_events[0].id),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{moved}");
+    assert!(moved.contains("<h1>Dead event</h1>"), "{moved}");
+    let (status, _) = get(app, "/admin/idem/pending/event?id=nothing", Some(TOKEN)).await;
+    assert_eq!(status, 404);
 
     // Issue 39: the read-only operator (ADMIN_READONLY_TOKEN) sees every page and no
     // action, and is refused each action, even with a form an admin's page made.
@@ -826,6 +964,207 @@ async fn a_redrive_past_the_window_asks_first() {
     .await;
 }
 
+/// A publisher that parks `nowhere.*` at once and holds `hold.*` until its publish times
+/// out: an event under a relay's lease for as long as a test looks.
+struct Holding;
+
+impl Publisher for Holding {
+    async fn publish(&self, event: &OutboxEvent) -> Result<(), PublishError> {
+        if event.topic.starts_with("hold.") {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+        }
+        Err(PublishError::permanent("no stream captures the subject"))
+    }
+}
+
+/// Issue 39: the relay shows as its host and process wherever its owner number appears
+/// (a lease, a pending event, the relays' block of the overview and the outbox), and the
+/// overview shows what this process's relay published, retried and parked, labelled as
+/// this process's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_shows_as_its_host_and_process_with_its_figures() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let relay = Arc::new(
+            store
+                .relay(Holding)
+                .max_attempts(1)
+                .lease(Duration::from_secs(120))
+                .publish_timeout(Duration::from_secs(60))
+                .spawn()
+                .expect("start the relay"),
+        );
+        let console = idem::console::Console::new(store.clone())
+            .relay_stats({
+                let relay = Arc::clone(&relay);
+                move || relay.stats()
+            })
+            .router();
+        let app = TestApp::serve(pool.clone(), axum::Router::new().nest("/ops", console)).await;
+        // Seen before anything was parked: the figures start from here.
+        let (status, before) = get(&app, "/ops", None).await;
+        assert_eq!(status, 200, "{before}");
+        assert!(before.contains("id=\"parked-rate\">0<"), "{before}");
+        let emit = async |key: &str, topics: &[&str]| {
+            store
+                .run_once("jobs", key)
+                .run(async |mut tx| {
+                    for topic in topics {
+                        tx.emit(Event::new(*topic, &json!({}))).await?;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                })
+                .await
+                .expect("run the job");
+        };
+        emit("job-1", &["nowhere.a", "nowhere.b"]).await;
+        until("both events parked", async || {
+            (relay.stats().dead == 2).then_some(())
+        })
+        .await;
+
+        let sessions = store.outbox_relays().await.unwrap();
+        assert_eq!(sessions.len(), 1, "{sessions:?}");
+        let pid = format!(" pid <code>{}</code>", std::process::id());
+        let (_, overview) = get(&app, "/ops", None).await;
+        let process = overview.find("From this process").expect("its block");
+        let figures = &overview[process..];
+        assert!(
+            figures.contains("The relays of this process")
+                && figures.contains("id=\"parked-rate\">2<")
+                && figures.contains("id=\"published-rate\">0<"),
+            "{figures}"
+        );
+        let relays = &overview[overview
+            .find("<table class=\"relays\">")
+            .expect("the relays")..];
+        assert!(
+            relays.contains(&format!("<code>{}</code>", sessions[0].name))
+                && sessions[0].name.starts_with("idem relay "),
+            "{relays}"
+        );
+
+        // An event the relay holds: its lease names the relay's host and process.
+        emit("job-2", &["hold.x"]).await;
+        let lease = until("the event leased by the relay", async || {
+            let leases = store.outbox_leases(10).await.ok()?;
+            leases.into_iter().find(|l| l.owner.is_some())
+        })
+        .await;
+        assert_eq!(lease.owner.map(i64::from), Some(sessions[0].owner));
+        for path in [
+            "/ops/outbox".to_owned(),
+            "/ops/pending".to_owned(),
+            format!("/ops/pending/event?id={}", lease.id),
+        ] {
+            let (status, page) = get(&app, &path, None).await;
+            assert_eq!(status, 200, "{path}: {page}");
+            let title = format!("title=\"relay {}: session &quot;", sessions[0].owner);
+            assert!(
+                page.contains(&pid) && page.contains(&title),
+                "{path}: {pid} and {title} in {page}"
+            );
+        }
+        relay.abort();
+    })
+    .await;
+}
+
+/// Issue 39: the consumers' dead letters, read back from a JetStream stream of the
+/// test's own: listed newest first with the event's id, subject, reason and time, the
+/// payload hidden unless the service shows bodies; linked from the header only where
+/// configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letters_page_lists_a_streams_dead_letters() {
+    let stream = unique("console_dead");
+    let js = jetstream::new(async_nats::connect(nats_url()).await.expect("NATS"));
+    // Gone on its own within ten minutes, should the test stop before it deletes it.
+    js.create_stream(stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("{stream}.>")],
+        max_age: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .expect("create the dead letters' stream");
+    for (id, reason) in [
+        ("evt-older", "payload is not JSON"),
+        ("evt-newer", "no Nats-Msg-Id header"),
+    ] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Idem-Event-Id", id);
+        headers.insert("Idem-Dead-Subject", "charges.charge.created");
+        headers.insert("Idem-Dead-Reason", reason);
+        js.publish_with_headers(
+            format!("{stream}.ledger"),
+            headers,
+            "{\"card\":\"4111 1111 1111 1111\"}".into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .expect("the dead letter stored");
+    }
+    with_test_db(async |db| {
+        let pool = db.pool(5).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let serve = async |show: bool, letters: bool| {
+            let mut console = idem::console::Console::new(store.clone()).show_bodies(show);
+            if letters {
+                console = console.jetstream_dead_letters(js.clone(), stream.clone());
+            }
+            TestApp::serve(
+                pool.clone(),
+                axum::Router::new().nest("/ops", console.router()),
+            )
+            .await
+        };
+        let hidden = serve(false, true).await;
+        let (status, overview) = get(&hidden, "/ops", None).await;
+        assert_eq!(status, 200);
+        assert!(
+            overview.contains("<a href=\"/ops/dead-letters\">Dead letters</a>"),
+            "{overview}"
+        );
+        let (status, page) = get(&hidden, "/ops/dead-letters", None).await;
+        assert_eq!(status, 200, "{page}");
+        let newer = page.find("evt-newer").expect("the newer letter");
+        let older = page.find("evt-older").expect("the older letter");
+        assert!(newer < older, "newest first: {page}");
+        for expected in [
+            "<code>charges.charge.created</code>",
+            "<code>payload is not JSON</code>",
+            "<code>no Nats-Msg-Id header</code>",
+            &format!("<code>{stream}</code>"),
+            "bytes, hidden",
+        ] {
+            assert!(page.contains(expected), "{expected} in {page}");
+        }
+        assert!(!page.contains("4111"), "the payload stays hidden: {page}");
+        let (_, one) = get(&hidden, "/ops/dead-letters?limit=1", None).await;
+        assert!(
+            one.contains("evt-newer") && !one.contains("evt-older"),
+            "{one}"
+        );
+
+        let shown = serve(true, true).await;
+        let (_, page) = get(&shown, "/ops/dead-letters", None).await;
+        assert!(page.contains("4111 1111 1111 1111"), "{page}");
+
+        let without = serve(false, false).await;
+        let (_, overview) = get(&without, "/ops", None).await;
+        assert!(!overview.contains("Dead letters"), "{overview}");
+        assert_eq!(get(&without, "/ops/dead-letters", None).await.0, 404);
+    })
+    .await;
+    js.delete_stream(&stream)
+        .await
+        .expect("delete the test's stream");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_behind_pgbouncer_in_transaction_mode() {
     with_test_db(async |db| {
@@ -956,10 +1295,12 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         let prefix = unique("console");
         let pool = db.pool(10).await;
         charges::migrate(&pool).await.unwrap();
-        let config = Config {
+        let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        let mut config = Config {
             events: Some(prefix.clone()),
             admin_token: Some(TOKEN.into()),
             admin_readonly_token: Some(READONLY.into()),
+            jetstream: Some(js.clone()),
             ..Config::default()
         };
         let store = charges::store(pool.clone(), &config);
@@ -971,15 +1312,39 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         let (relay, ledger) = charges::events::start_with(&store, &nats_url(), &prefix, delivery)
             .await
             .expect("start the events");
+        let relay = Arc::new(relay);
+        config.relay = Some(Arc::clone(&relay));
         let app = TestApp::serve(pool.clone(), charges::app(pool.clone(), config)).await;
-        let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+
+        // Issue 39: a message the ledger can never book (not a charge event) is a dead
+        // letter of the ledger, in `<prefix>_dead`, which the console lists.
+        let (dead_stream, _) = charges::events::dead_letters(&prefix);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(MSG_ID, "not-a-charge-1");
+        js.publish_with_headers(
+            format!("{prefix}.charge.created"),
+            headers,
+            "not a charge".into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .expect("the message stored");
+        let letter = until("the ledger's dead letter", async || {
+            let letters = idem::outbox::nats::dead_letters(&js, &dead_stream, 10)
+                .await
+                .ok()?;
+            letters.into_iter().next()
+        })
+        .await;
+        assert_eq!(letter.event_id, "not-a-charge-1");
 
         let driver = Chromedriver::start();
         let mut capabilities = serde_json::Map::new();
         capabilities.insert(
             "goog:chromeOptions".into(),
             json!({ "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                             "--disable-dev-shm-usage", "--window-size=1000,1000"] }),
+                             "--disable-dev-shm-usage", "--window-size=1400,1000"] }),
         );
         let browser = ClientBuilder::new(hyper_connector())
             .capabilities(capabilities)
@@ -1040,17 +1405,65 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             },
         )
         .await;
+        // Issue 39: the relays, by the names their sessions carry: this process's.
+        let relays = browser
+            .find(Locator::Css("table.relays"))
+            .await
+            .expect("the relays")
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            relays.contains("idem relay")
+                && relays.contains(&format!(" pid {}", std::process::id())),
+            "{relays}"
+        );
         screenshot(&browser, "outbox").await;
 
-        // The overview, watched until both are parked: their reason, two events.
+        // Issue 39: the overview refreshes itself. Loaded before both events are parked
+        // (the refund's is tried only once the charge's is), it shows both parked without
+        // a reload: a marker set on the page after it loaded is still there.
         browser.goto(&app.url("/admin/idem")).await.unwrap();
-        let dead = until("both events to be parked", async || {
-            browser.refresh().await.unwrap();
-            let dead = store.dead_events(10).await.unwrap();
-            (dead.len() == 2).then_some(dead)
+        let figure = async || match browser.find(Locator::Css("#dead-total")).await {
+            Ok(figure) => figure.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let first = until("the overview", async || {
+            let shown = figure().await;
+            (!shown.is_empty()).then_some(shown)
         })
         .await;
-        browser.refresh().await.unwrap();
+        assert_ne!(first, "2 dead", "the refund's event cannot be parked yet");
+        browser
+            .execute("window.idemMarker = 'loaded once'; return null;", vec![])
+            .await
+            .unwrap();
+        until("the overview to show both events parked", async || {
+            (figure().await == "2 dead").then_some(())
+        })
+        .await;
+        let marker = browser
+            .execute("return window.idemMarker || null;", vec![])
+            .await
+            .unwrap();
+        assert_eq!(marker, json!("loaded once"), "refreshed without a reload");
+        let dead = store.dead_events(10).await.unwrap();
+        assert_eq!(dead.len(), 2, "{dead:?}");
+        screenshot(&browser, "overview").await;
+        // Paused, it holds still while the test reads it.
+        let live = browser.find(Locator::Css("#live")).await.unwrap();
+        assert!(
+            live.text().await.unwrap().starts_with("live, every 5 s"),
+            "{:?}",
+            live.text().await
+        );
+        browser
+            .find(Locator::Css("#live button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         let reasons = browser
             .find(Locator::Css("table.reasons"))
             .await
@@ -1065,7 +1478,6 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
                 && text_of_reasons.contains("charge.refunded"),
             "{text_of_reasons}"
         );
-        screenshot(&browser, "overview").await;
 
         // The dead list has both; the stream is back; the operator re-drives the charge's
         // event, picked in the list, through its confirmation page.
@@ -1082,6 +1494,50 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         })
         .await;
         screenshot(&browser, "dead").await;
+
+        // Issue 39: the charge's event's page has its attempt history: its three failed
+        // publishes with their times, oldest first.
+        browser
+            .find(Locator::Css(&format!(
+                "table.events a code[title='{}']",
+                dead[0].id
+            )))
+            .await
+            .expect("the event's link")
+            .click()
+            .await
+            .unwrap();
+        let history = until("the event's attempt history", async || {
+            let table = browser.find(Locator::Css("table.attempts")).await.ok()?;
+            table.text().await.ok()
+        })
+        .await;
+        let errors = store.event_errors(&dead[0].id).await.unwrap();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        let rows: Vec<&str> = history.lines().skip(1).collect();
+        assert_eq!(rows.len(), 3, "{history}");
+        for (row, error) in rows.iter().zip(&errors) {
+            assert!(
+                row.contains(&idem::operate::format_time(error.at)) && row.contains(&error.error),
+                "{error:?} in {row}"
+            );
+        }
+        // With the script, the whole id has its copy button.
+        let copy = browser
+            .find(Locator::Css("span.id.whole button.copy"))
+            .await
+            .unwrap();
+        assert!(copy.is_displayed().await.unwrap());
+        assert_eq!(
+            copy.attr("data-copy").await.unwrap().as_deref(),
+            Some(dead[0].id.as_str())
+        );
+        screenshot(&browser, "event").await;
+        browser.back().await.unwrap();
+        until("the dead list again", async || {
+            browser.find(Locator::Css(&checkbox)).await.ok()
+        })
+        .await;
         js.create_stream(stream::Config {
             name: prefix.clone(),
             subjects: vec![format!("{prefix}.>")],
@@ -1196,6 +1652,29 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             assert!(found && row.trim_end().ends_with('1'), "{row} in {trail}");
         }
         screenshot(&browser, "audit").await;
+
+        // Issue 39: the ledger's dead letter, from the header's link.
+        browser
+            .find(Locator::LinkText("Dead letters"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let letters = until("the dead letters", async || {
+            let table = browser.find(Locator::Css("table.letters")).await.ok()?;
+            table.text().await.ok()
+        })
+        .await;
+        assert!(
+            letters.contains("not-a-charge-1")
+                && letters.contains(&letter.reason)
+                && letters.contains(&format!("{prefix}.charge.created"))
+                && letters.contains("bytes, hidden")
+                && !letters.contains("not a charge"),
+            "{letters}"
+        );
+        screenshot(&browser, "dead-letters").await;
         browser
             .find(Locator::LinkText("Dead events"))
             .await

@@ -101,6 +101,13 @@ pub struct Config {
     /// The bearer token of the console's read-only level (`ADMIN_READONLY_TOKEN`), whose
     /// holder is the operator `readonly`: every page, no action.
     pub admin_readonly_token: Option<String>,
+    /// The JetStream the ledger's dead letters are read back from, in the stream
+    /// `<events prefix>_dead` ([`events::dead_letters`]): the console's "Dead letters"
+    /// page (the binary connects one when `NATS_URL` is set); `None`, no such page.
+    pub jetstream: Option<async_nats::jetstream::Context>,
+    /// The relay this process runs (the binary's, when `NATS_URL` is set): the console
+    /// shows what it published, retried and parked per minute.
+    pub relay: Option<Arc<idem::outbox::Relay>>,
 }
 
 impl Default for Config {
@@ -119,6 +126,8 @@ impl Default for Config {
             events_notify_interval: None,
             admin_token: None,
             admin_readonly_token: None,
+            jetstream: None,
+            relay: None,
         }
     }
 }
@@ -415,7 +424,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     doing(migrate(&pool).await, || {
         format!("cannot create the tables in {server}")
     })?;
-    let config = Config {
+    let mut config = Config {
         processor_delay: Duration::from_millis(delay_ms),
         processor,
         payments,
@@ -429,6 +438,8 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         events_notify_interval: None,
         admin_token,
         admin_readonly_token,
+        jetstream: None,
+        relay: None,
     };
     let store = store(pool.clone(), &config);
     if portable {
@@ -451,12 +462,21 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
     // Expired idempotency records are ignored already; deleting them keeps the table small.
     let sweeper = store.spawn_sweeper(Duration::from_secs(sweep_every), sweep_batch);
     let _sweeper = doing(sweeper, || "cannot start the sweeper".into())?;
-    // Charge events: relayed from the outbox to JetStream, booked by the ledger consumer.
-    let _events = match &nats_url {
-        Some(url) => Some(doing(
-            events::start_with(&store, url, &subject_prefix, delivery).await,
-            || format!("cannot start the charge events on NATS at {url}"),
-        )?),
+    // Charge events: relayed from the outbox to JetStream, booked by the ledger consumer;
+    // the console shows the relay's figures and reads the ledger's dead letters back.
+    let _ledger = match &nats_url {
+        Some(url) => {
+            let (relay, ledger) = doing(
+                events::start_with(&store, url, &subject_prefix, delivery).await,
+                || format!("cannot start the charge events on NATS at {url}"),
+            )?;
+            config.relay = Some(Arc::new(relay));
+            let client = doing(async_nats::connect(url.as_str()).await, || {
+                format!("cannot connect the console to NATS at {url}")
+            })?;
+            config.jetstream = Some(async_nats::jetstream::new(client));
+            Some(ledger)
+        }
         None => None,
     };
     let app = app(pool, config);
@@ -572,7 +592,7 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         readonly: config.admin_readonly_token.clone(),
     };
     let admin = (operators.admin.is_some() || operators.readonly.is_some())
-        .then(|| admin(idempotency.clone(), operators));
+        .then(|| admin(idempotency.clone(), operators, &config));
     let state = AppState {
         idempotency,
         pool,
@@ -610,16 +630,24 @@ struct Operators {
     readonly: Option<String>,
 }
 
-/// idem's console, actions on (for the admin), behind [`admin_auth`] with `operators`.
-fn admin(store: Store, operators: Operators) -> Router {
-    idem::console::Console::new(store)
+/// idem's console, actions on (for the admin), behind [`admin_auth`] with `operators`:
+/// with the relay's figures and the ledger's dead letters when `config` has them.
+fn admin(store: Store, operators: Operators, config: &Config) -> Router {
+    let mut console = idem::console::Console::new(store)
         .actions(true)
-        .operator_header(axum::http::HeaderName::from_static(OPERATOR_HEADER))
-        .router()
-        .layer(middleware::from_fn_with_state(
-            Arc::new(operators),
-            admin_auth,
-        ))
+        .operator_header(axum::http::HeaderName::from_static(OPERATOR_HEADER));
+    if let Some(relay) = &config.relay {
+        let relay = Arc::clone(relay);
+        console = console.relay_stats(move || relay.stats());
+    }
+    if let (Some(jetstream), Some(prefix)) = (&config.jetstream, &config.events) {
+        let (stream, _) = events::dead_letters(prefix);
+        console = console.jetstream_dead_letters(jetstream.clone(), stream);
+    }
+    console.router().layer(middleware::from_fn_with_state(
+        Arc::new(operators),
+        admin_auth,
+    ))
 }
 
 /// `Authorization: Bearer <ADMIN_TOKEN>` (the operator `admin`, [`Role::Admin`]) or

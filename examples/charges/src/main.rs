@@ -18,7 +18,8 @@
 //! `NATS_URL` (unset by default: no events; set, `charge.created` and `charge.refunded`
 //! go through idem's outbox to NATS JetStream, and the ledger consumer books them),
 //! `NATS_SUBJECT_PREFIX` (default `charges`: the stream and its subjects; the ledger's
-//! dead letters go to the stream `<prefix>_dead`),
+//! dead letters go to the stream `<prefix>_dead`, listed by the console's "Dead letters"
+//! page),
 //! `ADMIN_TOKEN` (unset by default: nothing at `/admin/idem`; set, at least 16 characters,
 //! idem's console is mounted there behind `Authorization: Bearer <ADMIN_TOKEN>`, actions
 //! on), `ADMIN_READONLY_TOKEN` (unset by default; set, at least 16 characters and not

@@ -11,7 +11,11 @@ use super::Shared;
 /// How far back the chart looks.
 const WINDOW: Duration = Duration::from_secs(3_600);
 
-/// Samples the lag every `every`, until the console is dropped.
+/// At most this many samples are kept.
+const MOST: usize = 2_000;
+
+/// Samples the lag, and the counters of this process's relays where the console has
+/// them, every `every`, until the console is dropped.
 pub(crate) async fn sample(console: Weak<Shared>, every: Duration) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -20,6 +24,9 @@ pub(crate) async fn sample(console: Weak<Shared>, every: Duration) {
         let Some(console) = console.upgrade() else {
             return;
         };
+        if let Some(relays) = &console.relays {
+            relays.sample();
+        }
         match console.store.outbox_lag().await {
             Ok(lag) => record(&console, lag),
             Err(error) => {
@@ -37,9 +44,12 @@ pub(crate) fn record(console: &Arc<Shared>, lag: Option<Duration>) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     samples.push_back((now, lag.map_or(0.0, |l| l.as_secs_f64())));
-    while samples
-        .front()
-        .is_some_and(|(at, _)| now.duration_since(*at).unwrap_or_default() > WINDOW)
+    // The live pages sample at each refresh: however many watch, the chart keeps a
+    // bounded number of points.
+    while samples.len() > MOST
+        || samples
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at).unwrap_or_default() > WINDOW)
     {
         samples.pop_front();
     }
@@ -77,8 +87,9 @@ pub(crate) fn chart(samples: &[(SystemTime, f64)], now: SystemTime, every: Durat
             }
         }
         p.muted {
-            "The age of the oldest pending event, sampled by this console every "
-            (super::pages::seconds(every.as_secs_f64())) " and at each view of this page."
+            "The age of the oldest pending event, sampled by this process's console every "
+            (super::pages::seconds(every.as_secs_f64())) " and at each view of this page: "
+            "it starts empty when the process starts, and another instance draws its own."
         }
     }
 }

@@ -1,6 +1,7 @@
 //! An operator's console for idem's keys and outbox: an axum [`Router`] that the service
-//! mounts, rendering HTML on the server (no script), over the same queries as the
-//! command-line tool ([`crate::operate`]).
+//! mounts, rendering HTML on the server, over the same queries as the command-line tool
+//! ([`crate::operate`]). One small script of its own (the copy buttons, the live pages)
+//! improves the pages; every page works without it.
 //!
 //! ```no_run
 //! # async fn f(store: idem::Store) {
@@ -53,32 +54,53 @@
 //!   after the last row shown, never at an offset). A key's page lists the events its
 //!   request wrote that are still in the outbox; an event's page links to the request
 //!   that wrote it, when its record is still there ([`Store::key_events`] says how, and
-//!   what no link reaches).
-//! - **Bodies and payloads hidden unless [`Console::show_bodies`]**: stored responses
-//!   and event payloads carry personal data.
+//!   what no link reaches), and shows its last ten failed publishes with their times
+//!   ([`Store::event_errors`]).
+//! - **Bodies and payloads hidden unless [`Console::show_bodies`]**: stored responses,
+//!   event payloads and dead letters' payloads carry personal data.
+//! - **Live.** The overview and the outbox page fetch themselves again every
+//!   [`Console::refresh_every`] (5 s by default) and put the new figures in place,
+//!   without a reload, while the tab is visible; an operator pauses it in the header.
+//!   Without script they are plain pages, their time in the header.
+//! - **Where each figure comes from is said.** The overview shows the database's
+//!   figures (records per scope, pending and dead events, the relays holding their
+//!   sessions: the same from every instance) apart from this process's (the requests it
+//!   answered since it started, with the `metrics` feature; its relays' per-minute
+//!   figures, given with [`Console::relay_stats`]; the lag chart, which it samples).
+//! - **Relays by host and process.** Wherever a lease's owner number appears, the relay
+//!   is shown by the host and process id its session names ([`Store::outbox_relays`]),
+//!   and the overview and the outbox list the relays.
+//! - **Long ids are shortened** in lists (the whole id in the text, its `title` and a
+//!   copy button), and the pages use the window's width.
+//! - **No inline script or style.** Pages are sent with a `Content-Security-Policy` that
+//!   allows the console's own stylesheet and script (`/assets/..`, named by a hash of
+//!   their content) and nothing else, and may not be framed.
 //!
-//! Pages: the overview (records per scope, those expiring within the hour, what this
-//! process counted of replays, 409s and 422s with the `metrics` feature, the outbox's
-//! lag over the last hour, dead events by reason), keys (a list, and one key's record,
-//! steps and events), the outbox (pending per topic, leases, blocked ordering keys), the
-//! pending events, the dead events (grouped by reason and listed) and the audit trail.
+//! Pages: the overview, keys (a list, and one key's record, steps and events), the
+//! abandoned requests, the outbox (pending per topic, relays, leases, blocked ordering
+//! keys), the pending events (listed, and one by one), the dead events (grouped by
+//! reason, listed, and one by one), the consumers' dead letters where configured
+//! (`Console::jetstream_dead_letters`, feature `nats`), and the audit trail.
 //!
 //! The lag chart is drawn from samples the console takes itself, every
 //! [`Console::lag_sample_every`], from when [`Console::router`] is called (within a tokio
-//! runtime) until the router is dropped.
+//! runtime) until the router is dropped; it starts empty when the process does. The
+//! relays' counters are sampled with it.
 //!
 //! [`DeadBound`]: crate::operate::DeadBound
 
+mod assets;
 mod csrf;
 mod lag;
 mod pages;
+mod relays;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{Form, FromRequestParts, NestedPath, Query, State};
-use axum::http::header::{CACHE_CONTROL, LOCATION, X_FRAME_OPTIONS};
+use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, LOCATION, X_FRAME_OPTIONS};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -90,6 +112,7 @@ use serde::Deserialize;
 use crate::operate::{
     Audited, ConfirmError, DeadBound, EventFilter, KeyCursor, KeyFilter, Operator,
 };
+use crate::outbox::RelayStats;
 use crate::Store;
 
 /// The console of one store, configured; [`Console::router`] makes its router.
@@ -100,6 +123,17 @@ pub struct Console {
     show_bodies: bool,
     operator_header: Option<HeaderName>,
     lag_every: Duration,
+    refresh_every: Duration,
+    relay_stats: Option<Box<dyn Fn() -> RelayStats + Send + Sync>>,
+    #[cfg(feature = "nats")]
+    dead_letters: Option<DeadLetters>,
+}
+
+/// Where the consumers' dead letters are read from (`Console::jetstream_dead_letters`).
+#[cfg(feature = "nats")]
+struct DeadLetters {
+    jetstream: async_nats::jetstream::Context,
+    stream: String,
 }
 
 /// What an operator may do in the console, decided by the service: its auth layer
@@ -144,7 +178,7 @@ where
 
 impl Console {
     /// The console of `store`: read-only, bodies and payloads hidden, the lag sampled
-    /// every 30 s.
+    /// every 30 s, the live pages refreshed every 5 s.
     pub fn new(store: Store) -> Self {
         Self {
             store,
@@ -152,6 +186,10 @@ impl Console {
             show_bodies: false,
             operator_header: None,
             lag_every: Duration::from_secs(30),
+            refresh_every: Duration::from_secs(5),
+            relay_stats: None,
+            #[cfg(feature = "nats")]
+            dead_letters: None,
         }
     }
 
@@ -178,10 +216,74 @@ impl Console {
         self
     }
 
-    /// How often the outbox's lag is sampled for the overview's chart (default 30 s; at
-    /// least 100 ms).
+    /// How often the outbox's lag is sampled for the overview's chart, and the relays'
+    /// counters for their per-minute figures (default 30 s; at least 100 ms).
     pub fn lag_sample_every(mut self, every: Duration) -> Self {
         self.lag_every = every.max(Duration::from_millis(100));
+        self
+    }
+
+    /// How often the live pages (the overview, the outbox) fetch their figures again in
+    /// the operator's browser (default 5 s; whole seconds, at least one). Each refresh
+    /// runs the page's queries once, as a reload would.
+    pub fn refresh_every(mut self, every: Duration) -> Self {
+        self.refresh_every = Duration::from_secs(every.as_secs().max(1));
+        self
+    }
+
+    /// The counters of the relays this process runs, read when a page shows them and at
+    /// each lag sample: the overview and the outbox show what they published, retried
+    /// and parked per minute, and since they started, labelled as this process's (the
+    /// relays of other processes count in theirs; a fleet's figures are in the relays'
+    /// metrics, feature `metrics`). Without it those pages say so.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store, publisher: impl idem::outbox::Publisher) -> Result<(), idem::outbox::RelayError> {
+    /// use std::sync::Arc;
+    ///
+    /// let relay = Arc::new(store.relay(publisher).spawn()?);
+    /// let console = idem::console::Console::new(store.clone())
+    ///     .relay_stats({
+    ///         let relay = Arc::clone(&relay);
+    ///         move || relay.stats()
+    ///     })
+    ///     .router::<()>();
+    /// # Ok(()) }
+    /// ```
+    pub fn relay_stats<F>(mut self, stats: F) -> Self
+    where
+        F: Fn() -> RelayStats + Send + Sync + 'static,
+    {
+        self.relay_stats = Some(Box::new(stats));
+        self
+    }
+
+    /// The consumers' dead letters, read back from the JetStream stream `stream` (the one
+    /// that captures their
+    /// [`dead_letter_subject`](crate::outbox::nats::JetStreamConsumer::dead_letter_subject))
+    /// with [`dead_letters`](crate::outbox::nats::dead_letters): a "Dead letters" page,
+    /// linked from the header, lists the newest (event id, subject, reason, time; the
+    /// payload only with [`Console::show_bodies`]). Without it the page does not exist.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), async_nats::ConnectError> {
+    /// let jetstream = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+    /// let console = idem::console::Console::new(store)
+    ///     .jetstream_dead_letters(jetstream, "charges_dead")
+    ///     .router::<()>();
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream_dead_letters(
+        mut self,
+        jetstream: async_nats::jetstream::Context,
+        stream: impl Into<String>,
+    ) -> Self {
+        self.dead_letters = Some(DeadLetters {
+            jetstream,
+            stream: stream.into(),
+        });
         self
     }
 
@@ -200,19 +302,29 @@ impl Console {
             csrf: csrf::Key::random(),
             lag_every: self.lag_every,
             lag: Mutex::new(VecDeque::new()),
+            refresh_every: self.refresh_every,
+            relays: self.relay_stats.map(relays::Counters::new),
+            #[cfg(feature = "nats")]
+            dead_letters: self.dead_letters,
         });
         tokio::spawn(lag::sample(Arc::downgrade(&shared), self.lag_every));
         let mut router = Router::new()
             .route("/", get(overview))
+            .route("/assets/{file}", get(assets::serve))
             .route("/keys", get(keys))
             .route("/abandoned", get(abandoned))
             .route("/key", get(key))
             .route("/outbox", get(outbox))
             .route("/pending", get(pending))
+            .route("/pending/event", get(pending_event))
             .route("/dead", get(dead))
             .route("/dead/event", get(dead_event))
             .route("/event/request", get(event_request))
             .route("/audit", get(audit));
+        #[cfg(feature = "nats")]
+        if shared.dead_letters.is_some() {
+            router = router.route("/dead-letters", get(dead_letters));
+        }
         if self.actions {
             router = router
                 .route("/key/purge", post(purge_key))
@@ -236,6 +348,12 @@ pub(crate) struct Shared {
     /// The lag samples of the last hour: when, and the age of the oldest pending event
     /// in seconds (0 when none was pending), oldest first.
     lag: Mutex<VecDeque<(SystemTime, f64)>>,
+    /// How often the live pages refresh.
+    refresh_every: Duration,
+    /// This process's relays, when the service gave their counters.
+    relays: Option<relays::Counters>,
+    #[cfg(feature = "nats")]
+    dead_letters: Option<DeadLetters>,
 }
 
 /// The handlers' state.
@@ -248,6 +366,10 @@ pub(crate) struct Frame {
     token: Option<String>,
     show_bodies: bool,
     notice: Option<String>,
+    /// Whether the header links to the dead letters' page.
+    dead_letters: bool,
+    /// Every how many seconds the page refreshes itself; `None` for a page that does not.
+    live: Option<u64>,
 }
 
 /// Who asks, as the service's auth layer described them: where the console is mounted
@@ -301,7 +423,34 @@ impl Shared {
                 .then(|| self.csrf.token(&viewer.operator)),
             show_bodies: self.show_bodies,
             notice,
+            dead_letters: self.has_dead_letters(),
+            live: None,
         }
+    }
+
+    /// The frame of a page that refreshes itself (the overview, the outbox).
+    fn live_frame(&self, viewer: &Viewer, notice: Option<String>) -> Frame {
+        Frame {
+            live: Some(self.refresh_every.as_secs()),
+            ..self.frame(viewer, notice)
+        }
+    }
+
+    /// Whether the consumers' dead letters are configured.
+    fn has_dead_letters(&self) -> bool {
+        #[cfg(feature = "nats")]
+        {
+            self.dead_letters.is_some()
+        }
+        #[cfg(not(feature = "nats"))]
+        {
+            false
+        }
+    }
+
+    /// What this process's relays did lately, if the service gave their counters.
+    fn relay_rates(&self) -> Option<relays::Rates> {
+        self.relays.as_ref().and_then(relays::Counters::rates)
     }
 
     /// The refusal of an action's page to a read-only operator; `None` for an admin.
@@ -360,12 +509,16 @@ impl Refused {
 }
 
 /// A page: no caching (it shows live data, possibly personal), never in a frame (its
-/// forms act).
+/// forms act), no script or style but the console's own.
 fn html(status: StatusCode, markup: Markup) -> Response {
     let mut response = (status, markup).into_response();
     let headers = response.headers_mut();
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(assets::POLICY),
+    );
     response
 }
 
@@ -387,9 +540,16 @@ fn failed(error: sqlx::Error) -> Response {
 /// Back to `path` (under the console's base) after an action, saying what was done.
 fn back(base: &str, path: &str, notice: &str) -> Response {
     let separator = if path.contains('?') { '&' } else { '?' };
-    let location = format!("{base}{path}{separator}done={}", pages::encode(notice));
+    see_other(&format!(
+        "{base}{path}{separator}done={}",
+        pages::encode(notice)
+    ))
+}
+
+/// A redirect (303) to `location`, a path the console made.
+fn see_other(location: &str) -> Response {
     let mut response = StatusCode::SEE_OTHER.into_response();
-    if let Ok(value) = HeaderValue::from_str(&location) {
+    if let Ok(value) = HeaderValue::from_str(location) {
         response.headers_mut().insert(LOCATION, value);
     }
     response
@@ -475,11 +635,12 @@ async fn overview(
 ) -> Response {
     let store = &console.store;
     let within = Duration::from_secs(3_600);
-    let (counts, reasons, pending, lag) = match tokio::try_join!(
+    let (counts, reasons, pending, lag, relays) = match tokio::try_join!(
         store.key_counts(within),
         store.dead_reasons(),
         store.outbox_pending(),
         store.outbox_lag(),
+        store.outbox_relays(),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -492,12 +653,22 @@ async fn overview(
         .iter()
         .copied()
         .collect();
-    let frame = console.frame(&viewer, notice.done);
+    let frame = console.live_frame(&viewer, notice.done);
     let chart = lag::chart(&samples, SystemTime::now(), console.lag_every);
-    html(
-        StatusCode::OK,
-        pages::overview(&frame, &counts, &outcomes(), &reasons, &pending, lag, chart),
-    )
+    let database = pages::Database {
+        counts: &counts,
+        reasons: &reasons,
+        pending: &pending,
+        lag,
+        relays: &relays,
+    };
+    let (outcomes, rates) = (outcomes(), console.relay_rates());
+    let process = pages::Process {
+        outcomes: &outcomes,
+        relays: rates.as_ref(),
+        chart,
+    };
+    html(StatusCode::OK, pages::overview(&frame, &database, &process))
 }
 
 /// What this process counted of its requests (feature `metrics`), else nothing.
@@ -627,19 +798,25 @@ async fn key(State(console): Console_, viewer: Viewer, Query(q): Query<KeyQuery>
 
 async fn outbox(State(console): Console_, viewer: Viewer) -> Response {
     let store = &console.store;
-    let (pending, leases, blocked) = match tokio::try_join!(
+    let (pending, relays, leases, blocked) = match tokio::try_join!(
         store.outbox_pending(),
+        store.outbox_relays(),
         store.outbox_leases(100),
         store.outbox_blocked(100),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&viewer, None);
-    html(
-        StatusCode::OK,
-        pages::outbox(&frame, &pending, &leases, &blocked),
-    )
+    let frame = console.live_frame(&viewer, None);
+    let rates = console.relay_rates();
+    let shown = pages::OutboxShown {
+        pending: &pending,
+        relays: &relays,
+        rates: rates.as_ref(),
+        leases: &leases,
+        blocked: &blocked,
+    };
+    html(StatusCode::OK, pages::outbox(&frame, &shown))
 }
 
 /// A list's `after` field: the `seq` its page continues after; `Err` when it is not one.
@@ -672,8 +849,12 @@ async fn pending(
         return bad_after();
     };
     let limit = page_size(&fields);
-    let page = match console.store.pending_events(&filter, after, limit).await {
-        Ok(page) => page,
+    let store = &console.store;
+    let (page, relays) = match tokio::try_join!(
+        store.pending_events(&filter, after, limit),
+        store.outbox_relays(),
+    ) {
+        Ok(found) => found,
         Err(e) => return failed(e),
     };
     let frame = console.frame(&viewer, None);
@@ -683,7 +864,56 @@ async fn pending(
         limit,
         paged: after.is_some(),
     };
-    html(StatusCode::OK, pages::pending(&frame, &shown, &page))
+    html(
+        StatusCode::OK,
+        pages::pending(&frame, &shown, &page, &relays),
+    )
+}
+
+/// One pending event: its row, the relay that holds it, its failed publishes. A dead
+/// event's id is sent to its own page.
+async fn pending_event(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(q): Query<EventQuery>,
+) -> Response {
+    let store = &console.store;
+    let one = EventFilter {
+        ids: Some(vec![q.id.clone()]),
+        ..EventFilter::default()
+    };
+    let (page, errors, relays) = match tokio::try_join!(
+        store.pending_events(&one, None, 1),
+        store.event_errors(&q.id),
+        store.outbox_relays(),
+    ) {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let found = page.rows.first();
+    if found.is_none() {
+        match store.dead_event(&q.id, false).await {
+            Ok(Some(_)) => {
+                return see_other(&format!(
+                    "{}/dead/event?id={}",
+                    viewer.base,
+                    pages::encode(&q.id)
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => return failed(e),
+        }
+    }
+    let frame = console.frame(&viewer, None);
+    let status = if found.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    html(
+        status,
+        pages::pending_event(&frame, &q.id, found, &errors, &relays),
+    )
 }
 
 /// The dead events: grouped by reason, and listed, filtered, a page at a time.
@@ -729,7 +959,11 @@ async fn dead_event(
     viewer: Viewer,
     Query(q): Query<EventQuery>,
 ) -> Response {
-    let found = match console.store.dead_event(&q.id, console.show_bodies).await {
+    let store = &console.store;
+    let (found, errors) = match tokio::try_join!(
+        store.dead_event(&q.id, console.show_bodies),
+        store.event_errors(&q.id),
+    ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
@@ -742,7 +976,54 @@ async fn dead_event(
     let max_age = console.store.redrive_max_age();
     html(
         status,
-        pages::dead_event(&frame, &q.id, found.as_ref(), max_age),
+        pages::dead_event(&frame, &q.id, found.as_ref(), &errors, max_age),
+    )
+}
+
+/// The consumers' newest dead letters, from their JetStream stream: `limit` of them (50
+/// by default, at most 500).
+#[cfg(feature = "nats")]
+async fn dead_letters(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    let Some(source) = &console.dead_letters else {
+        return page_error(
+            StatusCode::NOT_FOUND,
+            "No dead letters' stream is configured.",
+        );
+    };
+    let limit = field(&fields, "limit")
+        .and_then(|n| n.parse::<u32>().ok())
+        .map_or(50, |n| n.clamp(1, 500));
+    // A broker that does not answer is said so, not waited for.
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        crate::outbox::nats::dead_letters(&source.jetstream, &source.stream, limit as usize),
+    )
+    .await;
+    let letters = match read {
+        Ok(Ok(letters)) => letters,
+        Ok(Err(error)) => {
+            tracing::warn!(target: "idem::console", %error, "idem console: reading the dead letters failed");
+            return page_error(StatusCode::SERVICE_UNAVAILABLE, &error.to_string());
+        }
+        Err(_) => {
+            return page_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "JetStream did not answer within 10 s: the dead letters of the stream {:?} \
+                     cannot be read now.",
+                    source.stream
+                ),
+            )
+        }
+    };
+    let frame = console.frame(&viewer, None);
+    html(
+        StatusCode::OK,
+        pages::dead_letters(&frame, &source.stream, limit, &letters),
     )
 }
 

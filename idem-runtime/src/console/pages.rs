@@ -1,39 +1,21 @@
 //! The console's pages, written with maud: HTML checked when the crate compiles, every
-//! value escaped, no script.
+//! value escaped, their style and script in the console's own files (`assets`).
 
 use std::time::{Duration, SystemTime};
 
 use axum::http::StatusCode;
-use maud::{html, Markup, PreEscaped, DOCTYPE};
+use maud::{html, Markup, DOCTYPE};
 
-use super::{DeadAction, Frame};
+use super::relays::{self, Rates};
+use super::{assets, DeadAction, Frame};
 use crate::operate::{
     format_time, Abandoned, AuditEntry, BlockedKey, DeadBound, DeadDetail, DeadPreview, DeadReason,
-    DeadSelection, EventFilter, KeyCounts, KeyCursor, KeyDetail, KeyEvent, KeyFilter, KeySummary,
-    Lease, Page, PendingEvent, RequestKey, StepRecord, TopicPending,
+    DeadSelection, EventFilter, FailedPublish, KeyCounts, KeyCursor, KeyDetail, KeyEvent,
+    KeyFilter, KeySummary, Lease, Page, PendingEvent, RelaySession, RequestKey, StepRecord,
+    TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
-
-const STYLE: &str = "
-body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f8fa}
-header{background:#1b1f24;color:#fff;padding:.6em 1.2em;display:flex;gap:1.4em;align-items:baseline}
-header a{color:#c9d1d9;text-decoration:none}header a:hover{color:#fff}
-header strong{font-size:1.1em;margin-right:1em}
-main{padding:1em 1.2em;max-width:1100px}
-section{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:.6em 1em;margin:0 0 1em}
-h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.05em;margin:.2em 0 .5em}
-table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #eaeef2;vertical-align:top}
-th{font-weight:600;color:#57606a}td.n{text-align:right;font-variant-numeric:tabular-nums}
-td.at{white-space:nowrap}
-code,pre{font:12px ui-monospace,monospace}td code{word-break:break-all}pre{background:#f6f8fa;padding:.5em;overflow:auto}
-.notice{background:#dafbe1;border-color:#4ac26b}.muted{color:#57606a}
-.warn{background:#fff8c5;border-color:#d4a72c}.outside{color:#9a6700;font-weight:600}
-form.inline{display:inline}button{font:inherit;padding:.15em .7em;cursor:pointer}
-button.danger{color:#cf222e}input[type=text]{font:inherit;width:12em}
-.chart{background:#fff;max-width:100%}
-form.filter{margin:0 0 .6em}nav.pages{margin:.6em 0 0;display:flex;gap:1.2em}
-";
 
 /// `text` for a URL's query: unreserved characters as they are, every other byte as
 /// `%XX`.
@@ -120,8 +102,43 @@ fn until(t: SystemTime) -> String {
     }
 }
 
+/// A long id (an event's, a key, a fingerprint) in a list: shortened on screen with an
+/// ellipsis, whole in the page's text (selected, searched and copied whole), in its
+/// `title`, and in its copy button's. A link to `href` when there is one (the button
+/// beside it, not in it). The button needs the script; without it, it is not shown.
+fn short(id: &str, href: Option<String>) -> Markup {
+    html! {
+        span.id {
+            @if let Some(href) = href {
+                a href=(href) { code title=(id) { (id) } }
+            } @else {
+                code title=(id) { (id) }
+            }
+            (copy(id))
+        }
+    }
+}
+
+/// A long id on its own page: whole, with its copy button.
+fn whole(id: &str) -> Markup {
+    html! { span.id.whole { code { (id) } (copy(id)) } }
+}
+
+fn copy(id: &str) -> Markup {
+    html! {
+        button.copy type="button" data-copy=(id) title="Copy the whole id" { "copy" }
+    }
+}
+
+/// The link to the page of an outbox event: the dead events' own, or the pending one's.
+fn event_href(base: &str, id: &str, dead: bool) -> String {
+    let page = if dead { "dead" } else { "pending" };
+    format!("{base}/{page}/event?id={}", encode(id))
+}
+
 fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
     let base = &frame.base;
+    let now = format_time(SystemTime::now());
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -130,7 +147,8 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 meta name="referrer" content="no-referrer";
                 title { (title) " · idem" }
-                style { (PreEscaped(STYLE)) }
+                link rel="stylesheet" href=(format!("{base}/assets/{}", assets::style()));
+                script src=(format!("{base}/assets/{}", assets::script())) defer {}
             }
             body {
                 header {
@@ -142,12 +160,19 @@ fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                     a href=(format!("{base}/outbox")) { "Outbox" }
                     a href=(format!("{base}/pending")) { "Pending events" }
                     a href=(format!("{base}/dead")) { "Dead events" }
+                    @if frame.dead_letters {
+                        a href=(format!("{base}/dead-letters")) { "Dead letters" }
+                    }
                     a href=(format!("{base}/audit")) { "Audit" }
                     @if frame.token.is_none() {
                         span.muted { "read-only" }
                     }
+                    // The script makes it "live, every 5 s", with a pause button.
+                    @if frame.live.is_some() {
+                        span #live data-at=(now) { "as of " (now) ", reload for fresh figures" }
+                    }
                 }
-                main {
+                main data-live=[frame.live] {
                     @if let Some(notice) = &frame.notice {
                         section.notice role="status" { (notice) }
                     }
@@ -210,79 +235,128 @@ fn pager(base_path: &str, query: &str, paged: bool, next: Option<String>) -> Mar
     }
 }
 
+/// An error page: plain (it does not know where the console is mounted, so it links
+/// nothing, not even the stylesheet).
 pub(crate) fn error(status: StatusCode, message: &str) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head { meta charset="utf-8"; title { (status) " · idem" } style { (PreEscaped(STYLE)) } }
+            head { meta charset="utf-8"; title { (status) " · idem" } }
             body { main { h1 { (status) } p { (message) } } }
         }
     }
 }
 
-pub(crate) fn overview(
-    frame: &Frame,
-    counts: &[KeyCounts],
-    outcomes: &Option<Vec<(String, Outcome, u64)>>,
-    reasons: &[DeadReason],
-    pending: &[TopicPending],
-    lag: Option<Duration>,
-    chart: Markup,
-) -> Markup {
-    let count = |scope: &str, outcome: Outcome| -> u64 {
-        outcomes
-            .iter()
-            .flatten()
-            .filter(|(s, o, _)| s == scope && *o == outcome)
-            .map(|(_, _, n)| n)
-            .sum()
-    };
+/// The overview's figures from the database: every instance's records and events, the
+/// same whichever instance serves the page.
+pub(crate) struct Database<'a> {
+    pub(crate) counts: &'a [KeyCounts],
+    pub(crate) reasons: &'a [DeadReason],
+    pub(crate) pending: &'a [TopicPending],
+    pub(crate) lag: Option<Duration>,
+    pub(crate) relays: &'a [RelaySession],
+}
+
+/// The overview's figures from this process: counted since it started, or sampled by it.
+pub(crate) struct Process<'a> {
+    /// The requests it answered per scope and outcome (feature `metrics`), else `None`.
+    pub(crate) outcomes: &'a Option<Vec<(String, Outcome, u64)>>,
+    /// What its relays did lately, when the service gave their counters.
+    pub(crate) relays: Option<&'a Rates>,
+    /// The lag chart of its samples.
+    pub(crate) chart: Markup,
+}
+
+/// A block's title, and where its figures come from.
+fn sourced(title: &str, source: &str) -> Markup {
+    html! { h2 { (title) span.source { (source) } } }
+}
+
+/// The relays holding their sessions now ([`crate::Store::outbox_relays`]).
+fn relays_table(relays: &[RelaySession]) -> Markup {
+    html! {
+        @if relays.is_empty() {
+            p.muted {
+                "No relay holds a session now: none runs, or they run where leases end by "
+                "their time only (the portable mode, behind a transaction pooler without a "
+                "direct session)."
+            }
+        } @else {
+            table.relays {
+                tr { th { "session" } th { "owner number" } th { "from" } th { "connected" } }
+                @for r in relays {
+                    tr {
+                        td { code { (r.name) } }
+                        td.n { (r.owner) }
+                        td { @if let Some(addr) = &r.client_addr { code { (addr) } } @else { span.muted { "local socket, or hidden from this role" } } }
+                        td.at { @if let Some(since) = r.since { (format_time(since)) } @else { span.muted { "hidden from this role" } } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn overview(frame: &Frame, database: &Database<'_>, process: &Process<'_>) -> Markup {
+    let Database {
+        counts,
+        reasons,
+        pending,
+        lag,
+        relays,
+    } = *database;
     let pending_total: u64 = pending.iter().map(|p| p.events).sum();
     let dead_total: u64 = reasons.iter().map(|r| r.events).sum();
     let base = &frame.base;
     let body = html! {
-        section {
-            h2 { "Records per scope" }
+        section.db {
+            (sourced("From the database", "every instance's records and events, as the database has them now"))
+            div.cols {
+                div {
+                    h3 { "Outbox" }
+                    div.figures {
+                        span {
+                            a href=(format!("{base}/pending")) { strong.figure #pending-total { (pending_total) " pending" } }
+                            @if let Some(lag) = lag { span.muted { ", the oldest " (ago(lag)) " old" } }
+                        }
+                        a href=(format!("{base}/dead")) { strong.figure #dead-total { (dead_total) " dead" } }
+                    }
+                    p { a href=(format!("{base}/outbox")) { "Pending per topic, relays, leases and blocked keys" } }
+                }
+                div {
+                    h3 { "Relays" }
+                    (relays_table(relays))
+                }
+            }
+            h3 { "Records per scope" }
             @if counts.is_empty() {
                 p.muted { "No records." }
             } @else {
-                table {
-                    tr {
-                        th { "scope" } th { "live" } th { "expiring within the hour" } th { "expired, not yet swept" }
-                        @if outcomes.is_some() {
-                            th { "fresh" } th { "replayed" } th { "409 in use" } th { "422 mismatch" }
-                        }
-                    }
+                table.scopes {
+                    tr { th { "scope" } th { "live" } th { "expiring within the hour" } th { "expired, not yet swept" } }
                     @for c in counts {
                         tr {
                             td { a href=(format!("{base}/keys?scope={}", encode(&c.scope))) { code { (c.scope) } } }
                             td.n { (c.live) } td.n { (c.expiring) } td.n { (c.expired) }
-                            @if outcomes.is_some() {
-                                td.n { (count(&c.scope, Outcome::Fresh)) }
-                                td.n { (count(&c.scope, Outcome::Replayed)) }
-                                td.n { (count(&c.scope, Outcome::Conflict)) }
-                                td.n { (count(&c.scope, Outcome::Mismatch)) }
-                            }
                         }
                     }
                 }
-                @if outcomes.is_some() {
-                    p.muted { "Requests are counted by this process since it started (feature " code { "metrics" } ")." }
+            }
+        }
+        section.process {
+            (sourced("From this process", "counted in the memory of the instance that serves this page, since it started: another instance counts its own, and a restart starts again from zero"))
+            div.cols {
+                div {
+                    h3 { "Requests it answered" }
+                    (outcomes_table(process.outcomes))
+                    h3 { "Outbox lag over the last hour" }
+                    (process.chart)
                 }
+                div { (relays::block(process.relays)) }
             }
         }
         section {
-            h2 { "Outbox" }
-            p {
-                (pending_total) " pending"
-                @if let Some(lag) = lag { ", the oldest " (ago(lag)) " old" }
-                ". " a href=(format!("{base}/outbox")) { "Pending, leases and blocked keys" }
-            }
-            h2 { "Lag over the last hour" }
-            (chart)
-        }
-        section {
-            h2 { "Dead events by reason" }
+            (sourced("Dead events by reason", "from the database"))
             @if reasons.is_empty() {
                 p.muted { "No dead events." }
             } @else {
@@ -294,6 +368,45 @@ pub(crate) fn overview(
         }
     };
     layout(frame, "Overview", body)
+}
+
+/// What this process counted of its requests, per scope: fresh, replayed, 409, 422.
+fn outcomes_table(outcomes: &Option<Vec<(String, Outcome, u64)>>) -> Markup {
+    let Some(outcomes) = outcomes else {
+        return html! {
+            p.muted {
+                "Not counted: the service is built without idem's " code { "metrics" } " feature."
+            }
+        };
+    };
+    let mut scopes: Vec<&str> = outcomes.iter().map(|(s, _, _)| s.as_str()).collect();
+    scopes.dedup();
+    let count = |scope: &str, outcome: Outcome| -> u64 {
+        outcomes
+            .iter()
+            .filter(|(s, o, _)| s == scope && *o == outcome)
+            .map(|(_, _, n)| n)
+            .sum()
+    };
+    html! {
+        @if scopes.is_empty() {
+            p.muted { "None since this process started." }
+        } @else {
+            table.outcomes {
+                tr { th { "scope" } th { "fresh" } th { "replayed" } th { "409 in use" } th { "422 mismatch" } }
+                @for scope in &scopes {
+                    tr {
+                        td { code { (scope) } }
+                        td.n { (count(scope, Outcome::Fresh)) }
+                        td.n { (count(scope, Outcome::Replayed)) }
+                        td.n { (count(scope, Outcome::Conflict)) }
+                        td.n { (count(scope, Outcome::Mismatch)) }
+                    }
+                }
+            }
+            p.muted { "Feature " code { "metrics" } ": the figures behind " code { "idem_requests_total" } "." }
+        }
+    }
 }
 
 /// The dead events of one reason.
@@ -401,9 +514,9 @@ pub(crate) fn keys(
                             td { code { (k.principal) } }
                             td {
                                 @if k.spread.is_some() {
-                                    code { (k.key) }
+                                    (short(&k.key, None))
                                 } @else {
-                                    a href=(format!("{base}/key?scope={}&principal={}&key={}", encode(&k.scope), encode(&k.principal), encode(&k.key))) { code { (k.key) } }
+                                    (short(&k.key, Some(format!("{base}/key?scope={}&principal={}&key={}", encode(&k.scope), encode(&k.principal), encode(&k.key)))))
                                 }
                             }
                             td.n { (k.status) }
@@ -449,9 +562,9 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
                         td { code { (a.principal) } }
                         td {
                             @if a.spread.is_some() {
-                                code { (a.key) }
+                                (short(&a.key, None))
                             } @else {
-                                a href=(format!("{base}/key?scope={}&principal={}&key={}", encode(&a.scope), encode(&a.principal), encode(&a.key))) { code { (a.key) } }
+                                (short(&a.key, Some(format!("{base}/key?scope={}&principal={}&key={}", encode(&a.scope), encode(&a.principal), encode(&a.key)))))
                             }
                         }
                         td {
@@ -497,12 +610,12 @@ pub(crate) fn key(
             table {
                 tr { th { "scope" } td { code { (scope) } } }
                 tr { th { "principal" } td { @if principal.is_empty() { span.muted { "none" } } @else { code { (principal) } } } }
-                tr { th { "key" } td { code { (key) } } }
+                tr { th { "key" } td { (whole(key)) } }
                 @if let Some(k) = found {
                     tr { th { "status" } td { (k.status) @if k.expired { " " span.muted { "(expired: the next request runs afresh)" } } } }
                     tr { th { "created" } td { (format_time(k.created_at)) } }
                     tr { th { "expires" } td { (until(k.expires_at)) } }
-                    tr { th { "fingerprint" } td { code { (k.fingerprint) } } }
+                    tr { th { "fingerprint" } td { (whole(&k.fingerprint)) } }
                     tr { th { "stored headers" } td { pre { (k.headers) } } }
                     tr { th { "response body" } td {
                         (k.body_bytes) " bytes"
@@ -555,15 +668,9 @@ pub(crate) fn key(
                         tr { th { "event" } th { "topic" } th { "ordering key" } th { "state" } th { "attempts" } th { "last error" } }
                         @for e in events {
                             tr {
-                                td {
-                                    @if e.dead {
-                                        a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } }
-                                    } @else {
-                                        code { (e.id) }
-                                    }
-                                }
+                                td { (short(&e.id, Some(event_href(base, &e.id, e.dead)))) }
                                 td { code { (e.topic) } }
-                                td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                                td { @if let Some(k) = &e.ordering_key { (short(k, None)) } }
                                 td { @if e.dead { "dead" } @else { "pending" } }
                                 td.n { (e.attempts) }
                                 td { @if let Some(error) = &e.last_error { code { (error) } } }
@@ -577,73 +684,122 @@ pub(crate) fn key(
     layout(frame, "Key", body)
 }
 
-fn lease_cells(l: &Lease) -> Markup {
+/// Who holds an event: the relay of owner number `owner` (its host and process), or what
+/// holds it without one.
+fn holder(owner: Option<i32>, backing_off: bool, relays: &[RelaySession]) -> Markup {
+    match owner {
+        Some(owner) => relays::owner(i64::from(owner), relays),
+        None if backing_off => html! { "backoff, or a lease by time" },
+        None => html! { "a relay (lease by time)" },
+    }
+}
+
+fn lease_cells(base: &str, l: &Lease, relays: &[RelaySession]) -> Markup {
     html! {
-        td { code { (l.id) } }
+        td { (short(&l.id, Some(event_href(base, &l.id, false)))) }
         td { code { (l.topic) } }
         td.n { (l.attempts) }
-        td {
-            @match l.owner {
-                Some(owner) => { "relay " (owner) }
-                None => @if l.last_error.is_some() { "backoff, or a lease by time" } @else { "a relay (lease by time)" },
-            }
-        }
+        td { (holder(l.owner, l.last_error.is_some(), relays)) }
         td { (until(l.until)) }
         td { @if let Some(e) = &l.last_error { code { (e) } } }
     }
 }
 
-pub(crate) fn outbox(
-    frame: &Frame,
-    pending: &[TopicPending],
-    leases: &[Lease],
-    blocked: &[BlockedKey],
-) -> Markup {
+/// What the outbox page shows.
+pub(crate) struct OutboxShown<'a> {
+    pub(crate) pending: &'a [TopicPending],
+    pub(crate) relays: &'a [RelaySession],
+    pub(crate) rates: Option<&'a Rates>,
+    pub(crate) leases: &'a [Lease],
+    pub(crate) blocked: &'a [BlockedKey],
+}
+
+pub(crate) fn outbox(frame: &Frame, shown: &OutboxShown<'_>) -> Markup {
+    let OutboxShown {
+        pending,
+        relays,
+        rates,
+        leases,
+        blocked,
+    } = *shown;
     let base = &frame.base;
     let body = html! {
-        section {
-            h2 { "Pending per topic" }
-            @if pending.is_empty() {
-                p.muted { "Nothing pending." }
-            } @else {
-                table {
-                    tr { th { "topic" } th { "pending" } th { "held" } th { "lag (oldest)" } }
-                    @for p in pending {
-                        tr {
-                            td { a href=(format!("{base}/pending?topic={}", encode(&p.topic))) { code { (p.topic) } } }
-                            td.n { (p.events) } td.n { (p.held) } td { (ago(p.oldest)) }
+        div.cols {
+            section.db {
+                (sourced("Pending per topic", "from the database"))
+                @if pending.is_empty() {
+                    p.muted { "Nothing pending." }
+                } @else {
+                    table {
+                        tr { th { "topic" } th { "pending" } th { "held" } th { "lag (oldest)" } }
+                        @for p in pending {
+                            tr {
+                                td { a href=(format!("{base}/pending?topic={}", encode(&p.topic))) { code { (p.topic) } } }
+                                td.n { (p.events) } td.n { (p.held) } td { (ago(p.oldest)) }
+                            }
                         }
                     }
+                    p { a href=(format!("{base}/pending")) { "The pending events, one by one" } }
                 }
-                p { a href=(format!("{base}/pending")) { "The pending events, one by one" } }
+            }
+            section.process {
+                (sourced("Published, retried, parked", "from this process"))
+                (relays::block(rates))
             }
         }
-        section {
-            h2 { "Leased or backing off" }
+        section.db {
+            (sourced("Relays", "from the database: the sessions holding their locks now"))
+            (relays_table(relays))
+        }
+        section.db {
+            (sourced("Leased or backing off", "from the database"))
             @if leases.is_empty() {
                 p.muted { "No event is held." }
             } @else {
-                table {
+                table.leases {
                     tr { th { "event" } th { "topic" } th { "attempts" } th { "held by" } th { "until" } th { "last error" } }
-                    @for l in leases { tr { (lease_cells(l)) } }
+                    @for l in leases { tr { (lease_cells(base, l, relays)) } }
                 }
             }
         }
-        section {
-            h2 { "Blocked ordering keys" }
+        section.db {
+            (sourced("Blocked ordering keys", "from the database"))
             @if blocked.is_empty() {
                 p.muted { "No ordering key waits behind an event." }
             } @else {
-                table {
+                table.blocked {
                     tr { th { "ordering key" } th { "waiting" } th { "blocked by" } th { "topic" } th { "attempts" } th { "held by" } th { "until" } th { "last error" } }
                     @for b in blocked {
-                        tr { td { code { (b.ordering_key) } } td.n { (b.waiting) } (lease_cells(&b.blocking)) }
+                        tr { td { (short(&b.ordering_key, None)) } td.n { (b.waiting) } (lease_cells(base, &b.blocking, relays)) }
                     }
                 }
             }
         }
     };
     layout(frame, "Outbox", body)
+}
+
+/// An event's failed publishes ([`crate::Store::event_errors`]), oldest first.
+fn attempts(errors: &[FailedPublish]) -> Markup {
+    html! {
+        section {
+            h2 { "Failed publishes" }
+            @if errors.is_empty() {
+                p.muted { "None recorded: no publish of it failed (or it failed before idem kept them)." }
+            } @else {
+                table.attempts {
+                    tr { th { "when" } th { "error" } }
+                    @for e in errors {
+                        tr {
+                            td.at { (format_time(e.at)) " " span.muted { "(" (ago(SystemTime::now().duration_since(e.at).unwrap_or_default())) " ago)" } }
+                            td { code { (e.error) } }
+                        }
+                    }
+                }
+                p.muted { "The last ten the relay recorded, oldest first; a re-drive keeps them." }
+            }
+        }
+    }
 }
 
 /// An event's age beside the re-drive window `max_age`, marked when outside it.
@@ -712,6 +868,7 @@ pub(crate) fn pending(
     frame: &Frame,
     listed: &Listed<'_>,
     page: &Page<PendingEvent, i64>,
+    relays: &[RelaySession],
 ) -> Markup {
     let base = &frame.base;
     let body = html! {
@@ -724,15 +881,15 @@ pub(crate) fn pending(
                     tr { th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "written" } th { "held" } th { "last error" } th {} }
                     @for e in &page.rows {
                         tr {
-                            td { code { (e.id) } }
+                            td { (short(&e.id, Some(event_href(base, &e.id, false)))) }
                             td { code { (e.topic) } }
-                            td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                            td { @if let Some(k) = &e.ordering_key { (short(k, None)) } }
                             td.n { (e.attempts) }
-                            td { (ago(e.age)) " ago" }
+                            td.at { (ago(e.age)) " ago" }
                             td {
                                 @if let Some(held) = e.held_for {
                                     "for " (ago(held))
-                                    @if let Some(owner) = e.owner { " by relay " (owner) }
+                                    @if let Some(owner) = e.owner { " by " (relays::owner(i64::from(owner), relays)) }
                                 } @else { span.muted { "ready" } }
                             }
                             td { @if let Some(error) = &e.last_error { code { (error) } } }
@@ -791,11 +948,11 @@ pub(crate) fn dead(
                             @for e in &page.rows {
                                 tr {
                                     @if frame.token.is_some() { td { input type="checkbox" name="id" value=(e.id) aria-label=(format!("select {}", e.id)); } }
-                                    td { a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } } }
+                                    td { (short(&e.id, Some(event_href(base, &e.id, true)))) }
                                     td { code { (e.topic) } }
-                                    td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                                    td { @if let Some(k) = &e.ordering_key { (short(k, None)) } }
                                     td.n { (e.attempts) }
-                                    td { (ago(e.dead_for)) " ago" }
+                                    td.at { (ago(e.dead_for)) " ago" }
                                     td { (age(e, max_age)) }
                                     td { code { (e.last_error) } }
                                 }
@@ -820,6 +977,7 @@ pub(crate) fn dead_event(
     frame: &Frame,
     id: &str,
     found: Option<&DeadDetail>,
+    errors: &[FailedPublish],
     max_age: Duration,
 ) -> Markup {
     let base = &frame.base;
@@ -828,7 +986,7 @@ pub(crate) fn dead_event(
         section {
             @if let Some(d) = found {
                 table {
-                    tr { th { "event" } td { code { (d.event.id) } } }
+                    tr { th { "event" } td { (whole(&d.event.id)) } }
                     tr { th { "topic" } td { code { (d.event.topic) } } }
                     tr { th { "ordering key" } td { @if let Some(k) = &d.event.ordering_key { code { (k) } } } }
                     tr { th { "written" } td { (format_time(d.created_at)) ", " (age(&d.event, max_age)) } }
@@ -856,8 +1014,93 @@ pub(crate) fn dead_event(
                 p { "No dead event " code { (id) } ": it was re-driven, discarded, or never parked." }
             }
         }
+        @if found.is_some() { (attempts(errors)) }
     };
     layout(frame, "Dead event", body)
+}
+
+/// A pending event: its row, who holds it, its failed publishes; or why it is not
+/// there.
+pub(crate) fn pending_event(
+    frame: &Frame,
+    id: &str,
+    found: Option<&PendingEvent>,
+    errors: &[FailedPublish],
+    relays: &[RelaySession],
+) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        section {
+            @if let Some(e) = found {
+                table {
+                    tr { th { "event" } td { (whole(&e.id)) } }
+                    tr { th { "topic" } td { code { (e.topic) } } }
+                    tr { th { "ordering key" } td { @if let Some(k) = &e.ordering_key { code { (k) } } } }
+                    tr { th { "written" } td { (ago(e.age)) " ago" } }
+                    tr { th { "attempts" } td { (e.attempts) } }
+                    tr { th { "state" } td {
+                        @if let Some(held) = e.held_for {
+                            "held for " (ago(held)) " by " (holder(e.owner, e.last_error.is_some(), relays))
+                        } @else { "ready: the next relay's round takes it" }
+                    } }
+                    tr { th { "last error" } td { @if let Some(error) = &e.last_error { code { (error) } } } }
+                    tr { th { "request" } td { a href=(format!("{base}/event/request?id={}", encode(&e.id))) { "The request that wrote it" } } }
+                }
+            } @else {
+                p { "No pending event " code { (id) } ": it was published (and deleted), discarded, or never written." }
+            }
+        }
+        @if found.is_some() { (attempts(errors)) }
+    };
+    layout(frame, "Pending event", body)
+}
+
+/// The consumers' dead letters of the JetStream stream `stream`, newest first, `limit`
+/// at most; their payloads only when the service shows bodies.
+#[cfg(feature = "nats")]
+pub(crate) fn dead_letters(
+    frame: &Frame,
+    stream: &str,
+    limit: u32,
+    letters: &[crate::outbox::nats::DeadLetter],
+) -> Markup {
+    let base = &frame.base;
+    let body = html! {
+        section {
+            p.muted {
+                "What the consumers gave up on, newest first: the newest " (limit) " of the "
+                "JetStream stream " code { (stream) } ". The outbox's own dead events (never "
+                "published) are under " a href=(format!("{base}/dead")) { "Dead events" } "."
+            }
+            @if letters.is_empty() {
+                p.muted { "No dead letters." }
+            } @else {
+                table.letters {
+                    tr { th { "#" } th { "event" } th { "subject" } th { "reason" } th { "stored" } th { "payload" } }
+                    @for l in letters {
+                        tr {
+                            td.n { (l.sequence) }
+                            td { (short(&l.event_id, None)) }
+                            td { code { (l.subject) } }
+                            td { code { (l.reason) } }
+                            td.at { (format_time(l.at)) " " span.muted { "(" (ago(SystemTime::now().duration_since(l.at).unwrap_or_default())) " ago)" } }
+                            td {
+                                @if frame.show_bodies {
+                                    pre { (String::from_utf8_lossy(&l.payload)) }
+                                } @else {
+                                    span.muted { (l.payload.len()) " bytes, hidden" }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if !frame.show_bodies {
+                    p.muted { "Payloads are hidden: they carry personal data; the service shows them with " code { "Console::show_bodies(true)" } "." }
+                }
+            }
+        }
+    };
+    layout(frame, "Dead letters", body)
 }
 
 /// The request that wrote the event `id`, if its record says so.
@@ -985,11 +1228,11 @@ pub(crate) fn preview(
                     tr { th { "event" } th { "topic" } th { "ordering key" } th { "attempts" } th { "parked" } th { "written" } th { "reason" } }
                     @for e in &preview.first {
                         tr {
-                            td { a href=(format!("{base}/dead/event?id={}", encode(&e.id))) { code { (e.id) } } }
+                            td { (short(&e.id, Some(event_href(base, &e.id, true)))) }
                             td { code { (e.topic) } }
-                            td { @if let Some(k) = &e.ordering_key { code { (k) } } }
+                            td { @if let Some(k) = &e.ordering_key { (short(k, None)) } }
                             td.n { (e.attempts) }
-                            td { (ago(e.dead_for)) " ago" }
+                            td.at { (ago(e.dead_for)) " ago" }
                             td { (age(e, max_age)) }
                             td { code { (e.last_error) } }
                         }
