@@ -95,6 +95,7 @@ pub(crate) enum Command {
     /// The audit trail: who purged, swept, re-drove or discarded what, when, and how many
     /// rows it moved, from the console or from here. Newest first.
     Audit {
+        /// How many actions, newest first.
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Only actions older than this one: the last id of the page before.

@@ -20,6 +20,8 @@
 //!   ([`Audited::redrive_confirmed`], [`Audited::discard_confirmed`]);
 //! - what links a key to the events its request wrote ([`Store::key_events`]) and an
 //!   event to the request that wrote it ([`Store::event_request`]);
+//! - an event's last ten failed publishes ([`Store::event_errors`]), and the relays
+//!   holding their sessions, by host and process ([`Store::outbox_relays`]);
 //! - the audit trail: the same actions taken by an [`Operator`] ([`Store::audited`]),
 //!   each recorded in the audit table in its own transaction, and the trail read back,
 //!   newest first ([`Store::audit_log`]);
@@ -50,6 +52,8 @@
 //! [`Store::dead_preview`]: crate::Store::dead_preview
 //! [`Store::key_events`]: crate::Store::key_events
 //! [`Store::event_request`]: crate::Store::event_request
+//! [`Store::event_errors`]: crate::Store::event_errors
+//! [`Store::outbox_relays`]: crate::Store::outbox_relays
 //! [`Store::audited`]: crate::Store::audited
 //! [`Store::audit_log`]: crate::Store::audit_log
 
@@ -88,7 +92,8 @@ fn seconds(value: f64) -> Duration {
 }
 
 /// An age as operators write it: a whole number and a unit, `90s`, `30m`, `24h` or
-/// `7d` (the units of `#[idempotent(ttl = ..)]`); `None` for anything else.
+/// `7d` (the units of `#[idempotent(ttl = ..)]`), up to a century; `None` for anything
+/// else.
 pub fn parse_age(text: &str) -> Option<Duration> {
     let text = text.trim();
     let unit = text.chars().last()?;
@@ -100,7 +105,11 @@ pub fn parse_age(text: &str) -> Option<Duration> {
         _ => return None,
     };
     let number: u64 = text[..text.len() - 1].parse().ok()?;
-    number.checked_mul(secs).map(Duration::from_secs)
+    // PostgreSQL's intervals hold about 178 million years; a century is age enough.
+    number
+        .checked_mul(secs)
+        .filter(|secs| *secs <= 100 * 366 * 86_400)
+        .map(Duration::from_secs)
 }
 
 /// An age as [`parse_age`] reads it, to the second, its units from days down, the
@@ -184,7 +193,16 @@ mod tests {
         assert_eq!(parse_age(" 30m"), Some(Duration::from_secs(1_800)));
         assert_eq!(parse_age("24h"), Some(Duration::from_secs(86_400)));
         assert_eq!(parse_age("7d"), Some(Duration::from_secs(604_800)));
-        for wrong in ["", "h", "1.5h", "-1h", "10", "1w", "99999999999999999999d"] {
+        for wrong in [
+            "",
+            "h",
+            "1.5h",
+            "-1h",
+            "10",
+            "1w",
+            "99999999999999999999d",
+            "1000000000000d",
+        ] {
             assert_eq!(parse_age(wrong), None, "{wrong}");
         }
     }

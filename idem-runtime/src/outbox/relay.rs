@@ -1026,7 +1026,7 @@ impl<P: Publisher> Running<P> {
                     topic = %row.topic,
                     attempts,
                     error = %error,
-                    "idem: outbox event parked as dead; re-drive it with Store::redrive_dead_events"
+                    "idem: outbox event parked as dead; re-drive it with `idem outbox redrive --id <event_id>` or Store::redrive_dead"
                 );
             } else {
                 retried += 1;
