@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::operate::{format_age, Audited, DeadSelection, KeyFilter, Operator, RedriveError};
+use idem::operate::{
+    format_age, Audited, DeadSelection, EventFilter, KeyFilter, Operator, RedriveError,
+};
 use idem::{PrincipalType, Store, VerifyError};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -214,6 +216,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Whether the outbox holds the event `id`, pending or dead.
+async fn in_outbox(store: &Store, id: &str) -> Result<bool, sqlx::Error> {
+    if store.dead_event(id, false).await?.is_some() {
+        return Ok(true);
+    }
+    let mut filter = EventFilter::default();
+    filter.ids = Some(vec![id.to_owned()]);
+    Ok(!store
+        .pending_events(&filter, None, 1)
+        .await?
+        .rows
+        .is_empty())
+}
+
 /// Who runs the command when `--operator` does not say: the OS user, else `unknown`.
 fn os_user() -> String {
     ["USER", "LOGNAME"]
@@ -327,7 +343,19 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
         OutboxCommand::Lag => out.lag(store.outbox_lag().await?),
         OutboxCommand::Leases { limit } => out.leases(&store.outbox_leases(limit).await?),
         OutboxCommand::Blocked { limit } => out.blocked(&store.outbox_blocked(limit).await?),
-        OutboxCommand::Errors { id } => out.errors(&store.event_errors(&id).await?),
+        OutboxCommand::Errors { id } => {
+            let errors = store.event_errors(&id).await?;
+            if errors.is_empty() && !in_outbox(store, &id).await? {
+                return Err(Fault::Own(Failure::new(
+                    exit::NOT_FOUND,
+                    format!(
+                        "no event {id:?} in the outbox (published, discarded, or mistyped): \
+                         `idem outbox dead --list` and `idem outbox leases` list ids"
+                    ),
+                )));
+            }
+            out.errors(&errors);
+        }
         OutboxCommand::Relays => out.relays(&store.outbox_relays().await?),
         OutboxCommand::Dead {
             list,

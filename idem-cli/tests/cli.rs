@@ -249,6 +249,12 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     assert_eq!(errors.as_array().unwrap().len(), 1, "{errors}");
     assert_eq!(errors[0]["error"], "broker unavailable", "{errors}");
     assert!(errors[0]["at"].as_str().unwrap().ends_with('Z'), "{errors}");
+    let (code, line) = failure(&idem(url, flags, &["outbox", "errors", "deadbeef"]));
+    assert_eq!(code, 3, "{line}");
+    assert!(
+        line.contains("\"deadbeef\"") && line.contains("dead --list"),
+        "{line}"
+    );
     let printed = idem(url, flags, &["outbox", "errors", id]);
     let printed = String::from_utf8_lossy(&printed.stdout);
     assert!(
