@@ -155,7 +155,7 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
         let (status, page) = get(&app, "/ops/abandoned?idle=0s").await;
         assert_eq!(status, 200);
         assert!(
-            page.contains("<code>ch-1</code>") && page.contains("<code>processor</code>"),
+            page.contains(">ch-1</code>") && page.contains("<code>processor</code>"),
             "{page}"
         );
         assert!(!page.contains("ch-2"), "{page}");
