@@ -2,6 +2,17 @@
 //! console (`idem::operate`). `idem --help` lists the commands; the README's "The
 //! command line" shows them at work.
 
+/// `println!`, except that a reader that went away (`idem outbox dead --list | head`)
+/// ends the command quietly, as it ends other Unix tools, not with a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(error) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::output::unwritable(&error)
+        }
+    }};
+}
+
 mod args;
 mod output;
 
@@ -163,7 +174,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         // Printing the DDL needs no database.
         let lazy = PgPoolOptions::new().connect_lazy_with(options);
         let store = store(lazy)?;
-        println!(
+        say!(
             "{}\n{}\n{}\n{}",
             store.schema_sql(),
             store.outbox_schema_sql(),
@@ -478,17 +489,17 @@ async fn dry(
     }
     let max_age = max_age.map(format_age).unwrap_or_default();
     if needs_force {
-        println!(
+        say!(
             "would re-drive nothing: {outside} of {n} dead event(s) were written more than the \
              re-drive window ({max_age}) ago, and need --force; nothing moved (--dry-run)"
         );
     } else if outside > 0 {
-        println!(
+        say!(
             "would {verb} {n} dead event(s), {outside} of them written more than the re-drive \
              window ({max_age}) ago (--force); nothing moved (--dry-run)"
         );
     } else {
-        println!("would {verb} {n} dead event(s); nothing moved (--dry-run)");
+        say!("would {verb} {n} dead event(s); nothing moved (--dry-run)");
     }
     out.dead(&events, window.map(|w| w.max_age));
     Ok(())

@@ -10,6 +10,16 @@ use idem::outbox::DeadEvent;
 use serde::Serialize;
 use serde_json::json;
 
+/// Stdout could not be written: a reader that went away (a closed pipe) ends the command
+/// with success, as `head` expects; anything else says why and fails.
+pub(crate) fn unwritable(error: &std::io::Error) -> ! {
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("idem: cannot write to standard output: {error}");
+    std::process::exit(1)
+}
+
 /// How to print.
 pub(crate) struct Out {
     pub(crate) json: bool,
@@ -55,7 +65,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", padded.join("  ").trim_end());
+        say!("{}", padded.join("  ").trim_end());
     };
     line(header.to_vec());
     for row in rows {
@@ -66,7 +76,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
 impl Out {
     pub(crate) fn print_json<T: Serialize + ?Sized>(&self, value: &T) {
         match serde_json::to_string_pretty(value) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => say!("{text}"),
             Err(e) => eprintln!("idem: cannot write JSON: {e}"),
         }
     }
@@ -76,7 +86,7 @@ impl Out {
         if self.json {
             self.print_json(&json!({ "ok": true, "message": message }));
         } else {
-            println!("{message}");
+            say!("{message}");
         }
     }
 
@@ -85,7 +95,7 @@ impl Out {
         if self.json {
             self.print_json(&json!({ what: n }));
         } else {
-            println!("{message}");
+            say!("{message}");
         }
     }
 
@@ -116,13 +126,13 @@ impl Out {
             ];
             table(&["", ""], &rows);
             if let Some(body) = &k.body {
-                println!("body:\n{}", String::from_utf8_lossy(body));
+                say!("body:\n{}", String::from_utf8_lossy(body));
             }
         } else {
-            println!("no committed record (a request that has not committed recorded these steps)");
+            say!("no committed record (a request that has not committed recorded these steps)");
         }
         if !steps.is_empty() {
-            println!("steps (a retry resumes after them):");
+            say!("steps (a retry resumes after them):");
             let rows: Vec<Vec<String>> = steps
                 .iter()
                 .map(|s| {
@@ -277,8 +287,8 @@ impl Out {
             return self.print_json(&json!({ "lag_secs": lag.map(|l| l.as_secs_f64()) }));
         }
         match lag {
-            Some(lag) => println!("{} s: the age of the oldest pending event", secs(lag)),
-            None => println!("nothing pending"),
+            Some(lag) => say!("{} s: the age of the oldest pending event", secs(lag)),
+            None => say!("nothing pending"),
         }
     }
 
@@ -429,7 +439,7 @@ impl Out {
         table(&header, &rows);
         if let Some(max_age) = max_age {
             let outside = events.iter().filter(|e| e.outside_window(max_age)).count();
-            println!(
+            say!(
                 "re-drive window {} (--redrive-max-age): {outside} of these were written longer \
                  ago, and are re-driven only with --force",
                 format_age(max_age)

@@ -939,3 +939,30 @@ async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
     })
     .await;
 }
+
+/// A reader that goes away (`idem key counts | head -0`) ends the command quietly: it
+/// panicked with "failed printing to stdout: Broken pipe" and a backtrace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closed_pipe_ends_the_command_quietly() {
+    with_test_db(async |db| {
+        let url = db.url();
+        let store = Store::new(db.pool(1).await);
+        store.migrate().await.unwrap();
+        seed(&store).await;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .env("DATABASE_URL", &url)
+            .args(["key", "counts"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run idem");
+        // Closed before idem has connected, let alone printed.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("idem ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}: {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    })
+    .await;
+}
