@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::Store;
-use idem_tests::{with_test_db, Citus, Pgbouncer};
+use idem_tests::{with_test_db, Citus, Pgbouncer, TestDb};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -99,6 +99,16 @@ async fn seed(store: &Store) {
         .run_until_idle()
         .await
         .expect("run the relay");
+}
+
+/// A fresh database's URL, a pool of `connections` on it, and a store whose tables hold
+/// [`seed`]'s rows.
+async fn seeded(db: &TestDb, connections: u32) -> (String, PgPool, Store) {
+    let pool = db.pool(connections).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    seed(&store).await;
+    (db.url(), pool, store)
 }
 
 /// Every command on one topology; `flags` say how to reach it (`--pooler transaction`,
@@ -475,11 +485,7 @@ async fn a_key_is_found_by_the_text_it_was_given() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_past_the_window_needs_force() {
     with_test_db(async |db| {
-        let url = db.url();
-        let pool = db.pool(2).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (url, pool, store) = seeded(db, 2).await;
         sqlx::query(
             "UPDATE idem_outbox SET created_at = now() - interval '2 days' WHERE topic = 'gone.a'",
         )
@@ -712,10 +718,7 @@ async fn a_key_held_under_principals_names_them_when_not_found_without_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_that_matched_nothing_exits_3() {
     with_test_db(async |db| {
-        let url = db.url();
-        let store = Store::new(db.pool(2).await);
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (url, _, _) = seeded(db, 2).await;
         let (code, line) = failure(&idem(&url, &[], &["outbox", "redrive", "--id", "deadbeef"]));
         assert_eq!(code, 3, "{line}");
         assert!(
@@ -816,11 +819,7 @@ fn a_connection_that_fails_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_privilege_is_named_with_its_table() {
     with_test_db(async |db| {
-        let url = db.url();
-        let pool = db.pool(1).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (url, pool, _) = seeded(db, 1).await;
         let role = format!("idem_cli_grant_{}", std::process::id());
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
@@ -886,11 +885,7 @@ async fn the_operator_is_the_os_user_unless_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
     with_test_db(async |db| {
-        let url = db.url();
-        let pool = db.pool(1).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (url, pool, store) = seeded(db, 1).await;
         let role = format!("idem_cli_audit_{}", std::process::id());
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
@@ -945,10 +940,7 @@ async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closed_pipe_ends_the_command_quietly() {
     with_test_db(async |db| {
-        let url = db.url();
-        let store = Store::new(db.pool(1).await);
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (url, _, _) = seeded(db, 1).await;
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .env("DATABASE_URL", &url)
             .args(["key", "counts"])
