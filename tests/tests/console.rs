@@ -27,7 +27,7 @@ use idem::operate::{DeadSelection, EventFilter, FailedPublish};
 use idem::outbox::nats::MSG_ID;
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher};
 use idem::{Pooler, Store};
-use idem_tests::{nats_url, unique, with_test_db, Citus, Pgbouncer, TestApp};
+use idem_tests::{nats_url, unique, with_test_db, Citus, Pgbouncer, TestApp, TestDb};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -46,6 +46,16 @@ impl Publisher for Refusing {
             Err(PublishError::retry("broker unavailable"))
         }
     }
+}
+
+/// A pool of `connections` on a fresh database, and a store whose tables hold [`seed`]'s
+/// rows.
+async fn seeded(db: &TestDb, connections: u32) -> (PgPool, Store) {
+    let pool = db.pool(connections).await;
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    seed(&store).await;
+    (pool, store)
 }
 
 /// Two keys of scope `jobs`; two dead events, and two of ordering key `acct-1` held in a
@@ -804,10 +814,7 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_operator_is_refused_with_a_valid_token() {
     with_test_db(async |db| {
-        let pool = db.pool(10).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (pool, store) = seeded(db, 10).await;
         let app = console_with_roles(pool, &store).await;
         let (status, admin) = as_role(&app, "admin", "/ops/dead", None).await;
         assert_eq!(status, 200, "{admin}");
@@ -886,10 +893,7 @@ async fn a_read_only_operator_is_refused_with_a_valid_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_past_the_window_asks_first() {
     with_test_db(async |db| {
-        let pool = db.pool(10).await;
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        seed(&store).await;
+        let (pool, store) = seeded(db, 10).await;
         let parked = store.dead_events(10).await.unwrap();
         let (old, young) = (&parked[0].id, &parked[1].id);
         sqlx::query("UPDATE idem_outbox SET created_at = now() - interval '3 days' WHERE id = $1")
