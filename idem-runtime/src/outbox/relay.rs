@@ -866,8 +866,9 @@ impl<P: Publisher> Running<P> {
             round_ms = tracing::field::Empty,
         );
         let taken = rows.len();
-        // A key's events go in order, one at a time, by one task: the chain its take
-        // leased behind its head. The rest of a chain is given back unpublished after a
+        // A key's events go in order, one at a time: the chain its take leased behind its
+        // head, each event's publish started once the one before it was acknowledged.
+        // The rest of a chain is given back unpublished after a
         // failure, once the round has run for CHAIN_TIME (the events the round did not
         // take wait for its end: a slow destination does not hold them back for the
         // whole lease), and when the lease would end before the next publish could.
@@ -877,52 +878,67 @@ impl<P: Publisher> Running<P> {
             .unwrap_or(started)
             .min(started + CHAIN_TIME);
         let mut publishing = JoinSet::new();
-        for chain in chains {
+        // The row each task publishes, and the rest of its chain, to go on with once it
+        // is acknowledged.
+        let mut held = HashMap::with_capacity(taken);
+        let publish = |publishing: &mut JoinSet<_>, row: &ClaimedRow| {
             let publisher = Arc::clone(&builder.publisher);
             let timeout = builder.publish_timeout;
-            let span = span.clone();
-            publishing.spawn(async move {
-                let mut results = Vec::with_capacity(chain.len());
-                for row in &chain {
-                    if !results.is_empty() && Instant::now() > last_start {
-                        break;
-                    }
-                    let result = publish(&publisher, to_event(row), timeout).await;
-                    if let Err(error) = &result {
-                        if error.panicked {
-                            tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, error = %error.error, "idem: an outbox publisher panicked");
-                        }
-                    }
-                    let failed = result.is_err();
-                    results.push(result.map_err(|error| error.error));
-                    if failed {
-                        break;
-                    }
+            let event = to_event(row);
+            let task = publishing.spawn(async move {
+                match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+                    Ok(result) => result,
+                    // No answer says nothing about the event: the destination is
+                    // unreachable or too slow, the outage's case.
+                    Err(_) => Err(PublishError::unavailable(format!(
+                        "no acknowledgement within {timeout:?}"
+                    ))),
                 }
-                (chain, results)
             });
+            task.id()
+        };
+        for chain in chains {
+            let mut rest = chain.into_iter();
+            if let Some(row) = rest.next() {
+                held.insert(publish(&mut publishing, &row), (row, rest));
+            }
         }
         let mut published = Vec::with_capacity(taken);
         let mut failed = Vec::new();
-        while let Some(joined) = publishing.join_next().await {
-            // Each publish runs in a task of its own, whose panic is its result: a chain's
-            // task does not panic.
-            let Ok((chain, results)) = joined else {
+        while let Some(joined) = publishing.join_next_with_id().await {
+            let (task, result) = match joined {
+                Ok((task, result)) => (task, result),
+                // A publisher that panicked fails its event like any error that may pass:
+                // retried after a backoff, parked at the limit. Left leased, the event was
+                // taken again at every lease, panicked again, and held its ordering key
+                // back for ever.
+                Err(error) => {
+                    let task = error.id();
+                    let error = PublishError::retry(panicked(error));
+                    if let Some((row, _)) = held.get(&task) {
+                        tracing::error!(parent: &span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
+                    }
+                    (task, Err(error))
+                }
+            };
+            let Some((row, mut rest)) = held.remove(&task) else {
                 continue;
             };
-            let mut rows = chain.into_iter();
-            for result in results {
-                let Some(row) = rows.next() else { break };
-                match result {
-                    Ok(()) => {
-                        metrics::delay(row.age);
-                        kept.suspects.forget(row.seq);
-                        published.push(row.seq);
+            match result {
+                Ok(()) => {
+                    metrics::delay(row.age);
+                    kept.suspects.forget(row.seq);
+                    published.push(row.seq);
+                    if Instant::now() <= last_start {
+                        if let Some(next) = rest.next() {
+                            held.insert(publish(&mut publishing, &next), (next, rest));
+                            continue;
+                        }
                     }
-                    Err(error) => failed.push((row, error)),
                 }
+                Err(error) => failed.push((row, error)),
             }
-            release.extend(rows.map(|row| row.seq));
+            release.extend(rest.map(|row| row.seq));
         }
         let mut overtaken = 0;
         let mut deleted = 0;
@@ -1165,9 +1181,6 @@ fn panicked(error: tokio::task::JoinError) -> String {
     format!("the publisher panicked: {message}")
 }
 
-/// 64 random bits: a lease token, an owner number. From the standard library's hasher
-/// keys (seeded by the operating system once per process) over a counter, so two calls
-/// never repeat within a process and two processes draw apart.
 /// The `application_name` of a relay's session connection, by which operators tell the
 /// relays apart ([`Store::outbox_relays`](crate::Store::outbox_relays)): `idem relay`, the
 /// host's name (`HOSTNAME`, else `/etc/hostname`) and the process's id, within the 63
@@ -1192,6 +1205,9 @@ fn session_name() -> String {
     name
 }
 
+/// 64 random bits: a lease token, an owner number. From the standard library's hasher
+/// keys (seeded by the operating system once per process) over a counter, so two calls
+/// never repeat within a process and two processes draw apart.
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static DRAWS: AtomicU64 = AtomicU64::new(0);
@@ -1232,44 +1248,6 @@ fn chains(mut rows: Vec<ClaimedRow>) -> (Vec<Vec<ClaimedRow>>, Vec<i64>) {
         }
     }
     (chains, orphans)
-}
-
-/// A publish's failure, and whether the publisher panicked.
-struct Failure {
-    error: PublishError,
-    panicked: bool,
-}
-
-/// Publishes `event` within `timeout`, in a task of its own: a publisher that panicked
-/// fails its event like any error that may pass (retried after a backoff, parked at the
-/// limit). Left leased, the event was taken again at every lease, panicked again, and
-/// held its ordering key back for ever.
-async fn publish<P: Publisher>(
-    publisher: &Arc<P>,
-    event: OutboxEvent,
-    timeout: Duration,
-) -> Result<(), Failure> {
-    let publisher = Arc::clone(publisher);
-    let task = tokio::spawn(async move {
-        match tokio::time::timeout(timeout, publisher.publish(&event)).await {
-            Ok(result) => result,
-            // No answer says nothing about the event: the destination is unreachable or
-            // too slow, the outage's case.
-            Err(_) => Err(PublishError::unavailable(format!(
-                "no acknowledgement within {timeout:?}"
-            ))),
-        }
-    });
-    match task.await {
-        Ok(result) => result.map_err(|error| Failure {
-            error,
-            panicked: false,
-        }),
-        Err(error) => Err(Failure {
-            error: PublishError::retry(panicked(error)),
-            panicked: true,
-        }),
-    }
 }
 
 fn to_event(row: &ClaimedRow) -> OutboxEvent {
