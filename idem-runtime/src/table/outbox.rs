@@ -279,6 +279,8 @@ WITH RECURSIVE live AS MATERIALIZED (
              WHERE e.dead_at IS NULL AND e.ordering_key IS NULL AND e.seq > w.seq
              ORDER BY e.ordering_key, e.seq LIMIT 1) AS l
      WHERE w.found < $1 AND w.steps < $6
+), ready_heads AS (
+    SELECT count(*) AS n FROM heads WHERE ready
 ), chain AS (
     SELECT c.seq, c.prev
       FROM heads AS h
@@ -291,11 +293,9 @@ WITH RECURSIVE live AS MATERIALIZED (
                      WHERE e.dead_at IS NULL AND e.ordering_key = h.ordering_key
                        AND e.seq > h.seq
                      ORDER BY e.ordering_key, e.seq
-                     LIMIT (SELECT greatest($1 - count(*) + greatest(count(*), 1) - 1, 0)
-                                   / greatest(count(*), 1)
-                              FROM heads WHERE ready)) AS s) AS c
-     WHERE h.ready AND c.run
-       AND (SELECT count(*) FROM heads WHERE ready) < $1
+                     LIMIT (SELECT greatest($1 - n + greatest(n, 1) - 1, 0) / greatest(n, 1)
+                              FROM ready_heads)) AS s) AS c
+     WHERE h.ready AND c.run AND (SELECT n FROM ready_heads) < $1
 ), taken AS (
     UPDATE {table} AS o
        SET available_at = now() + $2::float8 * interval '1 second', attempts = o.attempts + 1,
@@ -831,17 +831,13 @@ impl OutboxTable {
     }
 
     /// [`RELAYS`], as (owner, application name, client address, seconds since the epoch
-    /// of the session's start, if the role may see it); none where leases cannot be tied
-    /// to sessions.
+    /// of the session's start, if the role may see it). Only where leases are tied to
+    /// sessions ([`OutboxTable::can_tie`]).
     pub(crate) async fn relays(
         &self,
         single: Single,
     ) -> Result<Vec<(i64, String, Option<String>, Option<f64>)>, sqlx::Error> {
         let mut single = single;
-        if !self.can_tie() {
-            single.finish().await?;
-            return Ok(Vec::new());
-        }
         let rows = self.query(&self.relays).fetch_all(&mut *single).await?;
         single.finish().await?;
         rows.iter()
