@@ -155,7 +155,7 @@ pub fn format_time(time: SystemTime) -> String {
 }
 
 /// Serializes an instant as [`format_time`] writes it.
-fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format_time(*time))
 }
 

@@ -66,6 +66,12 @@ use crate::once::OnceError;
 /// The header JetStream deduplicates on.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 
+/// A dead letter's headers: the event's id, the subject it was consumed from, and why the
+/// consumer gave up on it.
+const EVENT_ID: &str = "Idem-Event-Id";
+const DEAD_SUBJECT: &str = "Idem-Dead-Subject";
+const DEAD_REASON: &str = "Idem-Dead-Reason";
+
 /// Publishes outbox events to JetStream, on the event's topic as the subject, with its id
 /// as `Nats-Msg-Id`. A stream must capture the subjects.
 #[derive(Debug, Clone)]
@@ -508,13 +514,10 @@ impl JetStreamConsumer {
         // stream holding both would drop one as the other's duplicate); the same dead
         // letter sent twice (its termination lost) is still dropped as a duplicate.
         headers.insert(MSG_ID, format!("dead-{id}").as_str());
-        headers.insert("Idem-Event-Id", id);
-        headers.insert("Idem-Dead-Subject", topic);
+        headers.insert(EVENT_ID, id);
+        headers.insert(DEAD_SUBJECT, topic);
         // A header value holds one line.
-        headers.insert(
-            "Idem-Dead-Reason",
-            reason.replace(['\r', '\n'], " ").as_str(),
-        );
+        headers.insert(DEAD_REASON, reason.replace(['\r', '\n'], " ").as_str());
         let ack = self
             .jetstream
             .publish_with_headers(subject.to_owned(), headers, payload.to_vec().into())
@@ -680,7 +683,7 @@ pub struct DeadLetter {
     /// Why the consumer gave up on it (`Idem-Dead-Reason`).
     pub reason: String,
     /// When the stream stored it.
-    #[serde(serialize_with = "rfc3339")]
+    #[serde(serialize_with = "crate::operate::rfc3339")]
     pub at: SystemTime,
     /// The event's payload, as the consumer received it (as text in JSON, invalid UTF-8
     /// replaced).
@@ -726,7 +729,7 @@ pub async fn dead_letters(
     while letters.len() < limit && sequence >= oldest {
         match found.get_raw_message(sequence).await {
             // A message without the event's id is no dead letter of idem's: skipped.
-            Ok(message) if message.headers.get("Idem-Event-Id").is_none() => {}
+            Ok(message) if message.headers.get(EVENT_ID).is_none() => {}
             Ok(message) => {
                 let header = |name: &str| {
                     message
@@ -737,9 +740,9 @@ pub async fn dead_letters(
                 };
                 letters.push(DeadLetter {
                     sequence: message.sequence,
-                    event_id: header("Idem-Event-Id"),
-                    subject: header("Idem-Dead-Subject"),
-                    reason: header("Idem-Dead-Reason"),
+                    event_id: header(EVENT_ID),
+                    subject: header(DEAD_SUBJECT),
+                    reason: header(DEAD_REASON),
                     at: SystemTime::from(message.time),
                     payload: message.payload.to_vec(),
                 });
@@ -751,10 +754,6 @@ pub async fn dead_letters(
         sequence -= 1;
     }
     Ok(letters)
-}
-
-fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::operate::format_time(*time))
 }
 
 /// Why [`dead_letters`] could not read a stream.
