@@ -80,10 +80,7 @@ impl AuditTable {
     /// The table `name`.
     pub(crate) fn new(name: &TableName) -> Self {
         let table = name.qualified();
-        let create_schema = match name.schema() {
-            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
-            None => String::new(),
-        };
+        let create_schema = name.create_schema();
         let ddl = DDL
             .replace("{create_schema}", &create_schema)
             .replace("{table}", &table)

@@ -194,6 +194,15 @@ impl TableName {
         self.schema.as_deref()
     }
 
+    /// The statement that creates its schema, if it names one, for the head of a DDL
+    /// script (`{create_schema}`); empty otherwise.
+    pub(crate) fn create_schema(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
+            None => String::new(),
+        }
+    }
+
     /// `name` in the same schema as this table.
     pub(crate) fn sibling(&self, name: &str) -> Self {
         Self {
@@ -440,10 +449,7 @@ impl Table {
                     .replace("{reaches}", REACHES),
             )
         };
-        let create_schema = match &name.schema {
-            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
-            None => String::new(),
-        };
+        let create_schema = name.create_schema();
         let mut ddl = DDL.replace(
             "{principal_type}",
             &format!("{:<11}", dialect.principal_type.sql()),

@@ -539,10 +539,7 @@ impl OutboxTable {
                     .replace("{lock_class}", &lock_class.to_string()),
             )
         };
-        let create_schema = match name.schema() {
-            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
-            None => String::new(),
-        };
+        let create_schema = name.create_schema();
         let ddl = statement(
             DDL.replace("{create_schema}", &create_schema)
                 .replace("{table}", &table)

@@ -157,10 +157,7 @@ impl StepsTable {
                 .replace("{reached}", crate::table::REACHED)
                 .replace("{reaches}", crate::table::REACHES)
         };
-        let create_schema = match name.schema() {
-            Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"),
-            None => String::new(),
-        };
+        let create_schema = name.create_schema();
         let ddl = DDL
             .replace("{create_schema}", &create_schema)
             .replace("{table}", &table)
