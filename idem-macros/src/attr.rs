@@ -26,6 +26,7 @@ pub mod kw {
     syn::custom_keyword!(isolation);
     syn::custom_keyword!(statement_timeout);
     syn::custom_keyword!(spread);
+    syn::custom_keyword!(completable);
 
     // Words of values: `key = header("...")`, `concurrency = reject` or `wait("...")`.
     syn::custom_keyword!(header);
@@ -39,10 +40,10 @@ pub mod kw {
 }
 
 const OPTIONS: &str = "`scope`, `ttl`, `fields`, `key`, `principal`, `spread`, `required`, \
-                       `concurrency`, `isolation` or `statement_timeout`";
+                       `concurrency`, `isolation`, `statement_timeout` or `completable`";
 
 /// The options' names, for "did you mean" on a misspelt one.
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "scope",
     "ttl",
     "fields",
@@ -53,6 +54,7 @@ const NAMES: [&str; 10] = [
     "concurrency",
     "isolation",
     "statement_timeout",
+    "completable",
 ];
 
 /// The option `name` most likely misspells: within two edits (one for names of up to
@@ -110,6 +112,9 @@ pub struct Args {
     pub isolation: Option<(kw::isolation, Isolation)>,
     /// `statement_timeout = "5s"`: the bound on each statement of the handler.
     pub statement_timeout: Option<(kw::statement_timeout, DurationLit)>,
+    /// `completable = true`: the request is stored with its first step, so that the
+    /// service can complete it if its client goes away (`idem::complete`).
+    pub completable: Option<(kw::completable, LitBool)>,
 }
 
 /// `spread = key` (a hash of the key) or `spread = path::to_fn` (a function from the
@@ -153,6 +158,13 @@ impl Args {
     /// Whether a key is required; it is unless `required = false`.
     pub fn required(&self) -> bool {
         self.required.as_ref().is_none_or(|(_, flag)| flag.value)
+    }
+
+    /// Whether the endpoint's requests are stored to be completed (`completable = true`).
+    pub fn completable(&self) -> bool {
+        self.completable
+            .as_ref()
+            .is_some_and(|(_, flag)| flag.value)
     }
 
     /// The ttl in seconds; one day when not given.
@@ -200,6 +212,7 @@ enum Arg {
     Isolation(kw::isolation, Expr),
     StatementTimeout(kw::statement_timeout, Expr),
     Spread(kw::spread, Expr),
+    Completable(kw::completable, Expr),
     /// Not an option; its value is read only to go on to the next.
     Unknown(Ident),
 }
@@ -233,6 +246,8 @@ impl Parse for Arg {
             option(input).map(|(k, v)| Self::StatementTimeout(k, v))
         } else if input.peek(kw::spread) {
             option(input).map(|(k, v)| Self::Spread(k, v))
+        } else if input.peek(kw::completable) {
+            option(input).map(|(k, v)| Self::Completable(k, v))
         } else {
             let name = input.call(Ident::parse_any)?;
             equals(input, &name)?;
@@ -298,6 +313,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let mut isolation = None;
     let mut statement_timeout = None;
     let mut spread = None;
+    let mut completable = None;
     let mut scope_given = false;
     for arg in parsed {
         match arg {
@@ -329,6 +345,9 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
                 set_once(&mut statement_timeout, k, timeout, errors);
             }
             Arg::Spread(k, value) => set_once(&mut spread, k, parse_spread(&value, errors), errors),
+            Arg::Completable(k, value) => {
+                set_once(&mut completable, k, parse_completable(&value, errors), errors);
+            }
             Arg::Unknown(name) => {
                 let near = nearest(&name.to_string());
                 // `scpoe = ".."` is the scope, misspelt: one error, not also "missing".
@@ -372,6 +391,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
         concurrency,
         isolation,
         statement_timeout,
+        completable,
     })
 }
 
@@ -451,6 +471,23 @@ fn parse_required(value: &Expr, errors: &Errors) -> Option<LitBool> {
         value.span(),
         "`required` takes `true` (the default: a request without a key is refused) or `false` \
          (it runs without being recorded, for a gradual rollout)",
+    );
+    None
+}
+
+/// `completable = true` or `completable = false`.
+fn parse_completable(value: &Expr, errors: &Errors) -> Option<LitBool> {
+    if let Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Bool(flag),
+        ..
+    }) = value
+    {
+        return Some(flag.clone());
+    }
+    errors.at(
+        value.span(),
+        "`completable` takes `true` (the request is stored with its first step, so that the \
+         service completes it if its client goes away) or `false` (the default)",
     );
     None
 }

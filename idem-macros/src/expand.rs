@@ -440,11 +440,29 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             quote_spanned!(ty.span()=> ::idem::__private::Extract<#ty>),
         )
     });
-    let (parts, part_types): (Vec<_>, Vec<_>) = [Some(guard), key_param, principal_param]
-        .into_iter()
-        .flatten()
-        .chain(own)
-        .unzip();
+    // `completable = true`: the request's head, and a slot the body is read into, to
+    // store with its first step (`idem::complete`); extracted before the body.
+    let (completable_param, completable) = if args.completable() {
+        let key_header = match key_source {
+            Some(KeySource::Header(name)) => quote!(::core::option::Option::Some(#name)),
+            _ => quote!(::core::option::Option::None),
+        };
+        (
+            Some((
+                quote!(__idem_completable),
+                quote!(::idem::__private::Completable),
+            )),
+            quote!(let __idem_guard = __idem_guard.completable(__idem_completable, #key_header);),
+        )
+    } else {
+        (None, quote!())
+    };
+    let (parts, part_types): (Vec<_>, Vec<_>) =
+        [Some(guard), completable_param, key_param, principal_param]
+            .into_iter()
+            .flatten()
+            .chain(own)
+            .unzip();
 
     // The body's binding, respanned onto its type so that a bound it fails is reported
     // once, there.
@@ -525,6 +543,7 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let __idem_key = #key;
             #spread
             let __idem_guard = __idem_guard.signed(#signed);
+            #completable
             #[allow(unused_mut)]
             let mut __idem_fields = __idem_guard.fingerprint(&__IDEM_SPEC);
             #add_fields

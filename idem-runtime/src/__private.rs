@@ -5,6 +5,7 @@
 pub use axum::response::Response;
 pub use http::HeaderMap;
 
+pub use crate::complete::Completable;
 pub use crate::header_hash::header_hash;
 pub use crate::probe::*;
 pub use crate::spread::{tenant_of, Spread};

@@ -94,22 +94,26 @@ impl Store {
                 })
             }
         };
-        // The steps table, colocated with the keys: a request's COMMIT deletes its steps
-        // on the node that holds its key.
-        let steps = self.inner.steps_table.qualified();
-        if deployment::distribution(&mut tx, persistent, &steps)
-            .await?
-            .is_none()
-        {
-            sqlx::query(
-                "SELECT create_distributed_table(CAST($1 AS regclass), 'principal', \
-                 colocate_with => $2)",
-            )
-            .bind(&steps)
-            .bind(&table)
-            .persistent(persistent)
-            .execute(&mut *tx)
-            .await?;
+        // The steps and stored requests, colocated with the keys: a request's COMMIT
+        // deletes its steps and its stored request on the node that holds its key.
+        for beside in [
+            self.inner.steps_table.qualified(),
+            self.inner.requests_table.qualified(),
+        ] {
+            if deployment::distribution(&mut tx, persistent, &beside)
+                .await?
+                .is_none()
+            {
+                sqlx::query(
+                    "SELECT create_distributed_table(CAST($1 AS regclass), 'principal', \
+                     colocate_with => $2)",
+                )
+                .bind(&beside)
+                .bind(&table)
+                .persistent(persistent)
+                .execute(&mut *tx)
+                .await?;
+            }
         }
         tx.commit().await?;
         Ok(done)

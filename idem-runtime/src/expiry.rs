@@ -67,6 +67,22 @@ impl Store {
             conn.finish().await?;
             metrics::swept(deleted);
             if deleted < batch_size as u64 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        // The stored requests of those that never committed, which expire with them.
+        let mut reached = None;
+        loop {
+            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let deleted = self
+                .inner
+                .requests
+                .purge(&mut conn, batch_size, &mut reached)
+                .await?;
+            conn.finish().await?;
+            metrics::swept(deleted);
+            if deleted < batch_size as u64 {
                 return Ok(());
             }
             tokio::task::yield_now().await;

@@ -74,6 +74,17 @@ impl Fingerprint {
         &self.combined
     }
 
+    /// The fingerprint a request's steps were stored with, read back (the completer
+    /// abandons a request under it): its combined hash alone, which matches the request
+    /// it was taken from, and no other.
+    pub(crate) fn stored(combined: Digest32) -> Self {
+        Self {
+            combined,
+            target: [0; 32],
+            fields: Vec::new(),
+        }
+    }
+
     /// Whether a request with this fingerprint is a retry of the request stored as
     /// (`combined`, `parts`), where `parts` is what [`Fingerprint::parts`] produced.
     ///

@@ -94,6 +94,35 @@ impl KeyInScope {
         stored_scope(&self.scope, self.place)
     }
 
+    /// A key as a table stores it, read back: `stored_scope` with its place's mark,
+    /// `principal` as the principal column's text.
+    pub(crate) fn from_stored(
+        stored_scope: &str,
+        principal: &str,
+        key: &str,
+        principal_type: crate::table::PrincipalType,
+    ) -> Self {
+        let marked = [Place::Hashed, Place::Tenant]
+            .into_iter()
+            .find_map(|place| {
+                let mark = place.mark()?;
+                stored_scope.strip_suffix(mark).map(|scope| (scope, place))
+            });
+        let (scope, place, principal) = match marked {
+            Some((scope, place)) => (scope, place, principal.to_owned()),
+            None if principal == principal_type.bound("") => {
+                (stored_scope, Place::Nobody, String::new())
+            }
+            None => (stored_scope, Place::Principal, principal.to_owned()),
+        };
+        Self {
+            scope: Cow::Owned(scope.to_owned()),
+            principal,
+            key: crate::key::IdempotencyKey::stored(key),
+            place,
+        }
+    }
+
     /// The same key kept in another place.
     pub(crate) fn moved(&self, place: Place, principal: String) -> Self {
         Self {

@@ -91,6 +91,12 @@ impl IdempotencyKey {
         Self(key.into_boxed_str())
     }
 
+    /// A key as a table stores it, read back (the completer's, the operators'): already
+    /// validated when it was stored.
+    pub(crate) fn stored(key: &str) -> Self {
+        Self(key.into())
+    }
+
     /// Reads the key from the `Idempotency-Key` header: `Ok(None)` when it is absent, an
     /// error when it is malformed or given more than once (two keys for one request
     /// would make its identity ambiguous).

@@ -184,6 +184,7 @@
 #[doc(hidden)]
 pub mod __private;
 mod answers;
+pub mod complete;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub mod console;
@@ -232,6 +233,7 @@ pub use once::{OnceError, RunOnce};
 pub use steps::{StepError, STEPS_SCHEMA_SQL};
 pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};
 pub use table::audit::{AUDIT_SCHEMA_SQL, DEFAULT_AUDIT_TABLE};
+pub use table::requests::{DEFAULT_REQUESTS_TABLE, REQUESTS_SCHEMA_SQL};
 pub use table::{Pooler, PrincipalType, DEFAULT_STEPS_TABLE, DEFAULT_TABLE, SCHEMA_SQL};
 pub use tx::Tx;
 pub use web::escape::warn_on_escaping_writes;

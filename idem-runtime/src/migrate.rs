@@ -72,6 +72,12 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "20261128000001_idem_outbox_errors.sql",
         include_str!("../migrations/20261128000001_idem_outbox_errors.sql"),
     ),
+    // The requests table (`completable = true`): what a request that made a step needs
+    // to be completed by the service when its client went away.
+    (
+        "20261128000002_idempotency_requests.sql",
+        include_str!("../migrations/20261128000002_idempotency_requests.sql"),
+    ),
 ];
 
 /// The columns idem reads and writes, with the types it accepts for each, as PostgreSQL's
@@ -285,6 +291,7 @@ impl Store {
         self.inner.table.create(pool).await?;
         self.inner.outbox.create(pool).await?;
         crate::table::create(pool, &statement(self.steps().ddl().to_owned())).await?;
+        crate::table::create(pool, &statement(self.inner.requests.ddl().to_owned())).await?;
         crate::table::create(pool, self.inner.audit.ddl()).await
     }
 
@@ -411,10 +418,7 @@ impl Store {
             ),
         ];
         if !self.inner.step_pool_given {
-            others.push((
-                self.inner.steps_table.qualified(),
-                self.inner.steps_table.to_string(),
-            ));
+            others.extend(self.step_tables());
         }
         missing_table(&mut conn, persistent, &others).await?;
         // The outbox's later columns: without them, the relay's mark of a failed publish
@@ -441,6 +445,7 @@ impl Store {
             (self.inner.table_name.qualified(), &PRIVILEGES[..]),
             (self.inner.outbox.qualified().to_owned(), &PRIVILEGES[..]),
             (self.inner.steps_table.qualified(), &PRIVILEGES[..]),
+            (self.inner.requests_table.qualified(), &PRIVILEGES[..]),
             (audit.clone(), &AUDIT_PRIVILEGES[..]),
         ];
         let sequences = [
@@ -452,14 +457,11 @@ impl Store {
         // A step pool of its own (another role, or another host) records the steps.
         if self.inner.step_pool_given {
             let mut steps = self.inner.table.single(self.outside()).await?;
-            let table = self.inner.steps_table.qualified();
-            missing_table(
-                &mut steps,
-                persistent,
-                &[(table, self.inner.steps_table.to_string())],
-            )
-            .await?;
-            let tables = [(self.inner.steps_table.qualified(), &PRIVILEGES[..])];
+            missing_table(&mut steps, persistent, &self.step_tables()).await?;
+            let tables = [
+                (self.inner.steps_table.qualified(), &PRIVILEGES[..]),
+                (self.inner.requests_table.qualified(), &PRIVILEGES[..]),
+            ];
             self.verify_session(&mut steps, persistent, &tables, &[])
                 .await?;
             steps.finish().await?;
@@ -484,6 +486,23 @@ impl Store {
 
 /// The first of `tables` (each as qualified, and as configured) that does not exist, as
 /// [`VerifyError::MissingTable`].
+impl Store {
+    /// The tables written beside the steps, on the step pool: the steps and the stored
+    /// requests. Each as (qualified, as named).
+    fn step_tables(&self) -> [(String, String); 2] {
+        [
+            (
+                self.inner.steps_table.qualified(),
+                self.inner.steps_table.to_string(),
+            ),
+            (
+                self.inner.requests_table.qualified(),
+                self.inner.requests_table.to_string(),
+            ),
+        ]
+    }
+}
+
 async fn missing_table(
     conn: &mut crate::table::Single,
     persistent: bool,
@@ -614,12 +633,14 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit), (_, errors)] = MIGRATIONS
+        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit), (_, errors), (_, requests)] =
+            MIGRATIONS
         else {
-            panic!("six migrations so far")
+            panic!("seven migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
         assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
+        assert_eq!(*requests, crate::REQUESTS_SCHEMA_SQL);
         assert_eq!(*audit, crate::AUDIT_SCHEMA_SQL);
         // The outbox's schema is its first file with the later one's index in place of
         // the index it replaced.

@@ -15,6 +15,7 @@ use crate::answers::Answers;
 use crate::spread::Earlier;
 use crate::table::audit::{AuditTable, DEFAULT_AUDIT_TABLE};
 use crate::table::outbox::{OutboxTable, DEFAULT_OUTBOX_TABLE};
+use crate::table::requests::RequestsTable;
 use crate::table::steps::StepsTable;
 use crate::table::{
     Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
@@ -82,6 +83,14 @@ pub(crate) struct Settings {
     pub(crate) earlier: Earlier,
     /// Where steps are recorded (`Tx::step`).
     pub(crate) steps_table: TableName,
+    /// Where completable requests are stored with their first step
+    /// ([`StoreBuilder::requests_table`]).
+    pub(crate) requests_table: TableName,
+    /// Its statements, rendered.
+    pub(crate) requests: RequestsTable,
+    /// The headers a completable request is stored with, besides the key's
+    /// ([`StoreBuilder::stored_headers`]).
+    pub(crate) stored_headers: Vec<HeaderName>,
     /// The longest a step's call may take.
     pub(crate) step_timeout: Duration,
     /// How old a dead event may be for a re-drive that is not forced
@@ -122,6 +131,8 @@ impl Store {
             outbox_notify_interval: DEFAULT_NOTIFY_INTERVAL,
             redrive_max_age: DEFAULT_TTL,
             steps_table: None,
+            requests_table: None,
+            stored_headers: vec![header::CONTENT_TYPE],
             audit_table: None,
             step_timeout: Duration::from_secs(30),
             step_pool: None,
@@ -247,6 +258,8 @@ pub struct StoreBuilder {
     problem_base: Option<String>,
     dialect: Dialect,
     steps_table: Option<String>,
+    requests_table: Option<String>,
+    stored_headers: Vec<HeaderName>,
     audit_table: Option<String>,
     step_timeout: Duration,
     step_pool: Option<PgPool>,
@@ -411,6 +424,28 @@ impl StoreBuilder {
         self
     }
 
+    /// The table a completable endpoint's requests are stored in with their first step
+    /// (`#[idempotent(.., completable = true)]`, [`crate::complete`]): `name` or
+    /// `schema.name`, as for [`StoreBuilder::table`] (default `idempotency_requests`, in
+    /// the schema of the idempotency table). It lives where the steps do.
+    pub fn requests_table(mut self, name: impl Into<String>) -> Self {
+        self.requests_table = Some(name.into());
+        self
+    }
+
+    /// The headers a completable request is stored with, so that its completion reads
+    /// them as the handler did: `Content-Type` by default, and always the header its key
+    /// came from. `Authorization`, `Proxy-Authorization` and `Cookie` are never stored
+    /// (left out of `names`): a completion runs under the request's principal as it was
+    /// resolved ([`crate::complete::Completion`]), never under a credential.
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.stored_headers = names
+            .into_iter()
+            .filter(|name| !crate::complete::is_credential(name))
+            .collect();
+        self
+    }
+
     /// The table operators' actions are recorded in ([`Store::audited`]): `name` or
     /// `schema.name`, as for [`StoreBuilder::table`] (default `idem_audit`, in the schema
     /// of the idempotency table).
@@ -561,9 +596,14 @@ impl StoreBuilder {
     pub fn build(self) -> Result<Store, BuildError> {
         let table =
             TableName::parse(&self.table).ok_or(BuildError::TableName(self.table.clone()))?;
-        for name in [&self.outbox_table, &self.steps_table, &self.audit_table]
-            .into_iter()
-            .flatten()
+        for name in [
+            &self.outbox_table,
+            &self.steps_table,
+            &self.requests_table,
+            &self.audit_table,
+        ]
+        .into_iter()
+        .flatten()
         {
             TableName::parse(name).ok_or(BuildError::TableName(name.clone()))?;
         }
@@ -591,6 +631,10 @@ impl StoreBuilder {
             Some(name) => name,
             None => table_name.sibling(DEFAULT_STEPS_TABLE),
         };
+        let requests_table = match self.requests_table.as_deref().and_then(TableName::parse) {
+            Some(name) => name,
+            None => table_name.sibling(crate::table::requests::DEFAULT_REQUESTS_TABLE),
+        };
         let audit_table = match self.audit_table.as_deref().and_then(TableName::parse) {
             Some(name) => name,
             None => table_name.sibling(DEFAULT_AUDIT_TABLE),
@@ -602,7 +646,7 @@ impl StoreBuilder {
         }
         // Invariant 12: a table named without its schema is resolved by the session's
         // search_path, which the store pins (`Table::pinned_path`).
-        let unqualified = [&table_name, &outbox, &steps_table]
+        let unqualified = [&table_name, &outbox, &steps_table, &requests_table]
             .iter()
             .filter(|name| name.schema().is_none())
             .map(|name| name.qualified())
@@ -637,6 +681,9 @@ impl StoreBuilder {
                 outbox,
                 earlier: Earlier::default(),
                 steps_table,
+                requests: RequestsTable::new(&requests_table, self.dialect),
+                requests_table,
+                stored_headers: self.stored_headers,
                 step_timeout: self.step_timeout,
                 redrive_max_age: self.redrive_max_age,
                 answers: self

@@ -14,6 +14,7 @@ use crate::fingerprint::{hex, Fingerprint};
 use crate::identity::KeyInScope;
 use crate::store::Store;
 use crate::table::outbox::OutboxTable;
+use crate::table::requests::StoredRequest;
 
 /// The request's transaction, lent to an `#[idempotent]` handler.
 ///
@@ -91,6 +92,14 @@ pub(crate) struct AttemptState {
     /// The transaction's id (`txid_current()`), once asked: what a write outside the
     /// transaction checks is still in progress (invariant 11).
     pub(crate) txid: Option<i64>,
+    /// The request as it arrived, for a completable endpoint: stored with its first
+    /// step record ([`crate::complete`]).
+    pub(crate) capture: Option<std::sync::Arc<StoredRequest>>,
+    /// Whether this attempt has stored it.
+    pub(crate) request_stored: bool,
+    /// Whether the request is completable: its stored copy goes with its steps at
+    /// COMMIT (a completion's too, which stores nothing itself).
+    pub(crate) completable: bool,
 }
 
 impl AttemptState {

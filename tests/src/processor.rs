@@ -3,7 +3,8 @@
 //! `{"id": "ch_.."}`, counting every call per key. It can honour keys (a repeated key
 //! gets its first answer) or ignore them (a new charge each call), answer 500 (or
 //! another status, such as a 402 that declines) a number of times, answer slowly, and end a database session named in the body (`"pid"`)
-//! before it answers, as a connection lost while the call ran.
+//! before it answers, as a connection lost while the call ran. `POST /v1/refunds` (a
+//! compensation's undo) answers 200, keeping every call's key and body.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,6 +39,8 @@ pub struct Processor {
     /// Where to end the session whose `pid` a call's body names.
     terminate: Mutex<Option<PgPool>>,
     made: AtomicU64,
+    /// Every refund's key and body, in the order they came.
+    refunds: Mutex<Vec<(String, Value)>>,
 }
 
 /// A [`Processor`] served on a loopback port until dropped.
@@ -55,6 +58,7 @@ impl ProcessorServer {
         let processor = Arc::new(Processor::default());
         let app = Router::new()
             .route("/v1/charges", post(charge))
+            .route("/v1/refunds", post(refund))
             .with_state(processor.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -140,6 +144,14 @@ impl Processor {
         *self.terminate.lock().unwrap_or_else(|e| e.into_inner()) = Some(pool);
     }
 
+    /// Every refund asked for: its `Idempotency-Key` and body, in order.
+    pub fn refunds(&self) -> Vec<(String, Value)> {
+        self.refunds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn lock_calls(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -205,4 +217,23 @@ async fn charge(
             .clone()
     };
     (StatusCode::OK, Json(json!({ "id": id })))
+}
+
+async fn refund(
+    State(processor): State<Arc<Processor>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let mut refunds = processor.refunds.lock().unwrap_or_else(|e| e.into_inner());
+    refunds.push((key, body.clone()));
+    let id = format!("re_{}", refunds.len());
+    (
+        StatusCode::OK,
+        Json(json!({ "id": id, "charge": body["charge"] })),
+    )
 }

@@ -90,7 +90,10 @@ fn utc_micros<S: Serializer>(at: &OffsetDateTime, serializer: S) -> Result<S::Ok
 /// payment processor, the charge is made there first, in a step: its answer is recorded
 /// before the row is written, so a retry after a failure or a crash resumes from it
 /// instead of charging again (see `processor.rs` for what each answer becomes).
-#[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer])]
+///
+/// Completable: a charge whose client went away after the processor's answer is finished
+/// by the service itself, `COMPLETE_AFTER_MS` after its step (`idem::complete`).
+#[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer], completable = true)]
 #[utoipa::path(post, path = "/charges", request_body = NewCharge, security(("bearer" = [])), responses(
     (status = 201, description = "The charge", body = Charge, headers(("Location" = String))), crate::openapi::Unauthenticated, crate::openapi::ProcessorProblems))]
 pub(crate) async fn create_charge(

@@ -108,6 +108,43 @@ pub struct Config {
     /// The relay this process runs (the binary's, when `NATS_URL` is set): the console
     /// shows what it published, retried and parked per minute.
     pub relay: Option<Arc<idem::outbox::Relay>>,
+    /// How charges whose clients went away after the processor's answer are finished
+    /// ([`completer`]).
+    pub completion: Completion,
+}
+
+/// How the service completes charges its clients abandoned ([`completer`]).
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// How long after its processor step a charge that has not committed is finished by
+    /// the service (`COMPLETE_AFTER_MS`, default a minute).
+    pub after: Duration,
+    /// The first wait after a failed completion, doubled up to five minutes
+    /// (`COMPLETE_BACKOFF_MS`, default a second).
+    pub backoff: Duration,
+    /// How many definitive failures park a completion as `failed`
+    /// (`COMPLETE_LIMIT`, default 5).
+    pub limit: u32,
+    /// How often the completer looks (a tenth of `after`, between 10 ms and a second).
+    pub every: Duration,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(60), Duration::from_secs(1), 5)
+    }
+}
+
+impl Completion {
+    /// Completion after `after`, retried from `backoff`, parked after `limit` failures.
+    pub fn new(after: Duration, backoff: Duration, limit: u32) -> Self {
+        Self {
+            after,
+            backoff,
+            limit,
+            every: (after / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        }
+    }
 }
 
 impl Default for Config {
@@ -128,6 +165,7 @@ impl Default for Config {
             admin_readonly_token: None,
             jetstream: None,
             relay: None,
+            completion: Completion::default(),
         }
     }
 }
@@ -365,6 +403,11 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         }
     };
     let sweep_batch = within("SWEEP_BATCH", 1_000, 1..=100_000)?;
+    let completion = Completion::new(
+        Duration::from_millis(number("COMPLETE_AFTER_MS", 60_000)?),
+        Duration::from_millis(number("COMPLETE_BACKOFF_MS", 1_000)?),
+        within("COMPLETE_LIMIT", 5, 1..=1_000)?,
+    );
     let pool_size = within("DB_POOL_SIZE", 20, 1..=1_000)?;
     let pooler = pooler_from_env(std::env::var("DB_POOLER").ok().as_deref())
         .map_err(ServiceError::setting)?;
@@ -440,6 +483,7 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         admin_readonly_token,
         jetstream: None,
         relay: None,
+        completion,
     };
     let store = store(pool.clone(), &config);
     if portable {
@@ -479,7 +523,12 @@ pub async fn main_from_env() -> Result<(), ServiceError> {
         }
         None => None,
     };
+    let completion = config.completion.clone();
+    let processor = config.processor.clone();
     let app = app(pool, config);
+    // Charges whose clients went away after the processor's answer: finished through
+    // the service's own router, or refunded when an operator abandons them.
+    let _completer = completer(store, app.clone(), &completion, processor).spawn();
     let listener = doing(tokio::net::TcpListener::bind(&bind).await, || {
         format!("cannot listen on {bind}")
     })?;
@@ -582,6 +631,34 @@ pub fn store(pool: PgPool, config: &Config) -> Store {
     store
         .build()
         .expect("the service's store settings are valid")
+}
+
+/// The completer of charges whose clients went away ([`idem::complete`]): through `app`,
+/// after `completion.after`; an abandoned charge is refunded at `processor`.
+pub fn completer(
+    store: Store,
+    app: Router,
+    completion: &Completion,
+    processor: Option<Processor>,
+) -> idem::complete::Completer {
+    let completer = idem::complete::Completer::new(store, app)
+        .after(completion.after)
+        .every(completion.every)
+        .backoff(completion.backoff, Duration::from_secs(300))
+        .limit(completion.limit);
+    match processor {
+        Some(processor) => completer.compensate("processor", move |undo| {
+            let processor = processor.clone();
+            async move {
+                let outcome: processor::Outcome = undo.result().map_err(|e| e.to_string())?;
+                processor
+                    .undo(undo.key(), outcome)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        }),
+        None => completer,
+    }
 }
 
 /// The service's router: the store keys requests per account.
@@ -708,8 +785,15 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// `Authorization: Bearer <account>`, or 401. Runs before idem, so idem's principal
-/// resolver always finds the account.
+/// resolver always finds the account. A completion of a charge whose client went away
+/// ([`idem::complete::Completion`], which only idem's completer can put on a request)
+/// runs under the account its client had.
 pub async fn authenticate(mut request: Request, next: Next) -> Response {
+    if let Some(completion) = request.extensions().get::<idem::complete::Completion>() {
+        let account = Account(completion.principal().unwrap_or_default().to_owned());
+        request.extensions_mut().insert(account);
+        return next.run(request).await;
+    }
     let account = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)

@@ -16,6 +16,11 @@
 //! Only the processor's verdict on the charge itself is final: a 4xx that says something
 //! about this service's credentials or URL, or asks to come back later, would otherwise
 //! refuse the key's request for good once the cause is fixed.
+//!
+//! The step's undo, when an operator abandons a charge whose client went away
+//! (`idem::complete`): `POST {PROCESSOR_URL}/v1/refunds` with `{"charge": "<processor
+//! id>"}` and `Idempotency-Key: <the compensation's derived key>`; a 2xx is done,
+//! anything else is tried again.
 
 use std::time::Duration;
 
@@ -32,6 +37,7 @@ const MESSAGE_CHARS: usize = 200;
 #[derive(Debug, Clone)]
 pub struct Processor {
     charges_url: reqwest::Url,
+    refunds_url: reqwest::Url,
     client: reqwest::Client,
     timeout: Duration,
 }
@@ -52,15 +58,19 @@ impl Processor {
         if timeout.is_zero() {
             return Err("PROCESSOR_TIMEOUT_MS must be at least 1".into());
         }
-        let path = format!("{}/v1/charges", base.path().trim_end_matches('/'));
-        let mut charges_url = base;
-        charges_url.set_path(&path);
+        let at = |path: &str| {
+            let mut url = base.clone();
+            url.set_path(&format!("{}{path}", base.path().trim_end_matches('/')));
+            url
+        };
+        let (charges_url, refunds_url) = (at("/v1/charges"), at("/v1/refunds"));
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .build()
             .map_err(|e| format!("cannot make the processor's HTTP client: {e}"))?;
         Ok(Self {
             charges_url,
+            refunds_url,
             client,
             timeout,
         })
@@ -113,6 +123,34 @@ impl Processor {
     }
 }
 
+impl Processor {
+    /// Refunds the processor's charge `charge` under `key`: the undo of the charge's
+    /// step. `Err` for anything but a 2xx (tried again with the same key).
+    pub async fn refund(&self, key: &str, charge: &str) -> Result<(), ProcessorError> {
+        let answer = self
+            .client
+            .post(self.refunds_url.clone())
+            .header("Idempotency-Key", key)
+            .json(&serde_json::json!({ "charge": charge }))
+            .send()
+            .await
+            .map_err(|e| self.failed(e))?;
+        match answer.status() {
+            status if status.is_success() => Ok(()),
+            status => Err(ProcessorError::Failed(status)),
+        }
+    }
+
+    /// The undo of the `processor` step whose recorded result is `outcome`: a refund of
+    /// a charge; nothing for a declined one.
+    pub async fn undo(&self, key: &str, outcome: Outcome) -> Result<(), ProcessorError> {
+        match outcome {
+            Outcome::Charged { id } => self.refund(key, &id).await,
+            Outcome::Declined { .. } => Ok(()),
+        }
+    }
+}
+
 /// The body of `POST /v1/charges`.
 #[derive(Serialize)]
 pub(crate) struct ProcessorCharge<'a> {
@@ -130,7 +168,7 @@ struct Charged {
 /// The processor's final word on a charge: the step's recorded result.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// Charged, under the processor's id.
     Charged { id: String },
     /// Refused with `status` (one of [`DECLINING`]), and its message if it gave one.
@@ -191,6 +229,13 @@ mod tests {
     #[test]
     fn the_charges_url_keeps_the_base_s_path() {
         let url = |base| Processor::new(base, Duration::from_secs(1)).map(|p| p.charges_url);
+        assert_eq!(
+            Processor::new("http://pay.internal/proxy/", Duration::from_secs(1))
+                .unwrap()
+                .refunds_url
+                .as_str(),
+            "http://pay.internal/proxy/v1/refunds"
+        );
         assert_eq!(
             url("http://127.0.0.1:9000").unwrap().as_str(),
             "http://127.0.0.1:9000/v1/charges"

@@ -388,6 +388,17 @@ impl Attempt {
         Tx::new(&mut self.tx, &self.store, key, request, &mut self.state)
     }
 
+    /// Makes the attempt completable ([`crate::complete`]): its stored request is
+    /// deleted with its steps at COMMIT, and `request` (none for a completion, whose
+    /// request is stored already) is stored with its first step record.
+    pub(crate) fn capture(
+        &mut self,
+        request: Option<std::sync::Arc<crate::table::requests::StoredRequest>>,
+    ) {
+        self.state.completable = true;
+        self.state.capture = request;
+    }
+
     /// The claimed key; `None` for an attempt that records nothing.
     pub(crate) fn key(&self) -> Option<&KeyInScope> {
         self.claim.as_ref().map(|c| &c.key)

@@ -330,7 +330,7 @@ impl Audited<'_> {
     }
 
     /// Writes the action's row in `tx`, the action's transaction, and commits both.
-    async fn commit(
+    pub(super) async fn commit(
         &self,
         mut tx: Transaction<'static, Postgres>,
         action: &str,

@@ -59,6 +59,12 @@ impl Store {
         self.steps().ddl().to_owned()
     }
 
+    /// The DDL of this store's requests table ([`crate::complete`]):
+    /// [`REQUESTS_SCHEMA_SQL`](crate::REQUESTS_SCHEMA_SQL) with its configured name.
+    pub fn requests_schema_sql(&self) -> String {
+        self.inner.requests.ddl().to_owned()
+    }
+
     /// The store's steps table, its statements rendered.
     pub(crate) fn steps(&self) -> StepsTable {
         StepsTable::new(&self.inner.steps_table, self.inner.dialect)
@@ -173,9 +179,16 @@ impl Tx<'_> {
                 return Err(StepError::Mismatch);
             }
             let forget = steps.forgetting(store.inner.table.prepared(), key);
+            // A completable request's stored copy goes with its steps.
+            let forget_request = state
+                .completable
+                .then(|| store.inner.requests.forgetting(key));
             if let Some(step) = found.into_iter().find(|step| step.step == name) {
                 let value = serde_json::from_str(&step.result).map_err(StepError::Json)?;
                 state.ride(forget);
+                if let Some(forget_request) = forget_request {
+                    state.ride(forget_request);
+                }
                 done("replayed");
                 return Ok(value);
             }
@@ -194,6 +207,17 @@ impl Tx<'_> {
                 }
             };
             let result = ascii_json(&value).map_err(StepError::Json)?;
+            // The request itself, with its first step: from then on the service can
+            // complete it ([`crate::complete`]).
+            let also = match &state.capture {
+                Some(captured) if !state.request_stored => Some(store.inner.requests.recording(
+                    key,
+                    fingerprint.as_slice(),
+                    captured,
+                    request.ttl,
+                )),
+                _ => None,
+            };
             let write = StepWrite {
                 key,
                 step: name,
@@ -201,10 +225,17 @@ impl Tx<'_> {
                 result: &result,
                 ttl: request.ttl,
                 fence,
+                also: also.as_deref(),
             };
             match steps.record(outside, &write).await {
                 Ok(true) => {
                     state.ride(forget);
+                    if also.is_some() {
+                        state.request_stored = true;
+                    }
+                    if let Some(forget_request) = forget_request {
+                        state.ride(forget_request);
+                    }
                     done("recorded");
                     Ok(value)
                 }

@@ -57,6 +57,7 @@ mod claim;
 #[cfg(test)]
 pub(crate) mod cost;
 pub(crate) mod outbox;
+pub(crate) mod requests;
 pub(crate) mod steps;
 mod sweep;
 #[cfg(test)]

@@ -243,6 +243,10 @@ impl StepsTable {
                 Literal::Int(write.fence),
             ],
         );
+        let sql = match write.also {
+            Some(also) => format!("{sql};\n{also}"),
+            None => sql,
+        };
         match sqlx::raw_sql(statement(sql)).fetch_all(outside).await {
             Ok(rows) => Ok(rows
                 .iter()
@@ -321,6 +325,9 @@ pub(crate) struct StepWrite<'a> {
     pub(crate) ttl: Duration,
     /// The request's transaction id ([`StepsTable::fence`]).
     pub(crate) fence: i64,
+    /// A statement to run after the insert, in the same message (fenced with it): the
+    /// request's stored copy ([`crate::table::requests`]).
+    pub(crate) also: Option<&'a str>,
 }
 
 fn decode(row: &PgRow) -> Result<RecordedStep, sqlx::Error> {

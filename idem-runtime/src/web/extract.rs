@@ -13,6 +13,7 @@ use http::request::Parts;
 use http::HeaderMap;
 use serde::Serialize;
 
+use crate::complete::CaptureBody;
 use crate::store::Store;
 use crate::web::policy::KeyRead;
 use crate::web::problem::Problems;
@@ -259,7 +260,14 @@ where
 {
     type Rejection = Response;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+    async fn from_request(mut req: Request, state: &S) -> Result<Self, Response> {
+        // A completable endpoint's body is read once, kept, and handed on.
+        if let Some(capture) = req.extensions().get::<CaptureBody>().cloned() {
+            req = match capture.read(req, state).await {
+                Ok(req) => req,
+                Err(rejection) => return Err(rejected(state, rejection).await),
+            };
+        }
         // The rejection becomes a `Response` first: rejection types need not be `Send`.
         match T::from_request(req, state)
             .await

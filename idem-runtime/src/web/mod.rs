@@ -14,6 +14,7 @@ pub(crate) mod response;
 mod step;
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -21,15 +22,17 @@ use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use http::{HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method};
 use serde::Serialize;
 
+use crate::complete::{Completable, Completion};
 use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, Refusal};
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::identity::{KeyInScope, Place};
 use crate::observe::{Observation, Outcome};
 use crate::spread::Spread;
 use crate::store::Store;
+use crate::table::requests::StoredRequest;
 use crate::table::Isolation;
 use crate::tx::Tx;
 use extract::HoldsStore;
@@ -99,6 +102,12 @@ pub struct Guard<S> {
     route: Option<MatchedPath>,
     params: Option<RawPathParams>,
     query: Option<String>,
+    /// Whether the endpoint is completable ([`Guard::completable`]).
+    completable: bool,
+    /// Its request, to store with its first step (`None` for a completion).
+    stored: Option<Arc<StoredRequest>>,
+    /// The completion this request is, if it is one ([`crate::complete`]).
+    completion: Option<Completion>,
     // `fn() -> S`: the guard is `Send` and `Sync` whatever the state.
     state: PhantomData<fn() -> S>,
 }
@@ -129,6 +138,9 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
             route: parts.extensions.get::<MatchedPath>().cloned(),
             params,
             query: parts.uri.query().map(str::to_owned),
+            completable: false,
+            stored: None,
+            completion: None,
             state: PhantomData,
         })
     }
@@ -163,6 +175,25 @@ impl<S> Guard<S> {
         self
     }
 
+    /// Makes the request completable (`completable = true`): it is stored with its first
+    /// step, with the allowed headers and `key_header`, the one its key is read from
+    /// (`None`: `Idempotency-Key`). A request that is a completion runs under its stored
+    /// principal, and only for its stored key.
+    pub fn completable(mut self, capture: Completable, key_header: Option<&str>) -> Self {
+        if let Some(completion) = capture.completion() {
+            self.principal = completion.principal().map(str::to_owned);
+            self.completion = Some(completion.clone());
+        }
+        let key_header = key_header
+            .and_then(|name| HeaderName::try_from(name).ok())
+            .unwrap_or(crate::key::IDEMPOTENCY_KEY);
+        self.completable = true;
+        self.stored = capture
+            .stored(&self.store.inner.stored_headers, &key_header)
+            .map(Arc::new);
+        self
+    }
+
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...`, and `key` the endpoint's own key source (`key = ...`), when it
@@ -176,6 +207,15 @@ impl<S> Guard<S> {
     ) -> Result<Claimed, Response> {
         let observation = Observation::start(spec.scope.into());
         let problems = Problems::of(&self.store);
+        let limit = self.store.inner.max_response_bytes;
+        if self
+            .stored
+            .as_ref()
+            .is_some_and(|stored| stored.body.len() > limit)
+        {
+            let problem = problems.request_too_large(limit).into_response();
+            return Err(observation.answer(Outcome::RejectedKey, problem));
+        }
         let key = match policy::key(key, self.key, spec.required) {
             Ok(key) => key,
             Err(refused) => {
@@ -243,7 +283,25 @@ impl<S> Guard<S> {
                 statement_timeout: spec.statement_timeout,
             }),
         };
-        claimed(self.store, claim, spec.isolation, observation).await
+        // A completion claims the key it was stored under, and no other.
+        if let Some(completion) = &self.completion {
+            if !claim
+                .as_ref()
+                .is_some_and(|claim| completion.is_for(&claim.key))
+            {
+                tracing::warn!(
+                    scope = spec.scope,
+                    "idem: a completion reached an endpoint that claims another key; refused"
+                );
+                let problem = problems.key_reused().into_response();
+                return Err(observation.answer(Outcome::Mismatch, problem));
+            }
+        }
+        let mut claimed = claimed(self.store, claim, spec.isolation, observation).await?;
+        if self.completable {
+            claimed.attempt.capture(self.stored);
+        }
+        Ok(claimed)
     }
 }
 

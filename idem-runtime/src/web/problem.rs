@@ -63,6 +63,14 @@ pub mod problem_type {
     /// 503: a step's call ran but its result could not be recorded (the request lost its
     /// transaction while the call ran); nothing was committed; retry after `Retry-After`.
     pub const STEP_UNRECORDED: &str = "step-unrecorded";
+    /// 413: a completable endpoint's request body is larger than the store's cap on
+    /// stored bodies (`StoreBuilder::max_response_bytes`): it could not be stored to be
+    /// completed; nothing ran.
+    pub const REQUEST_TOO_LARGE: &str = "request-too-large";
+    /// 410: an operator abandoned the request with this key for good after its steps ran,
+    /// and their compensations (a refund) ran; nothing was committed, and the key answers
+    /// this for as long as it is kept. Do not retry it; send a new request with a new key.
+    pub const REQUEST_ABANDONED: &str = "request-abandoned";
 }
 
 /// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.
@@ -318,6 +326,28 @@ impl<'a> Problems<'a> {
         )
         .with_detail("the database could not be reached; nothing was done; retry later")
         .with_retry_after(self.retry_after)
+    }
+
+    pub(crate) fn request_too_large(self, limit: usize) -> Problem {
+        self.problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            problem_type::REQUEST_TOO_LARGE,
+            "Request too large",
+        )
+        .with_detail(format!(
+            "this endpoint stores its requests to complete them, up to {limit} bytes of body; nothing was done"
+        ))
+    }
+
+    pub(crate) fn request_abandoned(self) -> Problem {
+        self.problem(
+            StatusCode::GONE,
+            problem_type::REQUEST_ABANDONED,
+            "Request abandoned",
+        )
+        .with_detail(
+            "the request with this Idempotency-Key was abandoned by an operator and what it did elsewhere was undone; send a new request with a new key",
+        )
     }
 
     pub(crate) fn internal(self, detail: impl Into<String>) -> Problem {

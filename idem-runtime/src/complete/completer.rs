@@ -1,0 +1,597 @@
+//! The completer: runs abandoned requests again through the application's router, and
+//! abandons for good, with their compensations, those an operator gave up.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::Router;
+use futures_core::future::BoxFuture;
+use http::StatusCode;
+use serde::de::DeserializeOwned;
+use tower_service::Service;
+use tracing::field::Empty;
+use tracing::Instrument;
+
+use super::Completion;
+use crate::engine::{self, Begun, Claim, Refusal};
+use crate::fingerprint::Fingerprint;
+use crate::identity::{KeyInScope, Place};
+use crate::store::Store;
+use crate::table::requests::{Due, Failure, Leased, StoredRequest};
+use crate::table::Isolation;
+use crate::web::problem::Problems;
+use crate::web::response::{self, IDEMPOTENT_REPLAYED};
+
+/// A step's undo, registered by the step's name ([`Completer::compensate`]).
+type Compensation = Arc<dyn Fn(Undo) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// What a compensation is given: the step it undoes, its recorded result, and a key of
+/// its own to send the outside service (the same on every try, so a service that honours
+/// keys undoes once).
+#[derive(Debug, Clone)]
+pub struct Undo {
+    step: String,
+    result: String,
+    key: String,
+    principal: Option<String>,
+    idempotency_key: String,
+}
+
+impl Undo {
+    /// The name of the step this undoes.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    /// The step's recorded result, read as its type.
+    pub fn result<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.result)
+    }
+
+    /// The key to send with the undo's own call (its `Idempotency-Key`): derived from the
+    /// request's key and the undo's name, as [`Tx::derived_key`](crate::Tx::derived_key)
+    /// derives a step's.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The request's principal; `None` for a key kept without one.
+    pub fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+
+    /// The request's idempotency key.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+}
+
+/// How a completer's run of one request ended ([`Completer::run_due`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Completed {
+    /// The request committed: its answer is stored, and its client's retry replays it.
+    Completed,
+    /// The request was abandoned for good: its compensations ran and the key answers
+    /// 410.
+    Abandoned,
+    /// The run failed; the request is tried again later. The error says why.
+    Retrying(String),
+    /// The run failed once too often: the request is parked as `failed`.
+    Parked(String),
+}
+
+/// Runs the requests of completable endpoints whose clients went away: see
+/// [the module](crate::complete).
+///
+/// ```no_run
+/// # async fn f(store: idem::Store, app: axum::Router) {
+/// use std::time::Duration;
+/// use idem::complete::Completer;
+///
+/// let completer = Completer::new(store, app)
+///     .after(Duration::from_secs(60))
+///     .compensate("processor", |undo| async move {
+///         // POST /v1/refunds with `Idempotency-Key: {undo.key()}`
+///         Ok::<_, std::io::Error>(())
+///     })
+///     .spawn();
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Completer {
+    store: Store,
+    router: Router,
+    after: Duration,
+    every: Duration,
+    backoff: (Duration, Duration),
+    limit: u32,
+    batch: u32,
+    compensations: HashMap<String, Compensation>,
+}
+
+impl fmt::Debug for Completer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completer")
+            .field("after", &self.after)
+            .field("every", &self.every)
+            .field("backoff", &self.backoff)
+            .field("limit", &self.limit)
+            .field("compensations", &self.compensations.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Completer {
+    /// A completer for `store`'s completable requests, run through `router`: the
+    /// application's whole router, as it is served (with its state, its layers and its
+    /// authentication, which lets a [`Completion`] through).
+    pub fn new(store: Store, router: Router) -> Self {
+        Self {
+            store,
+            router,
+            after: Duration::from_secs(60),
+            every: Duration::from_secs(1),
+            backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+            limit: 5,
+            batch: 16,
+            compensations: HashMap::new(),
+        }
+    }
+
+    /// How long after its first step a request that has not committed is completed
+    /// (default a minute): longer than a client's retries usually take, so that the
+    /// completer finishes what its client gave up on, not what it is still retrying.
+    pub fn after(mut self, after: Duration) -> Self {
+        self.after = after;
+        self
+    }
+
+    /// How often the completer looks for requests to run (default every second).
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The wait before a failed run is tried again: `first`, doubled after each try up
+    /// to `cap` (default one second up to five minutes).
+    pub fn backoff(mut self, first: Duration, cap: Duration) -> Self {
+        self.backoff = (first, cap.max(first));
+        self
+    }
+
+    /// How many definitive failures park a request as `failed` (default 5). Transient
+    /// ones (409, 429, 502, 503, 504, the database unreachable) never count.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit.max(1);
+        self
+    }
+
+    /// How many requests one look takes at most (default 16).
+    pub fn batch(mut self, batch: u32) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// Registers the undo of the step `step` (as `tx.step(step, ..)` names it): run once,
+    /// recorded as a step of its own (`compensate:<step>`), when a request that recorded
+    /// that step is abandoned for good. `undo` gets the step's result and a key of its
+    /// own ([`Undo`]); an `Err` is retried with the backoff. Registered by name, so that a
+    /// restarted service, or another instance, can run it.
+    pub fn compensate<F, Fut, E>(mut self, step: &str, undo: F) -> Self
+    where
+        F: Fn(Undo) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display,
+    {
+        let undo: Compensation = Arc::new(move |what: Undo| {
+            let run = undo(what);
+            Box::pin(async move { run.await.map_err(|e| e.to_string()) })
+        });
+        self.compensations.insert(step.to_owned(), undo);
+        self
+    }
+
+    /// Starts a tokio task that runs [`Completer::run_due`] every
+    /// [`every`](Completer::every) until [`CompleterTask::stop`]. Failures (the database
+    /// restarting) are logged and tried again at the next look.
+    pub fn spawn(self) -> CompleterTask {
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(self.every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                if let Err(error) = self.run_due().await {
+                    tracing::warn!(%error, "idem: looking for requests to complete failed; retrying at the next look");
+                }
+            }
+        });
+        CompleterTask { task }
+    }
+
+    /// One look: runs each request that is due (older than the window and not
+    /// committed, or abandoned by an operator), up to the batch, one at a time. Each is
+    /// leased first, so that another completer skips it. Returns the runs, by key.
+    pub async fn run_due(&self) -> Result<Vec<(String, Completed)>, sqlx::Error> {
+        let pool = self.store.outside();
+        let due = self
+            .store
+            .inner
+            .requests
+            .due(pool, self.after, self.batch)
+            .await?;
+        let mut ran = Vec::with_capacity(due.len());
+        for due in due {
+            if let Some(completed) = self.run_one(&due).await? {
+                ran.push((due.key, completed));
+            }
+        }
+        Ok(ran)
+    }
+
+    /// The lease of one run: longer than a step's call may take, and than a handler
+    /// usually runs.
+    fn lease(&self) -> Duration {
+        (self.store.inner.step_timeout * 2).max(Duration::from_secs(60))
+    }
+
+    /// The wait after the `tries`th run.
+    fn retry_in(&self, tries: i32) -> Duration {
+        let (first, cap) = self.backoff;
+        let doublings = u32::try_from(tries.saturating_sub(1)).unwrap_or(0).min(20);
+        first.saturating_mul(1 << doublings).min(cap)
+    }
+
+    async fn run_one(&self, due: &Due) -> Result<Option<Completed>, sqlx::Error> {
+        let requests = &self.store.inner.requests;
+        let pool = self.store.outside();
+        let stored = (due.scope.as_str(), due.principal.as_str(), due.key.as_str());
+        let Some(leased) = requests.lease(pool, due, self.lease()).await? else {
+            // Another completer took it, or it committed meanwhile.
+            return Ok(None);
+        };
+        let (scope, principal, key) = stored;
+        let principal_type = self.store.inner.dialect.principal_type;
+        let key_in_scope = KeyInScope::from_stored(scope, principal, key, principal_type);
+        let action = if leased.abandoning {
+            "abandon"
+        } else {
+            "complete"
+        };
+        let span = tracing::info_span!(
+            "idem.complete",
+            scope = &*key_in_scope.scope,
+            key,
+            action,
+            outcome = Empty,
+        );
+        async {
+            let run = if leased.abandoning {
+                self.abandon(&key_in_scope, &leased).await
+            } else {
+                self.complete(&key_in_scope, stored, leased.request.clone())
+                    .await
+            };
+            let completed = match run {
+                Run::Done(completed) => completed,
+                Run::Failed { error, counted } => {
+                    let failure = Failure {
+                        error: &error,
+                        counted,
+                        retry_in: self.retry_in(leased.tries),
+                        limit: self.limit,
+                    };
+                    match requests.failed(pool, stored, &failure).await?.as_deref() {
+                        Some("failed") => Completed::Parked(error),
+                        _ => Completed::Retrying(error),
+                    }
+                }
+            };
+            let outcome = match &completed {
+                Completed::Completed => "completed",
+                Completed::Abandoned => "abandoned",
+                Completed::Retrying(_) => "retrying",
+                Completed::Parked(_) => "parked",
+            };
+            tracing::Span::current().record("outcome", outcome);
+            match &completed {
+                Completed::Completed | Completed::Abandoned => {
+                    tracing::info!(scope, key, outcome, "idem: {action}d a request its client abandoned");
+                }
+                Completed::Retrying(error) => {
+                    tracing::warn!(scope, key, %error, "idem: a request's {action} failed; it is tried again later");
+                }
+                Completed::Parked(error) => {
+                    tracing::error!(scope, key, %error, "idem: a request's completion failed too often; parked as failed (`idem key abandoned` lists it, `idem key abandon` gives it up)");
+                }
+            }
+            Ok(Some(completed))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs the stored request through the router, as its client sent it, under its
+    /// principal.
+    async fn complete(
+        &self,
+        key: &KeyInScope,
+        (scope, principal, stored_key): (&str, &str, &str),
+        request: Option<StoredRequest>,
+    ) -> Run {
+        let Some(request) = request else {
+            return Run::Failed {
+                error: "its endpoint stores no request (it is not `completable`): it can only be abandoned".into(),
+                counted: true,
+            };
+        };
+        let mut builder = http::Request::builder()
+            .method(request.method.as_str())
+            .uri(&request.target);
+        for (name, value) in &request.headers {
+            builder = builder.header(name, value);
+        }
+        let mut req = match builder.body(Body::from(request.body)) {
+            Ok(req) => req,
+            Err(error) => {
+                return Run::Failed {
+                    error: format!("the stored request cannot be rebuilt: {error}"),
+                    counted: true,
+                }
+            }
+        };
+        req.extensions_mut().insert(Completion {
+            stored_scope: scope.to_owned(),
+            scope: key.scope.to_string(),
+            stored_principal: principal.to_owned(),
+            principal: (key.place == Place::Principal).then(|| key.principal.clone()),
+            key: stored_key.to_owned(),
+        });
+        // A task of its own: a handler that panics fails this run, not the completer.
+        let mut router = self.router.clone();
+        let call = tokio::spawn(async move {
+            std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut router, cx))
+                .await?;
+            router.call(req).await
+        });
+        let response = match call.await {
+            Ok(Ok(response)) => response,
+            Ok(Err(never)) => match never {},
+            Err(error) => {
+                return Run::Failed {
+                    error: format!("the handler panicked: {error}"),
+                    counted: true,
+                }
+            }
+        };
+        let status = response.status();
+        let replayed = response
+            .headers()
+            .get(IDEMPOTENT_REPLAYED)
+            .is_some_and(|v| v == "true");
+        // The request's COMMIT deleted its stored copy; a replay means another attempt
+        // committed it.
+        let pool = self.store.outside();
+        let requests = &self.store.inner.requests;
+        match requests.state(pool, (scope, principal, stored_key)).await {
+            Ok(None) => return Run::Done(Completed::Completed),
+            Ok(Some(_)) if replayed => {
+                let forget = crate::table::statement(requests.forgetting(key));
+                return match sqlx::raw_sql(forget).execute(pool).await {
+                    Ok(_) => Run::Done(Completed::Completed),
+                    Err(error) => Run::Failed {
+                        error: error.to_string(),
+                        counted: false,
+                    },
+                };
+            }
+            Ok(Some(_)) => {}
+            Err(error) => {
+                return Run::Failed {
+                    error: error.to_string(),
+                    counted: false,
+                }
+            }
+        }
+        let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+            .await
+            .unwrap_or_default();
+        let mut detail = String::from_utf8_lossy(&body).into_owned();
+        if detail.len() > 300 {
+            let cut = (0..=300)
+                .rev()
+                .find(|i| detail.is_char_boundary(*i))
+                .unwrap_or(0);
+            detail.truncate(cut);
+            detail.push_str("...");
+        }
+        Run::Failed {
+            error: format!("answered {status}: {detail}"),
+            counted: !transient(status),
+        }
+    }
+
+    /// Abandons the request for good: claims its key, runs the compensations of its
+    /// recorded steps (each a step of its own), and commits a 410 for the key.
+    async fn abandon(&self, key: &KeyInScope, leased: &Leased) -> Run {
+        let store = &self.store;
+        let Ok(combined) = <[u8; 32]>::try_from(leased.fingerprint.as_slice()) else {
+            return Run::Failed {
+                error: "the stored fingerprint is unreadable".into(),
+                counted: true,
+            };
+        };
+        let claim = Claim {
+            key: key.clone(),
+            ttl: leased.remaining,
+            fingerprint: Fingerprint::stored(combined),
+            conflict_wait: None,
+            statement_timeout: None,
+        };
+        let mut attempt = match engine::begin(store, Some(claim), Isolation::ReadCommitted).await {
+            Ok(Begun::Run(attempt)) => attempt,
+            // Its client's retry, or a completion, committed it first: its answer
+            // stands, and there is nothing to undo.
+            Ok(Begun::Replay(_)) => {
+                let forget = crate::table::statement(store.inner.requests.forgetting(key));
+                return match sqlx::raw_sql(forget).execute(store.outside()).await {
+                    Ok(_) => Run::Done(Completed::Completed),
+                    Err(error) => Run::Failed {
+                        error: error.to_string(),
+                        counted: false,
+                    },
+                };
+            }
+            Err(refusal) => {
+                let counted = !matches!(refusal, Refusal::InUse | Refusal::Unavailable(_));
+                return Run::Failed {
+                    error: format!("its key cannot be claimed: {}", describe(&refusal)),
+                    counted,
+                };
+            }
+        };
+        let recorded = match store.steps().read(store.outside(), key).await {
+            Ok(recorded) => recorded,
+            Err(error) => {
+                let _ = attempt.rollback().await;
+                return Run::Failed {
+                    error: error.to_string(),
+                    counted: false,
+                };
+            }
+        };
+        for step in &recorded {
+            if step.step.starts_with(COMPENSATE) || step.fingerprint != combined {
+                continue;
+            }
+            let Some(undo) = self.compensations.get(&step.step) else {
+                tracing::warn!(step = %step.step, "idem: no compensation is registered for this step; nothing undone");
+                continue;
+            };
+            let name = format!("{COMPENSATE}{}", step.step);
+            let what = Undo {
+                step: step.step.clone(),
+                result: step.result.clone(),
+                key: String::new(),
+                principal: (key.place == Place::Principal).then(|| key.principal.clone()),
+                idempotency_key: key.key.as_str().to_owned(),
+            };
+            let span = tracing::info_span!("idem.compensate", step = %step.step);
+            let ran = attempt
+                .tx()
+                .step(&name, |derived| {
+                    undo(Undo {
+                        key: derived,
+                        ..what
+                    })
+                })
+                .instrument(span)
+                .await;
+            if let Err(error) = ran {
+                let _ = attempt.rollback().await;
+                return Run::Failed {
+                    error: format!("the compensation of step {:?} failed: {error}", step.step),
+                    counted: true,
+                };
+            }
+            tracing::info!(step = %step.step, key = key.key.as_str(), "idem: compensated a step of an abandoned request");
+        }
+        {
+            let mut tx = attempt.tx();
+            let (_, state) = tx.parts();
+            state.ride(store.steps().forgetting(store.inner.table.prepared(), key));
+            state.ride(store.inner.requests.forgetting(key));
+        }
+        let problem = Problems::of(store).request_abandoned().into_response();
+        let record = match response::capture(
+            problem,
+            &store.inner.replay_headers,
+            store.inner.max_response_bytes,
+        )
+        .await
+        {
+            Ok((record, _)) => record,
+            Err(error) => {
+                let _ = attempt.rollback().await;
+                return Run::Failed {
+                    error: error.to_string(),
+                    counted: true,
+                };
+            }
+        };
+        match attempt.commit(&record).await {
+            Ok(_) => Run::Done(Completed::Abandoned),
+            Err(error) => Run::Failed {
+                error: format!("the abandonment could not commit: {error:?}"),
+                counted: false,
+            },
+        }
+    }
+}
+
+/// The prefix of a compensation's step name.
+pub(crate) const COMPENSATE: &str = "compensate:";
+
+/// How one run ended.
+enum Run {
+    Done(Completed),
+    Failed { error: String, counted: bool },
+}
+
+/// Answers that say "later", not "never": they do not count toward the limit.
+fn transient(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::CONFLICT
+            | StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+fn describe(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::InUse => "a request with this key is running".into(),
+        Refusal::Mismatch => "the key holds another request".into(),
+        Refusal::Unavailable(error) | Refusal::Database(error) => error.to_string(),
+        Refusal::Unreadable => "its stored response is unreadable".into(),
+    }
+}
+
+/// A running completer ([`Completer::spawn`]).
+#[derive(Debug)]
+pub struct CompleterTask {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CompleterTask {
+    /// Stops the completer; a run in progress is dropped (its request's transaction
+    /// rolls back, and its lease runs out).
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_later_answers_are_transient() {
+        for status in [409, 429, 502, 503, 504] {
+            assert!(transient(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+        for status in [400, 404, 410, 422, 500] {
+            assert!(
+                !transient(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Completion: requests whose clients went away after a step, finished by the service.
+//!
+//! A step ([`Tx::step`](crate::Tx::step)) makes an outside call once per request, as long
+//! as the client retries. A client that never retries (it crashed too, it gave up) leaves
+//! the call made (the processor took the money) and the service with no record of it.
+//! An endpoint marked `completable` keeps what it takes to run such a request again:
+//!
+//! ```ignore
+//! #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer], completable = true)]
+//! async fn create_charge(/* .. */) -> Result<Response, ApiError> { /* .. */ }
+//! ```
+//!
+//! - **What is stored.** With the request's first step record, in the same message (so
+//!   a request whose transaction was lost stores nothing): its method, path and query,
+//!   the headers of [`StoreBuilder::stored_headers`](crate::StoreBuilder::stored_headers)
+//!   (`Content-Type` by default) and the one its key came from, its body (up to
+//!   [`StoreBuilder::max_response_bytes`](crate::StoreBuilder::max_response_bytes): a
+//!   larger one is answered 413 before anything runs), and its principal as it was
+//!   resolved. Never `Authorization`, `Proxy-Authorization` or `Cookie`. The row goes with
+//!   the request's COMMIT, as its steps do, or expires with its key.
+//! - **Who completes it.** A [`Completer`], spawned by the service beside its server with
+//!   the application's own router. A request whose first step is older than its window
+//!   ([`Completer::after`]) and that has not committed runs again, in process, through
+//!   that router: the request as stored, with a [`Completion`] in its extensions, which
+//!   no client can send. The service's authentication layer lets it through under
+//!   [`Completion::principal`] (it carries no credential), and idem claims its key under
+//!   that principal alone. Its steps replay (the processor is not called again); its
+//!   answer is stored as if the client had sent it, and the client's late retry replays
+//!   it.
+//! - **One run at a time.** Each request is leased to one completer (a row lock of one
+//!   statement, in every mode: on a distributed engine, on its own shard), and its run
+//!   claims its key as any request does: a client retrying meanwhile gets 409, or the
+//!   replay once it has committed, and two completers never both run it.
+//! - **Failures.** A run answered 409, 429, 502, 503 or 504 is transient: tried again
+//!   after a backoff doubling up to [`Completer::backoff`]'s cap, never counted. Any other
+//!   answer that did not commit (the handler's `Err`, a panic, a 422) counts; at
+//!   [`Completer::limit`] the request is parked as `failed`, with its last error, for an
+//!   operator ([`Store::abandoned`](crate::Store::abandoned) lists it).
+//! - **Compensation.** [`Completer::compensate`] names a step's undo (a refund for a
+//!   charge). When an operator abandons a request for good
+//!   ([`Audited::abandon_request`](crate::operate::Audited::abandon_request), `idem key
+//!   abandon`, the console), the completer claims its key, runs the undo of each of its
+//!   recorded steps as a step of its own (`compensate:<step>`: once, however often it is
+//!   retried), and commits a 410 for the key
+//!   ([`problem_type::REQUEST_ABANDONED`](crate::problem_type::REQUEST_ABANDONED)), which
+//!   every later retry replays. An undo that fails is retried with the backoff.
+//!
+//! Each run is a span (`idem.complete`, with the scope, the key and what was done) and a
+//! log line naming the key.
+
+mod capture;
+mod completer;
+
+use http::header;
+use http::HeaderName;
+
+pub(crate) use capture::CaptureBody;
+#[doc(hidden)]
+pub use capture::Completable;
+pub use completer::{Completed, Completer, CompleterTask, Undo};
+
+/// A completion's mark on the request it runs again: in the request's extensions, put
+/// there by a [`Completer`], so that the service's authentication layer lets it through
+/// under the principal its client had. It has no public constructor: no client (and no
+/// other code) can make one, unlike a header.
+///
+/// ```
+/// use axum::extract::Request;
+/// use axum::middleware::Next;
+/// use axum::response::Response;
+///
+/// #[derive(Clone)]
+/// struct Account(String);
+///
+/// async fn authenticate(mut req: Request, next: Next) -> Response {
+///     if let Some(completion) = req.extensions().get::<idem::complete::Completion>() {
+///         // The service completing a request its client abandoned: under the
+///         // principal the client had, without a credential.
+///         let account = completion.principal().unwrap_or_default().to_owned();
+///         req.extensions_mut().insert(Account(account));
+///         return next.run(req).await;
+///     }
+///     // .. the bearer token, as for any request
+///     # next.run(req).await
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The scope as stored (with a spread key's mark).
+    stored_scope: String,
+    /// The scope as the endpoint names it.
+    scope: String,
+    /// The principal column's value.
+    stored_principal: String,
+    /// The principal as it was resolved; `None` for a key without one.
+    principal: Option<String>,
+    key: String,
+}
+
+impl Completion {
+    /// The principal the request's client had, as idem resolved it then; `None` for a
+    /// key kept without a principal.
+    pub fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+
+    /// The request's idempotency key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The endpoint's scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// Whether `key` (claimed by the request this completion runs) is the stored one: a
+    /// router that sent the request elsewhere is refused.
+    pub(crate) fn is_for(&self, key: &crate::identity::KeyInScope) -> bool {
+        key.stored_scope() == self.stored_scope
+            && key.principal == self.stored_principal
+            && key.key.as_str() == self.key
+    }
+}
+
+/// Headers that carry a credential: never stored with a request.
+pub(crate) fn is_credential(name: &HeaderName) -> bool {
+    name == header::AUTHORIZATION || name == header::PROXY_AUTHORIZATION || name == header::COOKIE
+}

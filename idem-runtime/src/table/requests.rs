@@ -1,0 +1,577 @@
+//! The requests table: what a completable endpoint's request that made a step needs to
+//! run again (its method, target, allowed headers, body and principal), and where the
+//! completer keeps its progress on it. Its DDL and every statement on it, each written
+//! whole beside the function that binds it.
+//!
+//! A row is written with the request's first step record, in the same message
+//! ([`RequestsTable::recording`]), outside the request's transaction; the request's
+//! COMMIT deletes it ([`RequestsTable::forgetting`]), as it deletes the steps. A row
+//! that stays is a request whose client went away after an outside call: the completer
+//! ([`crate::complete`]) runs it again, or abandons it for good and runs the steps'
+//! compensations. It lives beside the steps (the step pool's database) and, on a
+//! distributed engine, on the shard of its key.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row, SqlStr};
+
+use super::{statement, Dialect, Pooler, TableName};
+use crate::identity::KeyInScope;
+use crate::literal::{self, Literal};
+
+/// The SQL that creates the requests table (under its default name) and its index, for
+/// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
+/// runs it for a store with the default tables;
+/// [`Store::requests_schema_sql`](crate::Store::requests_schema_sql) gives it for any.
+pub const REQUESTS_SCHEMA_SQL: &str = include_str!("../../sql/idempotency_requests.sql");
+
+/// The default name of the requests table, in the schema of the store's idempotency
+/// table.
+pub const DEFAULT_REQUESTS_TABLE: &str = "idempotency_requests";
+
+/// The DDL, with `{create_schema}`, `{table}`, `{name}` and `{principal_type}` to fill
+/// in.
+const DDL: &str = "-- idem: the requests table, for users who run their own migrations.
+-- `Store::migrate` runs exactly this; it is safe to run again.
+--
+-- A row is a request of a completable endpoint (`#[idempotent(.., completable = true)]`)
+-- that recorded a step and has not committed: what it takes to run it again, written
+-- with its first step, and the completer's progress on it. The request's COMMIT deletes
+-- it; the sweeper removes rows whose key has expired.
+{create_schema}CREATE TABLE IF NOT EXISTS {table} (
+    scope        text        NOT NULL,
+    principal    {principal_type} NOT NULL,
+    key          text        NOT NULL,
+    -- SHA-256 of the request's canonical fingerprint, as its steps have it
+    fingerprint  bytea       NOT NULL,
+    -- the request as it arrived: method, path and query, the allowed headers (a JSON
+    -- array of [name, value]) and the body; NULL for a request an operator abandoned
+    -- whose endpoint stores none
+    method       text,
+    target       text,
+    headers      text,
+    body         bytea,
+    -- 'pending' (to complete), 'abandoning' (an operator gave it up: compensate),
+    -- 'failed' (parked after too many definitive failures)
+    state        text        NOT NULL DEFAULT 'pending',
+    -- every run of the completer, and the definitive failures among them
+    tries        integer     NOT NULL DEFAULT 0,
+    failures     integer     NOT NULL DEFAULT 0,
+    next_at      timestamptz NOT NULL DEFAULT now(),
+    leased_until timestamptz,
+    last_error   text,
+    error_at     timestamptz,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL,
+    CONSTRAINT \"{name}_pkey\" PRIMARY KEY (scope, principal, key)
+);
+
+-- The sweeper deletes expired rows.
+CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
+";
+
+/// The request, written in the message of its first step's record, after the step's
+/// insert (so the fence skips it too). A live row stays as it is (another step of the
+/// same request, or a run of the completer, stores nothing new); an expired one is
+/// replaced (`{keep_live}`, left out on a distributed engine, which refuses a function
+/// that is not immutable there: there the request's content is rewritten, its progress
+/// kept). $1 scope, $2 principal, $3 key, $4 fingerprint, $5 method, $6 target, $7
+/// headers, $8 body, $9 ttl in seconds.
+const RECORD: &str = "\
+INSERT INTO {table} AS r (scope, principal, key, fingerprint, method, target, headers, body, expires_at)
+VALUES ($1, {p2}, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 second')
+ON CONFLICT (scope, principal, key) DO UPDATE
+   SET fingerprint = excluded.fingerprint, method = excluded.method, target = excluded.target,
+       headers = excluded.headers, body = excluded.body, expires_at = excluded.expires_at{keep_live}";
+
+/// What an expired row's replacement also resets.
+const KEEP_LIVE: &str = ",
+       state = 'pending', tries = 0, failures = 0, next_at = now(), leased_until = NULL,
+       last_error = NULL, error_at = NULL, created_at = now()
+ WHERE r.expires_at <= now()";
+
+/// The request's row, deleted by its COMMIT message. $1 scope, $2 principal, $3 key.
+const FORGET: &str = "DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3";
+
+/// Requests the completer may take now, oldest first, at most $2: not parked, not
+/// leased, due, and either given up by an operator or older than the window ($1
+/// seconds). The table holds only requests that have not committed.
+const DUE: &str = "\
+SELECT scope, principal::text AS principal, key,
+       extract(epoch FROM expires_at - now())::float8 AS remaining
+  FROM {table}
+ WHERE state <> 'failed' AND expires_at > now() AND next_at <= now()
+   AND (leased_until IS NULL OR leased_until <= now())
+   AND (state = 'abandoning' OR created_at <= now() - $1 * interval '1 second')
+ ORDER BY created_at
+ LIMIT $2";
+
+/// Leases one request for $4 seconds, if no other completer holds it: one statement on
+/// the row's own shard (its `RETURNING` calls no function that is not immutable, which a
+/// distributed engine refuses there), so that two completers never run a request at once (the key's
+/// claim fences a second run anyway: it waits, or is answered 409). $1 scope, $2
+/// principal, $3 key.
+const LEASE: &str = "\
+UPDATE {table}
+   SET leased_until = now() + $4 * interval '1 second', tries = tries + 1
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND state <> 'failed'
+   AND expires_at > now() AND (leased_until IS NULL OR leased_until <= now())
+RETURNING encode(fingerprint, 'hex') AS fingerprint, method, target, headers, body, state, tries";
+
+/// A run that did not finish the request: the lease given back, the next try in $4
+/// seconds, the error kept; a definitive failure ($6) counts, and parks the request as
+/// `failed` at the limit ($7). $5 the error.
+const FAILED: &str = "\
+UPDATE {table}
+   SET leased_until = NULL, next_at = now() + $4 * interval '1 second',
+       last_error = $5, error_at = now(),
+       failures = failures + CASE WHEN $6 THEN 1 ELSE 0 END,
+       state = CASE WHEN $6 AND state = 'pending' AND failures + 1 >= $7 THEN 'failed' ELSE state END
+ WHERE scope = $1 AND principal = {p2} AND key = $3
+RETURNING state, failures";
+
+/// Marks a request as given up by an operator ($4 true) or sends it back to be
+/// completed at once ($4 false). $1 scope, $2 principal, $3 key.
+const MARK: &str = "\
+UPDATE {table}
+   SET state = CASE WHEN $4 THEN 'abandoning' ELSE 'pending' END, next_at = now(),
+       leased_until = NULL, failures = CASE WHEN $4 THEN failures ELSE 0 END
+ WHERE scope = $1 AND principal = {p2} AND key = $3
+RETURNING true AS marked";
+
+/// A row for a request that stored nothing (its endpoint is not completable), to be
+/// abandoned with: [`MARK`] found none. Its fingerprint $4 and ttl $5 seconds are its
+/// steps'. (One statement of an upsert would do, but a distributed engine refuses a
+/// function that is not immutable in its `DO UPDATE`.)
+const ABANDON_UNSTORED: &str = "\
+INSERT INTO {table} (scope, principal, key, fingerprint, state, expires_at)
+VALUES ($1, {p2}, $3, $4, 'abandoning', now() + $5 * interval '1 second')
+ON CONFLICT (scope, principal, key) DO NOTHING";
+
+/// Whether a request has a row, and whether the request itself is stored in it. $1
+/// scope, $2 principal, $3 key.
+const STATE: &str = "\
+SELECT method IS NOT NULL AS stored FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3";
+
+/// Expired requests, oldest first, in a batch, as the steps' purge does: $1 the batch
+/// size, $2 where the previous batch stopped.
+const PURGE: &str = "\
+WITH gone AS (
+DELETE FROM {table}
+ WHERE (scope, principal, key) IN (
+        SELECT scope, principal, key FROM {table}
+         WHERE expires_at <= now() AND expires_at >= {reached}
+         ORDER BY expires_at
+         LIMIT $1)
+   AND expires_at <= now()
+RETURNING expires_at)
+SELECT count(*) AS deleted, {reaches} FROM gone";
+
+/// [`PURGE`] for a distributed engine: a read of a batch, then [`SWEEP_ONE_PORTABLE`]
+/// for each, on its own shard.
+const EXPIRED_PORTABLE: &str = "\
+SELECT scope, principal::text AS principal, key,
+       (extract(epoch FROM expires_at) * 1000000)::bigint AS reached
+  FROM {table}
+ WHERE expires_at <= now() AND expires_at >= {reached}
+ ORDER BY expires_at LIMIT $1";
+
+/// One expired request, by its primary key. $1 scope, $2 principal, $3 key.
+const SWEEP_ONE_PORTABLE: &str = "\
+DELETE FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at <= now()";
+
+/// The requests table of one store.
+pub(crate) struct RequestsTable {
+    dialect: Dialect,
+    ddl: String,
+    record: String,
+    forget: String,
+    due: SqlStr,
+    lease: SqlStr,
+    failed: SqlStr,
+    mark: SqlStr,
+    abandon_unstored: SqlStr,
+    state: SqlStr,
+    purge: SqlStr,
+    sweep_one: SqlStr,
+}
+
+/// A request as it arrived, to be stored with its first step.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredRequest {
+    pub(crate) method: String,
+    pub(crate) target: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: bytes::Bytes,
+}
+
+/// A request the completer may take ([`RequestsTable::due`]).
+pub(crate) struct Due {
+    /// The scope as stored.
+    pub(crate) scope: String,
+    /// The principal column's value, as text.
+    pub(crate) principal: String,
+    pub(crate) key: String,
+    /// What is left of the key's ttl.
+    pub(crate) remaining: Duration,
+}
+
+/// A request a completer holds the lease of ([`RequestsTable::lease`]).
+pub(crate) struct Leased {
+    pub(crate) fingerprint: Vec<u8>,
+    /// `None` for a request whose endpoint stored nothing (an operator abandoned it).
+    pub(crate) request: Option<StoredRequest>,
+    pub(crate) abandoning: bool,
+    pub(crate) tries: i32,
+    /// What is left of the key's ttl.
+    pub(crate) remaining: Duration,
+}
+
+/// How a run ended that did not finish its request ([`RequestsTable::failed`]).
+pub(crate) struct Failure<'a> {
+    pub(crate) error: &'a str,
+    /// Whether it counts toward the limit (a definitive failure).
+    pub(crate) counted: bool,
+    pub(crate) retry_in: Duration,
+    pub(crate) limit: u32,
+}
+
+impl RequestsTable {
+    /// The table `name` in `dialect`.
+    pub(crate) fn new(name: &TableName, dialect: Dialect) -> Self {
+        let table = name.qualified();
+        let render = |sql: &str| {
+            sql.replace("{table}", &table)
+                .replace("{p2}", dialect.principal_type.parameter())
+                .replace("{reached}", crate::table::REACHED)
+                .replace("{reaches}", crate::table::REACHES)
+        };
+        let ddl = DDL
+            .replace("{create_schema}", &name.create_schema())
+            .replace("{table}", &table)
+            .replace("{name}", name.name())
+            .replace(
+                "{principal_type}",
+                &format!("{:<11}", dialect.principal_type.sql()),
+            );
+        let keep_live = if dialect.portable { "" } else { KEEP_LIVE };
+        let purge = if dialect.portable {
+            EXPIRED_PORTABLE
+        } else {
+            PURGE
+        };
+        Self {
+            dialect,
+            ddl,
+            record: render(RECORD).replace("{keep_live}", keep_live),
+            forget: render(FORGET),
+            due: statement(render(DUE)),
+            lease: statement(render(LEASE)),
+            failed: statement(render(FAILED)),
+            mark: statement(render(MARK)),
+            abandon_unstored: statement(render(ABANDON_UNSTORED)),
+            state: statement(render(STATE)),
+            purge: statement(render(purge)),
+            sweep_one: statement(render(SWEEP_ONE_PORTABLE)),
+        }
+    }
+
+    /// The DDL.
+    pub(crate) fn ddl(&self) -> &str {
+        &self.ddl
+    }
+
+    fn persistent(&self) -> bool {
+        self.dialect.pooler == Pooler::Session
+    }
+
+    /// The key's three literals: scope, principal, key.
+    fn key<'a>(&self, key: &'a KeyInScope, scope: &'a str) -> [Literal<'a>; 3] {
+        [
+            Literal::Text(scope),
+            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+            Literal::Text(key.key.as_str()),
+        ]
+    }
+
+    /// [`RECORD`] for `request`, its values written in, to follow a step's record in
+    /// its message.
+    pub(crate) fn recording(
+        &self,
+        key: &KeyInScope,
+        fingerprint: &[u8],
+        request: &StoredRequest,
+        ttl: Duration,
+    ) -> String {
+        let scope = key.stored_scope();
+        let [scope, principal, key] = self.key(key, &scope);
+        let headers = serde_json::to_string(&request.headers).unwrap_or_else(|_| "[]".into());
+        literal::render(
+            &self.record,
+            &[
+                scope,
+                principal,
+                key,
+                Literal::Bytes(fingerprint),
+                Literal::Text(&request.method),
+                Literal::Text(&request.target),
+                Literal::Text(&headers),
+                Literal::Bytes(&request.body),
+                Literal::Float(ttl.as_secs_f64()),
+            ],
+        )
+    }
+
+    /// [`FORGET`] for `key`, its values written in, for the request's COMMIT message.
+    pub(crate) fn forgetting(&self, key: &KeyInScope) -> String {
+        let scope = key.stored_scope();
+        literal::render(&self.forget, &self.key(key, &scope))
+    }
+
+    /// [`DUE`]: the keys of up to `limit` requests to take now.
+    pub(crate) async fn due(
+        &self,
+        pool: &PgPool,
+        after: Duration,
+        limit: u32,
+    ) -> Result<Vec<Due>, sqlx::Error> {
+        let rows = sqlx::query(self.due.clone())
+            .persistent(self.persistent())
+            .bind(after.as_secs_f64())
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Due {
+                    scope: row.try_get("scope")?,
+                    principal: row.try_get("principal")?,
+                    key: row.try_get("key")?,
+                    remaining: Duration::from_secs_f64(
+                        row.try_get::<f64, _>("remaining")?.max(1.0),
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// [`LEASE`]: the request, if this completer now holds it for `lease`.
+    pub(crate) async fn lease(
+        &self,
+        pool: &PgPool,
+        due: &Due,
+        lease: Duration,
+    ) -> Result<Option<Leased>, sqlx::Error> {
+        let row = sqlx::query(self.lease.clone())
+            .persistent(self.persistent())
+            .bind(&due.scope)
+            .bind(&due.principal)
+            .bind(&due.key)
+            .bind(lease.as_secs_f64())
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref()
+            .map(|row| leased(row, due.remaining))
+            .transpose()
+    }
+
+    /// [`FAILED`]: the state the request is left in (`failed` once parked).
+    pub(crate) async fn failed(
+        &self,
+        pool: &PgPool,
+        (scope, principal, key): (&str, &str, &str),
+        failure: &Failure<'_>,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let row = sqlx::query(self.failed.clone())
+            .persistent(self.persistent())
+            .bind(scope)
+            .bind(principal)
+            .bind(key)
+            .bind(failure.retry_in.as_secs_f64())
+            .bind(failure.error)
+            .bind(failure.counted)
+            .bind(i32::try_from(failure.limit).unwrap_or(i32::MAX))
+            .fetch_optional(pool)
+            .await?;
+        row.map(|row| row.try_get("state")).transpose()
+    }
+
+    /// [`MARK`] on `conn` (in the operator's audited transaction), and for an abandon
+    /// of a request that has no row, [`ABANDON_UNSTORED`] with its steps' `fingerprint`
+    /// and `ttl`.
+    pub(crate) async fn mark(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        (scope, principal, key): (&str, &str, &str),
+        abandon: bool,
+        fingerprint: &[u8],
+        ttl: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let marked: Option<bool> = sqlx::query_scalar(self.mark.clone())
+            .persistent(self.persistent())
+            .bind(scope)
+            .bind(principal)
+            .bind(key)
+            .bind(abandon)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if marked.is_none() && abandon {
+            sqlx::query(self.abandon_unstored.clone())
+                .persistent(self.persistent())
+                .bind(scope)
+                .bind(principal)
+                .bind(key)
+                .bind(fingerprint)
+                .bind(ttl.as_secs_f64())
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// [`STATE`]: `None` when the request has no row; whether the request is stored in
+    /// it otherwise.
+    pub(crate) async fn state(
+        &self,
+        pool: &PgPool,
+        key: (&str, &str, &str),
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        self.state_on(&mut conn, key).await
+    }
+
+    /// [`Self::state`] on `conn`.
+    pub(crate) async fn state_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        (scope, principal, key): (&str, &str, &str),
+    ) -> Result<Option<bool>, sqlx::Error> {
+        sqlx::query_scalar(self.state.clone())
+            .persistent(self.persistent())
+            .bind(scope)
+            .bind(principal)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    /// [`PURGE`]: how many rows one batch deleted; `reached` as for the steps' purge.
+    pub(crate) async fn purge(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch_size: i64,
+        reached: &mut Option<i64>,
+    ) -> Result<u64, sqlx::Error> {
+        let query = sqlx::query(self.purge.clone())
+            .persistent(self.persistent())
+            .bind(batch_size)
+            .bind(*reached);
+        if !self.dialect.portable {
+            return super::purged(&query.fetch_one(conn).await?, reached);
+        }
+        let expired = query.fetch_all(&mut *conn).await?;
+        let mut deleted = 0;
+        for row in expired {
+            let [scope, principal, key]: [String; 3] = [
+                row.try_get("scope")?,
+                row.try_get("principal")?,
+                row.try_get("key")?,
+            ];
+            *reached = Some(row.try_get("reached")?);
+            deleted += sqlx::query(self.sweep_one.clone())
+                .persistent(self.persistent())
+                .bind(scope)
+                .bind(principal)
+                .bind(key)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted)
+    }
+}
+
+fn leased(row: &PgRow, remaining: Duration) -> Result<Leased, sqlx::Error> {
+    let method: Option<String> = row.try_get("method")?;
+    let request = match method {
+        None => None,
+        Some(method) => {
+            let headers: Option<String> = row.try_get("headers")?;
+            let headers = serde_json::from_str(headers.as_deref().unwrap_or("[]"))
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+            Some(StoredRequest {
+                method,
+                target: row
+                    .try_get::<Option<String>, _>("target")?
+                    .unwrap_or_default(),
+                headers,
+                body: row
+                    .try_get::<Option<Vec<u8>>, _>("body")?
+                    .unwrap_or_default()
+                    .into(),
+            })
+        }
+    };
+    let state: String = row.try_get("state")?;
+    Ok(Leased {
+        fingerprint: crate::table::unhex(row.try_get("fingerprint")?)?.unwrap_or_default(),
+        request,
+        abandoning: state == "abandoning",
+        tries: row.try_get("tries")?,
+        remaining,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_schema_is_the_default_table_s() {
+        let name = TableName::parse(DEFAULT_REQUESTS_TABLE).expect("a valid name");
+        assert_eq!(
+            RequestsTable::new(&name, Dialect::default()).ddl(),
+            REQUESTS_SCHEMA_SQL
+        );
+    }
+
+    #[test]
+    fn a_record_writes_its_values_as_literals() {
+        let name = TableName::parse("app.requests").expect("a valid name");
+        let table = RequestsTable::new(&name, Dialect::default());
+        let key = KeyInScope {
+            scope: "charges".into(),
+            principal: "acct_1".to_owned(),
+            key: crate::key::IdempotencyKey::from_text("k'1").expect("a key"),
+            place: crate::identity::Place::Principal,
+        };
+        let request = StoredRequest {
+            method: "POST".into(),
+            target: "/charges?x='1'".into(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: bytes::Bytes::from_static(b"{\"amount\": 1}'; DROP TABLE x; --"),
+        };
+        let sql = table.recording(&key, &[1, 2], &request, Duration::from_secs(60));
+        assert!(sql.starts_with("INSERT INTO \"app\".\"requests\""), "{sql}");
+        assert!(
+            !sql.contains("DROP") && !sql.contains("k'1") && !sql.contains('$'),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE r.expires_at <= now()"), "{sql}");
+        let portable = RequestsTable::new(
+            &name,
+            Dialect {
+                portable: true,
+                ..Dialect::default()
+            },
+        );
+        let sql = portable.recording(&key, &[1, 2], &request, Duration::from_secs(60));
+        assert!(
+            !sql.contains("now() WHERE") && !sql.contains("WHERE"),
+            "{sql}"
+        );
+    }
+}
