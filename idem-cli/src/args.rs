@@ -5,8 +5,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Operate idem's tables: migrate and verify them, look at idempotency keys, watch the
-/// outbox, re-drive or discard dead events. Each action (purge, sweep, redrive, discard)
-/// is recorded in the audit trail with its --operator, and `idem audit` lists it.
+/// outbox, re-drive or discard dead events, complete or abandon abandoned requests. Each
+/// action (purge, sweep, abandon, complete, redrive, discard) is recorded in the audit
+/// trail with its --operator, and `idem audit` lists it.
 ///
 /// Exit codes: 0 done; 1 the database failed otherwise; 2 wrong usage (or an action
 /// refused without --yes, or a re-drive past the window without --force); 3 not found
@@ -28,6 +29,10 @@ pub(crate) struct Cli {
     /// The steps table (default: `idempotency_steps` in the idempotency table's schema).
     #[arg(long, global = true)]
     pub(crate) steps_table: Option<String>,
+    /// The requests table (default: `idempotency_requests` in the idempotency table's
+    /// schema).
+    #[arg(long, global = true)]
+    pub(crate) requests_table: Option<String>,
     /// The audit table (default: `idem_audit` in the idempotency table's schema).
     #[arg(long, global = true)]
     pub(crate) audit_table: Option<String>,
@@ -133,7 +138,10 @@ pub(crate) enum KeyCommand {
         limit: u32,
     },
     /// Requests that made an outside call (recorded a step) and never committed: their
-    /// clients went away. Oldest first.
+    /// clients went away. Oldest first, each with where its completion stands: pending
+    /// (the service's completer runs it), failed (parked after too many failed runs),
+    /// abandoning (given up: its compensations run), or not completable (its endpoint
+    /// stores no request).
     Abandoned {
         /// Only requests whose newest step is at least this old: 90s, 30m, 24h, 7d.
         #[arg(long, value_parser = age, default_value = "5m")]
@@ -156,6 +164,29 @@ pub(crate) enum KeyCommand {
         /// Do not ask first.
         #[arg(long)]
         yes: bool,
+    },
+    /// Give up an abandoned request for good: the service's completer runs the
+    /// compensation of each of its steps (a refund for a charge), then answers 410 to its
+    /// key from then on.
+    Abandon {
+        scope: String,
+        key: String,
+        #[arg(long, default_value = "")]
+        principal: String,
+        /// Say which steps would be compensated, and abandon nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask first.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Send a stored abandoned request (pending, or parked as failed) to be completed at
+    /// the completer's next look, its failures forgotten.
+    Complete {
+        scope: String,
+        key: String,
+        #[arg(long, default_value = "")]
+        principal: String,
     },
     /// Delete expired records now.
     Sweep {

@@ -157,6 +157,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         if let Some(steps) = &cli.steps_table {
             builder = builder.steps_table(steps);
         }
+        if let Some(requests) = &cli.requests_table {
+            builder = builder.requests_table(requests);
+        }
         if let Some(audit) = &cli.audit_table {
             builder = builder.audit_table(audit);
         }
@@ -341,8 +344,109 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             let n = audited.purge_expired(batch).await?;
             out.moved("swept", n, &format!("swept {n} expired record(s)"));
         }
+        KeyCommand::Abandon {
+            scope,
+            key,
+            principal,
+            dry_run,
+            yes,
+        } => {
+            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
+            let steps = live_steps(store, &scope, &principal, &key).await?;
+            if steps.is_empty() {
+                return Err(no_live_steps(&what, "abandoned"));
+            }
+            let named = steps.join(", ");
+            if dry_run {
+                if out.json {
+                    out.print_json(&json!({ "dry_run": true, "would": "abandon", "steps": steps }));
+                } else {
+                    say!(
+                        "would abandon {what}: the service's completer would run the \
+                         compensations of its steps ({named}) and answer 410 to its key; \
+                         nothing done (--dry-run)"
+                    );
+                }
+                return Ok(());
+            }
+            confirm(
+                yes,
+                &format!(
+                    "Abandon {what} for good? The service's completer will run the \
+                     compensations of its steps ({named}), and its key will answer 410."
+                ),
+            )?;
+            if !audited.abandon_request(&scope, &principal, &key).await? {
+                return Err(no_live_steps(&what, "abandoned"));
+            }
+            out.moved(
+                "abandoned",
+                1,
+                &format!(
+                    "abandoned {what}: the service's completer will run the compensations of \
+                     its steps and answer 410 to its key from then on"
+                ),
+            );
+        }
+        KeyCommand::Complete {
+            scope,
+            key,
+            principal,
+        } => {
+            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
+            if !audited.complete_request(&scope, &principal, &key).await? {
+                if live_steps(store, &scope, &principal, &key)
+                    .await?
+                    .is_empty()
+                {
+                    return Err(no_live_steps(&what, "completed"));
+                }
+                return Err(Fault::Own(Failure::new(
+                    exit::NOT_FOUND,
+                    format!(
+                        "{what} stored no request to run again (its endpoint is not \
+                         completable): nothing completed; `idem key abandon` gives it up"
+                    ),
+                )));
+            }
+            out.moved(
+                "completing",
+                1,
+                &format!(
+                    "sent {what} to be completed: the completer will run it at its next look, \
+                     its failures forgotten"
+                ),
+            );
+        }
     }
     Ok(())
+}
+
+/// The names of the steps of a request that has not committed, oldest first, those that
+/// have not expired: what an abandon compensates.
+async fn live_steps(
+    store: &Store,
+    scope: &str,
+    principal: &str,
+    key: &str,
+) -> Result<Vec<String>, Fault> {
+    let steps = store.key_steps(scope, principal, key, false).await?;
+    Ok(steps
+        .into_iter()
+        .filter(|s| !s.expired)
+        .map(|s| s.step)
+        .collect())
+}
+
+/// An action on `what`, a request without live steps: exit 3, nothing `done`.
+fn no_live_steps(what: &str, done: &str) -> Fault {
+    Fault::Own(Failure::new(
+        exit::NOT_FOUND,
+        format!(
+            "{what} has no live steps: its request committed, its steps expired, or it never \
+             made one (`idem key abandoned` lists them): nothing {done}"
+        ),
+    ))
 }
 
 /// An outbox command; its actions are recorded in the audit trail as `audited`'s
@@ -660,7 +764,10 @@ fn privileges(command: &Command) -> &'static str {
         Command::Outbox(
             OutboxCommand::Redrive { dry_run: true, .. }
             | OutboxCommand::Discard { dry_run: true, .. },
-        ) => "SELECT",
+        )
+        | Command::Key(KeyCommand::Abandon { dry_run: true, .. }) => "SELECT",
+        Command::Key(KeyCommand::Abandon { .. }) => "SELECT, INSERT and UPDATE",
+        Command::Key(KeyCommand::Complete { .. }) => "SELECT and UPDATE",
         Command::Key(KeyCommand::Purge { .. } | KeyCommand::Sweep { .. })
         | Command::Outbox(OutboxCommand::Discard { .. }) => "SELECT and DELETE",
         Command::Outbox(OutboxCommand::Redrive { .. }) => "SELECT and UPDATE",
@@ -672,7 +779,12 @@ fn privileges(command: &Command) -> &'static str {
 /// audit` reads them; a dry run and the other commands do not touch it.
 fn audit_privileges(command: &Command) -> &'static str {
     match command {
-        Command::Key(KeyCommand::Purge { .. } | KeyCommand::Sweep { .. })
+        Command::Key(
+            KeyCommand::Purge { .. }
+            | KeyCommand::Sweep { .. }
+            | KeyCommand::Abandon { dry_run: false, .. }
+            | KeyCommand::Complete { .. },
+        )
         | Command::Outbox(
             OutboxCommand::Redrive { dry_run: false, .. }
             | OutboxCommand::Discard { dry_run: false, .. },

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_age, format_time, Abandoned, AuditEntry, BlockedKey, DeadJson, DeadReason,
-    FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, RelaySession, StepRecord, TopicPending,
+    format_age, format_time, Abandoned, AuditEntry, BlockedKey, CompletionState, DeadJson,
+    DeadReason, FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, RelaySession, StepRecord,
+    TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -71,6 +72,26 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     for row in rows {
         line(row.iter().map(String::as_str).collect());
     }
+}
+
+/// The state, tries, failures and last error of an abandoned request's completion; `not
+/// completable` for a request its endpoint did not store.
+fn completion(completion: Option<&CompletionState>) -> [String; 4] {
+    let Some(c) = completion else {
+        return ["not completable".into(), "-".into(), "-".into(), "-".into()];
+    };
+    let state = if c.stored {
+        c.state.clone()
+    } else {
+        format!("not completable, {}", c.state)
+    };
+    // One line per row: an error's own line breaks would break the table.
+    let error = match (&c.last_error, c.error_at) {
+        (Some(error), Some(at)) => format!("at {}: {}", format_time(at), error.replace('\n', " ")),
+        (Some(error), None) => error.replace('\n', " "),
+        (None, _) => "-".into(),
+    };
+    [state, c.tries.to_string(), c.failures.to_string(), error]
 }
 
 impl Out {
@@ -208,16 +229,31 @@ impl Out {
                     .iter()
                     .map(|s| format!("{} at {}", s.step, format_time(s.recorded_at)))
                     .collect();
-                vec![
+                let mut row = vec![
                     r.scope.clone(),
                     r.principal.clone(),
                     r.key.clone(),
                     steps.join(", "),
                     format_age(r.idle),
-                ]
+                ];
+                row.extend(completion(r.completion.as_ref()));
+                row
             })
             .collect();
-        table(&["SCOPE", "PRINCIPAL", "KEY", "STEPS", "IDLE FOR"], &rows);
+        table(
+            &[
+                "SCOPE",
+                "PRINCIPAL",
+                "KEY",
+                "STEPS",
+                "IDLE FOR",
+                "STATE",
+                "TRIES",
+                "FAILURES",
+                "LAST ERROR",
+            ],
+            &rows,
+        );
     }
 
     /// The audit trail, newest first; the last id is where the next page starts

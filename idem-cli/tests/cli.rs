@@ -197,6 +197,10 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     assert_eq!(abandoned[0]["scope"], "jobs", "{abandoned}");
     assert_eq!(abandoned[0]["key"], "job-3", "{abandoned}");
     assert_eq!(abandoned[0]["steps"][0]["step"], "processor", "{abandoned}");
+    assert!(
+        abandoned[0]["completion"].is_null(),
+        "run_once stores no request: {abandoned}"
+    );
     assert!(json(url, flags, &["key", "abandoned"])
         .as_array()
         .unwrap()
@@ -205,9 +209,35 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let printed = String::from_utf8_lossy(&table.stdout);
     assert!(printed.starts_with("SCOPE"), "{}", said(&table));
     assert!(
-        printed.contains("job-3") && printed.contains("processor at "),
+        printed.contains("job-3")
+            && printed.contains("processor at ")
+            && printed.contains("not completable"),
         "{printed}"
     );
+    // Abandoned for good, found by the key its caller gave (spread by its hash in the
+    // portable mode): listed as being abandoned.
+    assert_eq!(
+        json(
+            url,
+            flags,
+            &[
+                "key",
+                "abandon",
+                "jobs",
+                "job-3",
+                "--yes",
+                "--operator",
+                "ana"
+            ]
+        )["abandoned"],
+        1
+    );
+    let abandoned = json(url, flags, &["key", "abandoned", "--idle-for", "0s"]);
+    assert_eq!(
+        abandoned[0]["completion"]["state"], "abandoning",
+        "{abandoned}"
+    );
+    assert_eq!(abandoned[0]["completion"]["stored"], false, "{abandoned}");
 
     // Purging asks first: without a terminal and without --yes, nothing happens.
     let (code, line) = failure(&idem(url, flags, &["key", "purge", "jobs", "job-2"]));
@@ -384,6 +414,7 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
             row("redrive", &format!("reason {reason:?}"), 2),
             row("sweep", "expired, batch 1000", 0),
             row("purge", "scope \"jobs\", key \"job-2\"", 1),
+            row("abandon", "scope \"jobs\", key \"job-3\"", 1),
         ],
         "{trail}"
     );
@@ -399,7 +430,7 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         .iter()
         .map(|e| e["action"].as_str().unwrap())
         .collect();
-    assert_eq!(actions, ["sweep", "purge"], "{next}");
+    assert_eq!(actions, ["sweep", "purge", "abandon"], "{next}");
     let table = idem(url, flags, &["audit"]);
     let printed = String::from_utf8_lossy(&table.stdout);
     assert!(printed.starts_with("ID"), "{}", said(&table));
@@ -742,6 +773,244 @@ async fn an_action_that_matched_nothing_exits_3() {
         assert!(line.contains("nothing discarded"), "{line}");
         let dead = json(&url, &[], &["outbox", "dead", "--list"]);
         assert_eq!(dead.as_array().unwrap().len(), 3, "nothing moved: {dead}");
+    })
+    .await;
+}
+
+/// Abandoned requests as idem leaves them, each with a step recorded an hour ago: of
+/// principal `acct_1` in scope `charges`, `k-failed` and `k-parked` stored and parked as
+/// failed after five runs; `k-plain` in scope `jobs`, of an endpoint that stores no
+/// request.
+async fn seed_abandoned(pool: &PgPool) {
+    for (scope, principal, key) in [
+        ("charges", "acct_1", "k-failed"),
+        ("charges", "acct_1", "k-parked"),
+        ("jobs", "", "k-plain"),
+    ] {
+        sqlx::query(
+            "INSERT INTO idempotency_steps
+                 (scope, principal, key, step, fingerprint, result, created_at, expires_at)
+             VALUES ($1, $2, $3, 'processor', decode('00', 'hex'), '7',
+                     now() - interval '1 hour', now() + interval '1 day')",
+        )
+        .bind(scope)
+        .bind(principal)
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("a step");
+    }
+    sqlx::query(
+        "INSERT INTO idempotency_requests
+             (scope, principal, key, fingerprint, method, target, headers, body, state, tries,
+              failures, last_error, error_at, expires_at)
+         SELECT 'charges', 'acct_1', key, decode('00', 'hex'), 'POST', '/charges', '[]',
+                convert_to('{}', 'UTF8'), 'failed', 5, 5,
+                'the processor declined:' || chr(10) || 'card expired',
+                now() - interval '1 minute', now() + interval '1 day'
+           FROM unnest(ARRAY['k-failed', 'k-parked']) AS key",
+    )
+    .execute(pool)
+    .await
+    .expect("the stored requests");
+}
+
+/// The state and failures of `key`'s row in the requests table, if it has one.
+async fn request_state(pool: &PgPool, key: &str) -> Option<(String, i32)> {
+    sqlx::query_as("SELECT state, failures FROM idempotency_requests WHERE key = $1")
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// Issue 38 and 39: `idem key abandoned` shows where each request's completion stands;
+/// `idem key complete` sends a stored one to the completer (a parked one is pending again,
+/// its failures forgotten); `idem key abandon` asks first (or `--yes`), says with
+/// `--dry-run` which steps it would compensate, and marks the request to be abandoned;
+/// both are audited, and one that finds nothing to act on exits 3 in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_request_is_completed_or_abandoned() {
+    with_test_db(async |db| {
+        let (url, pool) = (db.url(), db.pool(2).await);
+        Store::new(pool.clone()).migrate().await.unwrap();
+        seed_abandoned(&pool).await;
+
+        let listed = json(&url, &[], &["key", "abandoned", "--idle-for", "0s"]);
+        let failed = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == "k-failed")
+            .unwrap_or_else(|| panic!("k-failed in {listed}"));
+        let completion = &failed["completion"];
+        assert_eq!(completion["state"], "failed", "{completion}");
+        assert_eq!(completion["stored"], true, "{completion}");
+        assert_eq!(
+            (&completion["tries"], &completion["failures"]),
+            (&Value::from(5), &Value::from(5)),
+            "{completion}"
+        );
+        assert_eq!(
+            completion["last_error"], "the processor declined:\ncard expired",
+            "{completion}"
+        );
+        assert!(
+            completion["error_at"].as_str().unwrap().ends_with('Z'),
+            "{completion}"
+        );
+        let plain = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == "k-plain")
+            .unwrap_or_else(|| panic!("k-plain in {listed}"));
+        assert!(plain["completion"].is_null(), "{plain}");
+        let table = idem(&url, &[], &["key", "abandoned", "--idle-for", "0s"]);
+        let printed = String::from_utf8_lossy(&table.stdout);
+        let mut lines = printed.lines();
+        let header = lines.next().unwrap_or_default();
+        assert!(
+            header.ends_with("IDLE FOR  STATE            TRIES  FAILURES  LAST ERROR"),
+            "{printed}"
+        );
+        assert_eq!(lines.count(), 3, "one line each: {printed}");
+        for expected in [
+            "  failed           5      5         at ",
+            ": the processor declined: card expired",
+            "  not completable  -      -         -",
+        ] {
+            assert!(printed.contains(expected), "{expected:?} in {printed}");
+        }
+
+        // Complete: the parked request is pending again, its failures forgotten.
+        let ana = ["--operator", "ana"];
+        let done = idem(
+            &url,
+            &ana,
+            &[
+                "key",
+                "complete",
+                "charges",
+                "k-parked",
+                "--principal",
+                "acct_1",
+            ],
+        );
+        assert!(done.status.success(), "{}", said(&done));
+        assert!(
+            String::from_utf8_lossy(&done.stdout)
+                .contains("the completer will run it at its next look"),
+            "{}",
+            said(&done)
+        );
+        assert_eq!(
+            request_state(&pool, "k-parked").await,
+            Some(("pending".to_owned(), 0))
+        );
+        // A request its endpoint did not store, and a key without live steps: exit 3.
+        let (code, line) = failure(&idem(&url, &ana, &["key", "complete", "jobs", "k-plain"]));
+        assert_eq!(code, 3, "{line}");
+        assert!(
+            line.contains("not completable") && line.contains("idem key abandon"),
+            "{line}"
+        );
+        let (code, line) = failure(&idem(
+            &url,
+            &ana,
+            &["key", "complete", "charges", "k-failed"],
+        ));
+        assert_eq!(code, 3, "without its principal: {line}");
+        assert!(
+            line.contains("no live steps") && line.contains("nothing completed"),
+            "{line}"
+        );
+
+        // Abandon: asks first; a dry run names the steps; --yes abandons.
+        let abandon = [
+            "key",
+            "abandon",
+            "charges",
+            "k-failed",
+            "--principal",
+            "acct_1",
+        ];
+        let (code, line) = failure(&idem(&url, &ana, &abandon));
+        assert_eq!(code, 2, "{line}");
+        assert!(line.contains("--yes"), "{line}");
+        let dry = idem(&url, &ana, &[&abandon[..], &["--dry-run"]].concat());
+        let said_dry = String::from_utf8_lossy(&dry.stdout);
+        assert!(
+            dry.status.success()
+                && said_dry.contains("would abandon key \"k-failed\"")
+                && said_dry.contains("(processor)")
+                && said_dry.contains("nothing done (--dry-run)"),
+            "{}",
+            said(&dry)
+        );
+        let dry = json(&url, &ana, &[&abandon[..], &["--dry-run"]].concat());
+        assert_eq!(dry["steps"], serde_json::json!(["processor"]), "{dry}");
+        assert_eq!(
+            request_state(&pool, "k-failed").await,
+            Some(("failed".to_owned(), 5))
+        );
+        let done = idem(&url, &ana, &[&abandon[..], &["--yes"]].concat());
+        assert!(done.status.success(), "{}", said(&done));
+        assert!(
+            String::from_utf8_lossy(&done.stdout).contains(
+                "the service's completer will run the compensations of its steps and answer \
+                 410 to its key from then on"
+            ),
+            "{}",
+            said(&done)
+        );
+        assert_eq!(
+            request_state(&pool, "k-failed").await.unwrap().0,
+            "abandoning"
+        );
+        let (code, line) = failure(&idem(
+            &url,
+            &ana,
+            &["key", "abandon", "charges", "k-nothing", "--yes"],
+        ));
+        assert_eq!(code, 3, "{line}");
+        assert!(line.contains("nothing abandoned"), "{line}");
+
+        // The audit trail: the two actions, newest first; what exited 2, 3 or ran dry is
+        // not there.
+        let trail = json(&url, &[], &["audit"]);
+        let rows: Vec<(&str, &str, &str, &str)> = trail
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let text = |field: &str| e[field].as_str().unwrap();
+                (
+                    text("operator"),
+                    text("via"),
+                    text("action"),
+                    text("filter"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "ana",
+                    "cli",
+                    "abandon",
+                    "scope \"charges\", principal \"acct_1\", key \"k-failed\""
+                ),
+                (
+                    "ana",
+                    "cli",
+                    "complete",
+                    "scope \"charges\", principal \"acct_1\", key \"k-parked\""
+                ),
+            ],
+            "{trail}"
+        );
     })
     .await;
 }

@@ -968,6 +968,348 @@ async fn a_redrive_past_the_window_asks_first() {
     .await;
 }
 
+/// Abandoned requests as idem leaves them, each with a step recorded an hour ago: of
+/// principal `acct_1` in scope `charges`, `k-failed` and `k-parked` stored and parked as
+/// failed after five runs, `k-pending` stored and pending; `k-plain` in scope `jobs`, of an
+/// endpoint that stores no request.
+async fn seed_abandoned(pool: &PgPool) {
+    for (scope, principal, key) in [
+        ("charges", "acct_1", "k-failed"),
+        ("charges", "acct_1", "k-parked"),
+        ("charges", "acct_1", "k-pending"),
+        ("jobs", "", "k-plain"),
+    ] {
+        sqlx::query(
+            "INSERT INTO idempotency_steps
+                 (scope, principal, key, step, fingerprint, result, created_at, expires_at)
+             VALUES ($1, $2, $3, 'processor', decode('00', 'hex'), '7',
+                     now() - interval '1 hour', now() + interval '1 day')",
+        )
+        .bind(scope)
+        .bind(principal)
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("a step");
+    }
+    sqlx::query(
+        "INSERT INTO idempotency_requests
+             (scope, principal, key, fingerprint, method, target, headers, body, state, tries,
+              failures, last_error, error_at, expires_at)
+         SELECT 'charges', 'acct_1', key, decode('00', 'hex'), 'POST', '/charges', '[]',
+                convert_to('{}', 'UTF8'), state, tries, tries, last_error,
+                CASE WHEN last_error IS NOT NULL THEN now() - interval '1 minute' END,
+                now() + interval '1 day'
+           FROM (VALUES ('k-failed', 'failed', 5, 'the processor declined: card expired'),
+                        ('k-parked', 'failed', 5, 'the processor declined: card expired'),
+                        ('k-pending', 'pending', 0, NULL))
+                AS r (key, state, tries, last_error)",
+    )
+    .execute(pool)
+    .await
+    .expect("the stored requests");
+}
+
+/// The form of an action on the abandoned request `(scope, principal, key)`, as the list
+/// at `idle=0s` sends it: with `csrf`, and `confirmed` as the abandon's confirmation page
+/// sends it.
+fn acting_on<'a>(
+    (scope, principal, key): (&'a str, &'a str, &'a str),
+    csrf: Option<&'a str>,
+    confirmed: bool,
+) -> Vec<(&'static str, &'a str)> {
+    let mut form = vec![
+        ("scope", scope),
+        ("principal", principal),
+        ("key", key),
+        ("idle", "0s"),
+    ];
+    if let Some(csrf) = csrf {
+        form.push(("csrf", csrf));
+    }
+    if confirmed {
+        form.push(("confirmed", "1"));
+    }
+    form
+}
+
+/// The state and failures of `key`'s row in the requests table, if it has one.
+async fn request_state(pool: &PgPool, key: &str) -> Option<(String, i32)> {
+    sqlx::query_as("SELECT state, failures FROM idempotency_requests WHERE key = $1")
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// Issue 38 and 39: the abandoned requests' page shows where each one's completion stands
+/// (state, tries, failures, the last error and when; "not completable" for a request its
+/// endpoint did not store). An admin sends a stored one to be completed (a parked one is
+/// pending again, its failures forgotten), and abandons one for good from a page that
+/// names it and says what follows, only with that page's button; each is audited. A
+/// read-only operator sees no action and is refused both, with a valid token; an action
+/// that finds nothing to act on does nothing and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
+    with_test_db(async |db| {
+        let pool = db.pool(10).await;
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        seed_abandoned(&pool).await;
+        let app = console_with_roles(pool.clone(), &store).await;
+
+        let (status, seen) = as_role(&app, "viewer", "/ops/abandoned?idle=0s", None).await;
+        assert_eq!(status, 200, "{seen}");
+        for expected in [
+            "failed <span class=\"muted\">(parked: too many runs failed)</span>",
+            "pending <span class=\"muted\">(the completer runs it)</span>",
+            "<td class=\"n\">5</td><td class=\"n\">5</td>",
+            "<code>the processor declined: card expired</code>",
+            "<span class=\"muted\">not completable</span>",
+        ] {
+            assert!(seen.contains(expected), "{expected:?} in {seen}");
+        }
+        for action in [
+            "Complete now",
+            "Abandon for good",
+            "method=\"post\"",
+            "csrf",
+        ] {
+            assert!(!seen.contains(action), "{action} in {seen}");
+        }
+        let (status, list) = as_role(&app, "admin", "/ops/abandoned?idle=0s", None).await;
+        assert_eq!(status, 200, "{list}");
+        assert_eq!(
+            list.matches(">Complete now</button>").count(),
+            3,
+            "the stored ones: {list}"
+        );
+        assert_eq!(list.matches(">Abandon for good…</a>").count(), 4, "{list}");
+        assert!(
+            list.contains(
+                "href=\"/ops/abandoned/abandon?scope=charges&amp;principal=acct_1&amp;\
+                 key=k-failed&amp;idle=0s\""
+            ),
+            "{list}"
+        );
+        let token = csrf(&list);
+        let failed = ("charges", "acct_1", "k-failed");
+
+        // Read-only: the confirmation page and both actions refused, a valid token or not.
+        let (status, _) = as_role(
+            &app,
+            "viewer",
+            "/ops/abandoned/abandon?scope=charges&principal=acct_1&key=k-failed",
+            None,
+        )
+        .await;
+        assert_eq!(status, 403);
+        for (path, form) in [
+            (
+                "/ops/abandoned/abandon",
+                acting_on(failed, Some(&token), true),
+            ),
+            (
+                "/ops/abandoned/complete",
+                acting_on(failed, Some(&token), false),
+            ),
+        ] {
+            let (status, page) = as_role(&app, "viewer", path, Some(&form)).await;
+            assert_eq!(status, 403, "{path}: {page}");
+            assert!(page.contains("role is read-only"), "{path}: {page}");
+        }
+        // An admin's form without its token is refused too.
+        let (status, _) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/complete",
+            Some(&acting_on(failed, None, false)),
+        )
+        .await;
+        assert_eq!(status, 403);
+        assert_eq!(
+            request_state(&pool, "k-failed").await,
+            Some(("failed".to_owned(), 5))
+        );
+        assert!(store.audit_log(10, None).await.unwrap().is_empty());
+
+        // Abandon: the confirmation page names the request and says what follows; a form
+        // without `confirmed` is answered that page; its button abandons.
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/abandon?scope=charges&principal=acct_1&key=k-failed&idle=0s",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        for expected in [
+            "<h1>Abandon this request for good?</h1>",
+            "<code>charges</code>",
+            "<code>acct_1</code>",
+            "<code>k-failed</code>",
+            "<code>processor</code>",
+            "The compensations of its 1 step will run, and the key will answer 410.",
+            ">Abandon for good</button>",
+            "href=\"/ops/abandoned?idle=0s\">Cancel</a>",
+        ] {
+            assert!(page.contains(expected), "{expected:?} in {page}");
+        }
+        let confirmation = form_of(&page, "/ops/abandoned/abandon");
+        assert!(
+            confirmation.contains(&("confirmed".to_owned(), "1".to_owned())),
+            "{confirmation:?}"
+        );
+        let (status, again) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/abandon",
+            Some(&acting_on(failed, Some(&token), false)),
+        )
+        .await;
+        assert_eq!(status, 200, "{again}");
+        assert!(again.contains(">Abandon for good</button>"), "{again}");
+        assert_eq!(
+            request_state(&pool, "k-failed").await,
+            Some(("failed".to_owned(), 5))
+        );
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/abandon",
+            Some(&pairs(&confirmation)),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.contains(
+                "Abandoned key &quot;k-failed&quot; in scope &quot;charges&quot; of principal \
+                 &quot;acct_1&quot;: the service's completer runs the compensations of its \
+                 steps, then answers 410 to its key from then on."
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains("abandoning <span class=\"muted\">(its compensations run, then 410)"),
+            "back on the list, as it was (no step for 0s): {page}"
+        );
+        assert_eq!(
+            request_state(&pool, "k-failed").await,
+            Some(("abandoning".to_owned(), 5))
+        );
+        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        assert_eq!(
+            (
+                entry.operator.as_str(),
+                entry.via.as_str(),
+                entry.action.as_str(),
+                entry.filter.as_str(),
+                entry.rows
+            ),
+            (
+                "ana",
+                "console",
+                "abandon",
+                "scope \"charges\", principal \"acct_1\", key \"k-failed\"",
+                1
+            )
+        );
+
+        // Complete now: the parked request is pending again, its failures forgotten.
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/complete",
+            Some(&acting_on(
+                ("charges", "acct_1", "k-parked"),
+                Some(&token),
+                false,
+            )),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.contains("to be completed: the completer runs it at its next look"),
+            "{page}"
+        );
+        assert_eq!(
+            request_state(&pool, "k-parked").await,
+            Some(("pending".to_owned(), 0))
+        );
+        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        assert_eq!(
+            (entry.action.as_str(), entry.filter.as_str(), entry.rows),
+            (
+                "complete",
+                "scope \"charges\", principal \"acct_1\", key \"k-parked\"",
+                1
+            )
+        );
+
+        // Nothing to act on: a request its endpoint did not store cannot be completed
+        // (409); a key without live steps can be neither (404). Nothing is audited.
+        let plain = ("jobs", "", "k-plain");
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/complete",
+            Some(&acting_on(plain, Some(&token), false)),
+        )
+        .await;
+        assert_eq!(status, 409, "{page}");
+        assert!(page.contains("it can only be abandoned"), "{page}");
+        let nothing = ("charges", "acct_1", "k-nothing");
+        for (path, form) in [
+            (
+                "/ops/abandoned/complete",
+                acting_on(nothing, Some(&token), false),
+            ),
+            (
+                "/ops/abandoned/abandon",
+                acting_on(nothing, Some(&token), true),
+            ),
+        ] {
+            let (status, page) = as_role(&app, "admin", path, Some(&form)).await;
+            assert_eq!(status, 404, "{path}: {page}");
+            assert!(page.contains("has no live steps"), "{path}: {page}");
+        }
+        let (status, _) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/abandon?scope=charges&principal=acct_1&key=k-nothing",
+            None,
+        )
+        .await;
+        assert_eq!(status, 404);
+        assert_eq!(store.audit_log(10, None).await.unwrap().len(), 2);
+
+        // A request its endpoint did not store is abandoned all the same: listed as not
+        // completable and abandoning, without actions.
+        let (status, page) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned/abandon",
+            Some(&acting_on(plain, Some(&token), true)),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(
+            request_state(&pool, "k-plain").await.unwrap().0,
+            "abandoning"
+        );
+        assert!(
+            page.contains("<span class=\"muted\">not completable</span>, abandoning"),
+            "{page}"
+        );
+        assert_eq!(
+            page.matches(">Abandon for good…</a>").count(),
+            2,
+            "none for the two being abandoned: {page}"
+        );
+    })
+    .await;
+}
+
 /// A publisher that parks `nowhere.*` at once and holds `hold.*` until its publish times
 /// out: an event under a relay's lease for as long as a test looks.
 struct Holding;

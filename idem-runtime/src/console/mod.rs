@@ -9,7 +9,7 @@
 //! use idem::console::{Console, Role};
 //!
 //! let admin = Console::new(store)
-//!     .actions(true) // re-drive, discard, purge, sweep: for operators whose role is Admin
+//!     .actions(true) // re-drive, discard, purge, sweep, complete, abandon: for admins
 //!     .operator_header(axum::http::HeaderName::from_static("x-operator"))
 //!     .router()
 //!     // One level of operator: everyone who passes the service's auth acts. A service
@@ -24,10 +24,11 @@
 //!   guide's "Operating idem", "The console", shows a bearer-token layer); anyone who
 //!   reaches it sees keys, scopes and principals.
 //! - **Read-only unless [`Console::actions`]** turns on the actions (re-drive and discard
-//!   dead events, purge a key, sweep), **and the request's [`Role`] is
-//!   [`Role::Admin`]**. The role is the application's decision: its auth layer inserts a
-//!   `Role` into the request's extensions (`request.extensions_mut().insert(..)`, or
-//!   axum's `Extension` layer for a console with one level), where no client can set it.
+//!   dead events, purge a key, sweep, complete or abandon an abandoned request), **and
+//!   the request's [`Role`] is [`Role::Admin`]**. The role is the application's decision:
+//!   its auth layer inserts a `Role` into the request's extensions
+//!   (`request.extensions_mut().insert(..)`, or axum's `Extension` layer for a console
+//!   with one level), where no client can set it.
 //!   A request without one is [`Role::ReadOnly`]: it sees no action button nor form, and
 //!   every action answers it 403 (an HTML page, as the console's other errors), whatever
 //!   CSRF token it sends. Each form carries a CSRF token tied to the operator, and each
@@ -48,6 +49,14 @@
 //!   sweep's page counts the expired records per scope before its button sweeps them.
 //!   Purging one key is a single-item action: the key's own page, which shows the record,
 //!   is its confirmation, and its button purges that record only.
+//! - **Abandoned requests show where their completion stands** ([`crate::complete`]): its
+//!   state (pending, failed, abandoning, or not completable), how often the completer ran
+//!   it, how many runs failed, the last error and when. "Complete now" (a stored request
+//!   only) sends it to the completer's next look, its failures forgotten; "Abandon for
+//!   good" opens a page that names the scope, principal and key and its steps, and says
+//!   that their compensations will run and the key will answer 410: only that page's
+//!   button abandons. An action that finds nothing to act on says so (404, or 409 for a
+//!   request its endpoint did not store) and does nothing.
 //! - **Things are found by filters and pages.** The key list by scope, principal, key
 //!   prefix and age; the pending and the dead events by topic, reason (last error),
 //!   ordering key prefix and age; each a page at a time by keyset ("Next page" starts
@@ -89,6 +98,7 @@
 //!
 //! [`DeadBound`]: crate::operate::DeadBound
 
+mod abandoned;
 mod assets;
 mod csrf;
 mod lag;
@@ -194,9 +204,9 @@ impl Console {
     }
 
     /// Whether the console has its actions (default off): re-drive and discard dead
-    /// events, purge a key, sweep expired records. On, they are offered to the requests
-    /// whose [`Role`] is [`Role::Admin`], and refused (403) to the others; off, their
-    /// routes do not exist (404).
+    /// events, purge a key, sweep expired records, complete or abandon an abandoned
+    /// request. On, they are offered to the requests whose [`Role`] is [`Role::Admin`],
+    /// and refused (403) to the others; off, their routes do not exist (404).
     pub fn actions(mut self, on: bool) -> Self {
         self.actions = on;
         self
@@ -312,7 +322,7 @@ impl Console {
             .route("/", get(overview))
             .route("/assets/{file}", get(assets::serve))
             .route("/keys", get(keys))
-            .route("/abandoned", get(abandoned))
+            .route("/abandoned", get(abandoned::list))
             .route("/key", get(key))
             .route("/outbox", get(outbox))
             .route("/pending", get(pending))
@@ -328,6 +338,11 @@ impl Console {
         if self.actions {
             router = router
                 .route("/key/purge", post(purge_key))
+                .route("/abandoned/complete", post(abandoned::complete))
+                .route(
+                    "/abandoned/abandon",
+                    get(abandoned::abandon_preview).post(abandoned::abandon),
+                )
                 .route("/sweep", get(sweep_preview).post(sweep))
                 .route("/dead/redrive", get(redrive_preview).post(redrive))
                 .route("/dead/discard", get(discard_preview).post(discard));
@@ -718,39 +733,6 @@ async fn keys(State(console): Console_, viewer: Viewer, Query(fields): Query<Fie
             field(&fields, "older_than").unwrap_or(""),
             after.is_some(),
             &page,
-        ),
-    )
-}
-
-#[derive(Deserialize, Default)]
-struct AbandonedQuery {
-    idle: Option<String>,
-    done: Option<String>,
-}
-
-async fn abandoned(
-    State(console): Console_,
-    viewer: Viewer,
-    Query(q): Query<AbandonedQuery>,
-) -> Response {
-    let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
-    let idle_for = match age_field(typed, "no step for") {
-        Ok(age) => age.unwrap_or_else(|| console.store.abandoned_after()),
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let limit = 100;
-    let listed = match console.store.abandoned(idle_for, limit).await {
-        Ok(listed) => listed,
-        Err(e) => return failed(e),
-    };
-    let frame = console.frame(&viewer, q.done);
-    html(
-        StatusCode::OK,
-        pages::abandoned(
-            &frame,
-            &typed.map_or_else(|| crate::operate::format_age(idle_for), str::to_owned),
-            limit,
-            &listed,
         ),
     )
 }

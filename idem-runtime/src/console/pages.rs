@@ -9,10 +9,10 @@ use maud::{html, Markup, DOCTYPE};
 use super::relays::{self, Rates};
 use super::{assets, DeadAction, Frame};
 use crate::operate::{
-    format_time, Abandoned, AuditEntry, BlockedKey, DeadBound, DeadDetail, DeadPreview, DeadReason,
-    DeadSelection, EventFilter, FailedPublish, KeyCounts, KeyCursor, KeyDetail, KeyEvent,
-    KeyFilter, KeySummary, Lease, Page, PendingEvent, RelaySession, RequestKey, StepRecord,
-    TopicPending,
+    format_time, Abandoned, AuditEntry, BlockedKey, CompletionState, DeadBound, DeadDetail,
+    DeadPreview, DeadReason, DeadSelection, EventFilter, FailedPublish, KeyCounts, KeyCursor,
+    KeyDetail, KeyEvent, KeyFilter, KeySummary, Lease, Page, PendingEvent, RelaySession,
+    RequestKey, StepRecord, TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -536,8 +536,9 @@ pub(crate) fn keys(
     layout(frame, "Keys", body)
 }
 
-/// Requests that recorded steps and have not committed ([`Store::abandoned`]): each
-/// links to its key's page, where the steps' results are.
+/// Requests that recorded steps and have not committed ([`Store::abandoned`]), listed
+/// with `idle_for` as the operator typed it: each links to its key's page, where the
+/// steps' results are, and shows where its completion stands; for an admin, its actions.
 ///
 /// [`Store::abandoned`]: crate::Store::abandoned
 pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Abandoned]) -> Markup {
@@ -545,7 +546,13 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
     let body = html! {
         p.muted {
             "Requests whose outside calls (steps) were made and recorded, and which have not "
-            "committed since: unless their clients retry, the service has no record of them."
+            "committed since: unless their clients retry, the service has no record of them. "
+            "A completable endpoint's request (" code { "completable = true" } ") is stored "
+            "with its first step, and the service's completer runs it again: "
+            em { "pending" } " until it does, " em { "failed" } " once too many runs failed for "
+            "good (parked: it runs again only when sent), " em { "abandoning" } " once an "
+            "operator gave it up (the completer runs its steps' compensations, then its key "
+            "answers 410)."
         }
         form method="get" action=(format!("{base}/abandoned")) {
             label { "no step for " input type="text" name="idle" placeholder="5m" value=(idle_for); } " "
@@ -554,8 +561,12 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
         @if listed.is_empty() {
             p.muted { "None." }
         } @else {
-            table {
-                tr { th { "scope" } th { "principal" } th { "key" } th { "steps" } th { "last step" } }
+            table.abandoned {
+                tr {
+                    th { "scope" } th { "principal" } th { "key" } th { "steps" } th { "last step" }
+                    th { "completion" } th { "tries" } th { "failures" } th { "last error" }
+                    @if frame.token.is_some() { th {} }
+                }
                 @for a in listed {
                     tr {
                         td { code { (a.scope) } @if let Some(spread) = &a.spread { " " span.muted { "(spread by " (spread) ")" } } }
@@ -574,6 +585,10 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
                             }
                         }
                         td { (ago(a.idle)) " ago" }
+                        (completion_cells(a.completion.as_ref()))
+                        @if frame.token.is_some() {
+                            td { (abandoned_actions(frame, a, idle_for)) }
+                        }
                     }
                 }
             }
@@ -583,6 +598,138 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
         }
     };
     layout(frame, "Abandoned requests", body)
+}
+
+/// Where an abandoned request's completion stands: its state, tries, failures, and the
+/// last error with its time. A request its endpoint did not store is not completable
+/// (an operator may still have abandoned it).
+fn completion_cells(completion: Option<&CompletionState>) -> Markup {
+    let Some(c) = completion else {
+        return html! { td { span.muted { "not completable" } } td {} td {} td {} };
+    };
+    let state = match c.state.as_str() {
+        "pending" => "the completer runs it",
+        "failed" => "parked: too many runs failed",
+        "abandoning" => "its compensations run, then 410",
+        _ => "",
+    };
+    html! {
+        td {
+            @if !c.stored { span.muted { "not completable" } ", " }
+            (c.state)
+            @if !state.is_empty() { " " span.muted { "(" (state) ")" } }
+        }
+        td.n { (c.tries) }
+        td.n { (c.failures) }
+        td {
+            @if let Some(error) = &c.last_error { code { (error) } }
+            @if let Some(at) = c.error_at { " " span.muted { (format_time(at)) } }
+        }
+    }
+}
+
+/// The principal an action on `a` names: none for a key spread by its hash, which is
+/// found without one (as its key's page finds it); its principal, or tenant, otherwise.
+fn acting_principal(a: &Abandoned) -> &str {
+    if a.spread.as_deref() == Some("key") {
+        ""
+    } else {
+        &a.principal
+    }
+}
+
+/// An admin's actions on an abandoned request: "Complete now" for a stored request, and
+/// the link to the confirmation page of "Abandon for good"; neither once it is being
+/// abandoned. `idle_for` takes the operator back to the list as it was.
+fn abandoned_actions(frame: &Frame, a: &Abandoned, idle_for: &str) -> Markup {
+    let abandoning = a
+        .completion
+        .as_ref()
+        .is_some_and(|c| c.state == "abandoning");
+    let stored = a.completion.as_ref().is_some_and(|c| c.stored);
+    let named = [
+        ("scope", a.scope.clone()),
+        ("principal", acting_principal(a).to_owned()),
+        ("key", a.key.clone()),
+        ("idle", idle_for.to_owned()),
+    ];
+    let query: Vec<String> = named
+        .iter()
+        .map(|(name, value)| format!("{name}={}", encode(value)))
+        .collect();
+    html! {
+        @if !abandoning {
+            @if stored {
+                (action(frame, "/abandoned/complete", &named, "Complete now", false))
+                " "
+            }
+            a.action href=(format!("{}/abandoned/abandon?{}", frame.base, query.join("&"))) { "Abandon for good…" }
+        }
+    }
+}
+
+/// The confirmation page of an abandon: the request, its live `steps`, what follows, and
+/// the button that abandons it. `idle` is the list's, to go back to.
+pub(crate) fn abandon(
+    frame: &Frame,
+    shown: &KeyShown<'_>,
+    steps: &[StepRecord],
+    idle: Option<&str>,
+) -> Markup {
+    let KeyShown {
+        scope,
+        principal,
+        key,
+    } = *shown;
+    let mut fields = vec![
+        ("scope", scope.to_owned()),
+        ("principal", principal.to_owned()),
+        ("key", key.to_owned()),
+        ("confirmed", "1".to_owned()),
+    ];
+    let mut list = format!("{}/abandoned", frame.base);
+    if let Some(idle) = idle {
+        fields.push(("idle", idle.to_owned()));
+        list.push_str(&format!("?idle={}", encode(idle)));
+    }
+    let body = html! {
+        section {
+            table {
+                tr { th { "scope" } td { code { (scope) } } }
+                tr { th { "principal" } td { @if principal.is_empty() { span.muted { "none" } } @else { code { (principal) } } } }
+                tr { th { "key" } td { (whole(key)) } }
+                tr { th { "steps" } td {
+                    @for (i, step) in steps.iter().enumerate() {
+                        @if i > 0 { ", " }
+                        code { (step.step) } " " span.muted { "recorded " (format_time(step.created_at)) }
+                    }
+                } }
+            }
+        }
+        section.warn {
+            p {
+                strong { "The compensations of its " (counted(steps.len() as u64, "step")) " will run, and the key will answer 410. " }
+                "The service's completer claims the key, runs the compensation the service "
+                "registered for each step (a refund for a charge; a step without one is left "
+                "as it is), once each, as a step of its own, then commits a 410 for the key: "
+                "the client's retry, however late, gets 410 from then on, and the request never "
+                "runs again."
+            }
+            p.muted {
+                "Nothing happens until a completer of the service looks (it runs in the "
+                "service, " code { "idem::complete::Completer" } "); the abandoned requests' "
+                "page shows the request as abandoning until then."
+            }
+        }
+        section {
+            p {
+                (action(frame, "/abandoned/abandon", &fields, "Abandon for good", true))
+                " "
+                a href=(list) { "Cancel" }
+            }
+        }
+    };
+    layout(frame, "Abandon this request for good?", body)
 }
 
 /// The key a key's page was asked for, as the operator wrote it.
