@@ -22,3 +22,8 @@ pub fn list(name: &str, default: &[i64]) -> Vec<i64> {
         |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
     )
 }
+
+/// Whether `name` is on the command line.
+pub fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}

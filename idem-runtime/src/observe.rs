@@ -274,6 +274,16 @@ pub(crate) mod metrics {
         ::metrics::counter!("idem_steps_total", labels.clone()).increment(1);
         ::metrics::histogram!("idem_step_duration_seconds", labels).record(duration.as_secs_f64());
     }
+
+    /// A completer's run of an abandoned request ended (`idem::complete`): `outcome` is
+    /// `completed`, `abandoned`, `retrying` or `parked`.
+    pub(crate) fn completion(scope: &str, outcome: &'static str) {
+        let labels = vec![
+            ::metrics::Label::new("scope", label(Cow::Owned(scope.to_owned()))),
+            ::metrics::Label::new("outcome", outcome),
+        ];
+        ::metrics::counter!("idem_completions_total", labels).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -290,6 +300,8 @@ pub(crate) mod metrics {
     pub(crate) fn abandoned(_: u64) {}
 
     pub(crate) fn step(_: Option<Cow<'static, str>>, _: &str, _: &'static str, _: Duration) {}
+
+    pub(crate) fn completion(_: &str, _: &'static str) {}
 }
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
         [
             "charges",
             "idempotency_keys",
+            "idempotency_requests",
             "idempotency_steps",
             "ledger_entries",
             "refunds",
@@ -96,7 +97,7 @@ async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
     for (table, method, column, group) in &tables {
         assert_eq!(method, "h", "{table}");
         let expected = match table.as_str() {
-            "idempotency_keys" | "idempotency_steps" => "principal",
+            "idempotency_keys" | "idempotency_steps" | "idempotency_requests" => "principal",
             "webhook_events" => "tenant",
             _ => "account",
         };
@@ -388,8 +389,8 @@ async fn a_service_killed_mid_request_on_citus_leaves_nothing_and_retries_charge
     let groups: Vec<i32> = distribution(&direct).await.iter().map(|t| t.3).collect();
     assert_eq!(
         groups.len(),
-        6,
-        "the example's four tables and idem's two distributed"
+        7,
+        "the example's four tables and idem's three distributed"
     );
     assert!(
         groups.iter().all(|g| *g == groups[0]),

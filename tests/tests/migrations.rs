@@ -70,11 +70,16 @@ async fn idems_file_in_a_users_migrations_directory() {
             .await
             .expect("count");
         assert_eq!(
-            applied, 7,
+            applied, 8,
             "the user's, idem's table, idem's outbox, idem's steps, the outbox's walk index, \
-             idem's audit trail and the outbox's attempt history"
+             idem's audit trail, the outbox's attempt history and idem's stored requests"
         );
-        for table in ["idem_outbox", "idempotency_steps", "idem_audit"] {
+        for table in [
+            "idem_outbox",
+            "idempotency_steps",
+            "idem_audit",
+            "idempotency_requests",
+        ] {
             let rows: i64 =
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
                     .fetch_one(&pool)

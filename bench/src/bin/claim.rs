@@ -119,7 +119,7 @@ async fn run(db: &TestDb, requests: u64, concurrency: usize, sizes: &[i64]) -> R
         }
     );
     profile(&load, &pool, requests).await?;
-    if std::env::args().any(|a| a == "--profile-only") {
+    if args::flag("--profile-only") {
         return Ok(());
     }
     curve(&load, &pool, requests, sizes).await?;

@@ -306,7 +306,7 @@ async fn main() {
         consume(&pool, &store, &js, &prefix, events, &consumers, &batches).await;
     }
 
-    if std::env::args().any(|a| a == "--drain-only") {
+    if args::flag("--drain-only") {
         js.delete_stream(&prefix).await.ok();
         pool.close().await;
         db.drop_database().await.ok();

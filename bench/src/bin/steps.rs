@@ -11,6 +11,10 @@
 //! filled to each size with the steps of requests that never committed (half of them
 //! expired), then the local step at 16 requests at a time, then the purge of the expired
 //! half, with the ratio of the largest size's figures to the smallest's.
+//!
+//! `-- --completable` instead prints what storing the request costs a step's request
+//! (`completable = true`, issue 38): the local step with and without it, alternating, in
+//! three rounds at 1 and 16 requests at a time.
 
 #[path = "../args.rs"]
 mod args;
@@ -110,6 +114,18 @@ async fn local_step(mut tx: Tx, Json(v): Json<Value>) -> Result<StatusCode, Stat
     write(&mut tx, &id).await
 }
 
+#[idempotent(scope = "completable", completable = true)]
+async fn completable_step(mut tx: Tx, Json(v): Json<Value>) -> Result<StatusCode, StatusCode> {
+    let amount = v["amount"].clone();
+    let id: String = tx
+        .step("local", |_key| async move {
+            Ok::<_, Infallible>(format!("local-{amount}"))
+        })
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    write(&mut tx, &id).await
+}
+
 /// Fresh keys on `path` for `seconds` at `concurrency`: requests per second, p50 and p99.
 async fn cell(app: &TestApp, path: &str, concurrency: usize, seconds: u64) -> (f64, f64, f64) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -147,6 +163,12 @@ async fn main() {
         .execute(&pool)
         .await
         .expect("charges");
+    if args::flag("--completable") {
+        completable(&pool, seconds).await;
+        pool.close().await;
+        db.drop_database().await.expect("drop the bench database");
+        return;
+    }
     if args::value_of("--step-rows").is_some() {
         step_rows(&pool, seconds).await;
         pool.close().await;
@@ -266,5 +288,46 @@ async fn step_rows(pool: &PgPool, seconds: u64) {
             last.0 / first.0,
             last.1 / first.1
         );
+    }
+}
+
+/// What storing the request costs a step's request (`--completable`): the same local
+/// step, its endpoint completable or not, alternating.
+async fn completable(pool: &PgPool, seconds: u64) {
+    let store = Store::builder(pool.clone())
+        .step_connections(16)
+        .build()
+        .expect("the store");
+    let app = Router::new()
+        .route("/local_step", post(local_step))
+        .route("/completable", post(completable_step))
+        .with_state(AppState {
+            store,
+            outside: Arc::new(Outside {
+                client: reqwest::Client::new(),
+                url: String::new(),
+            }),
+        });
+    let app = TestApp::serve(pool.clone(), app).await;
+    for path in ["/local_step", "/completable"] {
+        cell(&app, path, 4, 1).await;
+    }
+    println!("| concurrency | round | in a step (req/s, p50 ms, p99 ms) | completable (req/s, p50 ms, p99 ms) | completable / step |");
+    println!("|---|---|---|---|---|");
+    for concurrency in [1, 16] {
+        for round in 1..=3 {
+            let a = cell(&app, "/local_step", concurrency, seconds).await;
+            let b = cell(&app, "/completable", concurrency, seconds).await;
+            println!(
+                "| {concurrency} | {round} | {:.0}, {:.2}, {:.2} | {:.0}, {:.2}, {:.2} | {:.2} |",
+                a.0,
+                a.1,
+                a.2,
+                b.0,
+                b.1,
+                b.2,
+                b.0 / a.0
+            );
+        }
     }
 }

@@ -111,6 +111,7 @@ pub struct Completer {
     every: Duration,
     backoff: (Duration, Duration),
     limit: u32,
+    abandon_parked: bool,
     batch: u32,
     compensations: HashMap<String, Compensation>,
 }
@@ -139,6 +140,7 @@ impl Completer {
             every: Duration::from_secs(1),
             backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             limit: 5,
+            abandon_parked: false,
             batch: 16,
             compensations: HashMap::new(),
         }
@@ -169,6 +171,14 @@ impl Completer {
     /// ones (409, 429, 502, 503, 504, the database unreachable) never count.
     pub fn limit(mut self, limit: u32) -> Self {
         self.limit = limit.max(1);
+        self
+    }
+
+    /// Whether a request parked at the limit is abandoned for good at once, its steps'
+    /// compensations run and its key answering 410 (default `false`: it waits as
+    /// `failed` for an operator, who may fix the cause and complete it, or abandon it).
+    pub fn abandon_parked(mut self, abandon: bool) -> Self {
+        self.abandon_parked = abandon;
         self
     }
 
@@ -285,10 +295,16 @@ impl Completer {
                         counted,
                         retry_in: self.retry_in(leased.tries),
                         limit: self.limit,
+                        abandon_parked: self.abandon_parked,
                     };
-                    match requests.failed(pool, stored, &failure).await?.as_deref() {
-                        Some("failed") => Completed::Parked(error),
-                        _ => Completed::Retrying(error),
+                    let left = requests.failed(pool, stored, &failure).await?;
+                    // An abandon that failed is tried again: it is never parked.
+                    let parked = !leased.abandoning
+                        && matches!(left.as_deref(), Some("failed" | "abandoning"));
+                    if parked {
+                        Completed::Parked(error)
+                    } else {
+                        Completed::Retrying(error)
                     }
                 }
             };
@@ -299,12 +315,16 @@ impl Completer {
                 Completed::Parked(_) => "parked",
             };
             tracing::Span::current().record("outcome", outcome);
+            crate::observe::metrics::completion(&key_in_scope.scope, outcome);
             match &completed {
                 Completed::Completed | Completed::Abandoned => {
                     tracing::info!(scope, key, outcome, "idem: {action}d a request its client abandoned");
                 }
                 Completed::Retrying(error) => {
                     tracing::warn!(scope, key, %error, "idem: a request's {action} failed; it is tried again later");
+                }
+                Completed::Parked(error) if self.abandon_parked => {
+                    tracing::error!(scope, key, %error, "idem: a request's completion failed too often; it is abandoned: its steps' compensations run");
                 }
                 Completed::Parked(error) => {
                     tracing::error!(scope, key, %error, "idem: a request's completion failed too often; parked as failed (`idem key abandoned` lists it, `idem key abandon` gives it up)");

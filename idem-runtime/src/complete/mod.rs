@@ -35,11 +35,13 @@
 //!   after a backoff doubling up to [`Completer::backoff`]'s cap, never counted. Any other
 //!   answer that did not commit (the handler's `Err`, a panic, a 422) counts; at
 //!   [`Completer::limit`] the request is parked as `failed`, with its last error, for an
-//!   operator ([`Store::abandoned`](crate::Store::abandoned) lists it).
+//!   operator ([`Store::abandoned`](crate::Store::abandoned) lists it), or abandoned at
+//!   once where the completer is told to ([`Completer::abandon_parked`]).
 //! - **Compensation.** [`Completer::compensate`] names a step's undo (a refund for a
 //!   charge). When an operator abandons a request for good
 //!   ([`Audited::abandon_request`](crate::operate::Audited::abandon_request), `idem key
-//!   abandon`, the console), the completer claims its key, runs the undo of each of its
+//!   abandon`, the console), or its completer abandons what it parks, the completer
+//!   claims its key, runs the undo of each of its
 //!   recorded steps as a step of its own (`compensate:<step>`: once, however often it is
 //!   retried), and commits a 410 for the key
 //!   ([`problem_type::REQUEST_ABANDONED`](crate::problem_type::REQUEST_ABANDONED)), which

@@ -224,7 +224,8 @@ impl Audited<'_> {
 
     /// Sends a stored request (pending, or parked as `failed`) to be completed at the
     /// completer's next look, its failures forgotten. Recorded as `complete`. `false`
-    /// when the key has no stored request to complete.
+    /// when the key has no stored request to complete, or is being abandoned (an
+    /// abandon is for good).
     pub async fn complete_request(
         &self,
         scope: &str,
@@ -266,11 +267,13 @@ impl Audited<'_> {
                     continue;
                 }
             }
-            inner
+            if inner
                 .requests
                 .mark(&mut tx, triple, abandon, &fingerprint, remaining)
-                .await?;
-            marked += 1;
+                .await?
+            {
+                marked += 1;
+            }
         }
         if marked == 0 {
             return Ok(false);

@@ -120,24 +120,30 @@ UPDATE {table}
 RETURNING encode(fingerprint, 'hex') AS fingerprint, method, target, headers, body, state, tries";
 
 /// A run that did not finish the request: the lease given back, the next try in $4
-/// seconds, the error kept; a definitive failure ($6) counts, and parks the request as
-/// `failed` at the limit ($7). $5 the error.
+/// seconds, the error kept; a definitive failure ($6) counts, and parks the request at
+/// the limit ($7): as `failed`, or as `abandoning` at once where the completer abandons
+/// what it parks ($8). $5 the error. (`now()` stays out of the `CASE`s: a distributed
+/// engine refuses a function that is not immutable in one.)
 const FAILED: &str = "\
 UPDATE {table}
-   SET leased_until = NULL, next_at = now() + $4 * interval '1 second',
-       last_error = $5, error_at = now(),
+   SET leased_until = NULL, last_error = $5, error_at = now(),
        failures = failures + CASE WHEN $6 THEN 1 ELSE 0 END,
-       state = CASE WHEN $6 AND state = 'pending' AND failures + 1 >= $7 THEN 'failed' ELSE state END
+       next_at = now() + CASE WHEN $6 AND $8 AND state = 'pending' AND failures + 1 >= $7
+                              THEN 0 ELSE $4 END * interval '1 second',
+       state = CASE WHEN $6 AND state = 'pending' AND failures + 1 >= $7
+                    THEN CASE WHEN $8 THEN 'abandoning' ELSE 'failed' END
+                    ELSE state END
  WHERE scope = $1 AND principal = {p2} AND key = $3
 RETURNING state, failures";
 
 /// Marks a request as given up by an operator ($4 true) or sends it back to be
-/// completed at once ($4 false). $1 scope, $2 principal, $3 key.
+/// completed at once ($4 false), unless it is being abandoned: an abandon is for good.
+/// $1 scope, $2 principal, $3 key.
 const MARK: &str = "\
 UPDATE {table}
    SET state = CASE WHEN $4 THEN 'abandoning' ELSE 'pending' END, next_at = now(),
        leased_until = NULL, failures = CASE WHEN $4 THEN failures ELSE 0 END
- WHERE scope = $1 AND principal = {p2} AND key = $3
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND ($4 OR state <> 'abandoning')
 RETURNING true AS marked";
 
 /// A row for a request that stored nothing (its endpoint is not completable), to be
@@ -237,6 +243,8 @@ pub(crate) struct Failure<'a> {
     pub(crate) counted: bool,
     pub(crate) retry_in: Duration,
     pub(crate) limit: u32,
+    /// Whether a request parked at the limit is abandoned at once.
+    pub(crate) abandon_parked: bool,
 }
 
 impl RequestsTable {
@@ -378,7 +386,8 @@ impl RequestsTable {
             .transpose()
     }
 
-    /// [`FAILED`]: the state the request is left in (`failed` once parked).
+    /// [`FAILED`]: the state the request was in and is left in (`failed`, or
+    /// `abandoning`, once parked).
     pub(crate) async fn failed(
         &self,
         pool: &PgPool,
@@ -394,6 +403,7 @@ impl RequestsTable {
             .bind(failure.error)
             .bind(failure.counted)
             .bind(i32::try_from(failure.limit).unwrap_or(i32::MAX))
+            .bind(failure.abandon_parked)
             .fetch_optional(pool)
             .await?;
         row.map(|row| row.try_get("state")).transpose()
@@ -401,7 +411,8 @@ impl RequestsTable {
 
     /// [`MARK`] on `conn` (in the operator's audited transaction), and for an abandon
     /// of a request that has no row, [`ABANDON_UNSTORED`] with its steps' `fingerprint`
-    /// and `ttl`.
+    /// and `ttl`: whether a row was marked (`false` for a completion of a request being
+    /// abandoned).
     pub(crate) async fn mark(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -409,7 +420,7 @@ impl RequestsTable {
         abandon: bool,
         fingerprint: &[u8],
         ttl: Duration,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<bool, sqlx::Error> {
         let marked: Option<bool> = sqlx::query_scalar(self.mark.clone())
             .persistent(self.persistent())
             .bind(scope)
@@ -428,8 +439,9 @@ impl RequestsTable {
                 .bind(ttl.as_secs_f64())
                 .execute(conn)
                 .await?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(marked.is_some())
     }
 
     /// [`STATE`]: `None` when the request has no row; whether the request is stored in
