@@ -11,7 +11,8 @@
 //! preparation of a named statement (once per connection) nor sqlx's ping of a released
 //! connection (after the answer). The handler writes one row (the business write, one
 //! round trip of its own, counted here too); the step's handler runs one step (a call
-//! that makes no round trip) before it. The portable mode runs on plain PostgreSQL:
+//! that makes no round trip) before it, and its completable twin stores the request
+//! with that step (in the step's own message: no round trip more). The portable mode runs on plain PostgreSQL:
 //! its client round trips are the same on Citus's coordinator.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,6 +81,18 @@ async fn stepping(mut tx: Tx, Json(v): Json<Value>) -> Json<Value> {
     write(&mut tx, &json!({ "amount": charged })).await
 }
 
+#[idempotent(scope = "completable", completable = true)]
+async fn completable(mut tx: Tx, Json(v): Json<Value>) -> Json<Value> {
+    let amount = v["amount"].as_i64().unwrap_or(0);
+    let charged: i64 = tx
+        .step("processor", |_key| async move {
+            Ok::<_, std::convert::Infallible>(amount)
+        })
+        .await
+        .unwrap();
+    write(&mut tx, &json!({ "amount": charged })).await
+}
+
 /// The modes, as the table's columns.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -100,12 +113,13 @@ enum Path {
     RunOnceReplay,
     Emit,
     Step,
+    CompletableStep,
 }
 
 const MODES: [Mode; 3] = [Mode::Default, Mode::Pooler, Mode::Portable];
 
 /// Round trips by path, in the order of [`MODES`]. SCALING.md, "Round trips".
-const EXPECTED: [(Path, [u64; 3]); 9] = [
+const EXPECTED: [(Path, [u64; 3]); 10] = [
     (Path::Fresh, [3, 4, 5]),
     (Path::Replay, [2, 2, 3]),
     (Path::Conflict, [2, 2, 10]),
@@ -115,6 +129,7 @@ const EXPECTED: [(Path, [u64; 3]); 9] = [
     (Path::RunOnceReplay, [2, 2, 3]),
     (Path::Emit, [3, 4, 5]),
     (Path::Step, [6, 7, 8]),
+    (Path::CompletableStep, [6, 7, 8]),
 ];
 
 struct Bench {
@@ -159,6 +174,7 @@ impl Bench {
             .route("/optional", post(optional))
             .route("/emitting", post(emitting))
             .route("/stepping", post(stepping))
+            .route("/completable", post(completable))
             .with_state(State {
                 store: store.clone(),
             });
@@ -267,6 +283,21 @@ impl Bench {
                     .count(self.post("/stepping", Some(&key), body(0)))
                     .await;
                 assert_eq!(answer.status, 200);
+                trips
+            }
+            Path::CompletableStep => {
+                let (trips, answer) = self
+                    .count(self.post("/completable", Some(&key), body(0)))
+                    .await;
+                assert_eq!(answer.status, 200);
+                assert_eq!(
+                    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_requests")
+                        .fetch_one(&self.app.pool)
+                        .await
+                        .unwrap(),
+                    0,
+                    "the COMMIT deleted the stored request"
+                );
                 trips
             }
         }
