@@ -2,17 +2,18 @@
 //! confirms, `mandatory` and the event id as `message_id`; a message the broker returns
 //! as unroutable is not a success; RabbitMQ does not deduplicate, so the consumer's
 //! `run_once` keyed by `message_id` credits once whatever the copies; what can never
-//! succeed is rejected to the queue's dead-letter exchange. Each test has queues of its
-//! own.
+//! succeed is rejected to the queue's dead-letter exchange, and `amqp::dead_letters`
+//! reads it back from the dead-letter queue without taking it. Each test has queues of
+//! its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use idem::outbox::amqp::{AmqpConsumer, AmqpPublisher};
+use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
-use idem::Store;
+use idem::{OnceError, Store};
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{amqp_url, count, unique, with_test_db, Gate};
 use lapin::options::{
@@ -21,11 +22,44 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-async fn channel() -> Channel {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+async fn connect() -> Connection {
+    Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
-        .expect("connect to RabbitMQ");
-    connection.create_channel().await.expect("a channel")
+        .expect("connect to RabbitMQ")
+}
+
+async fn channel() -> Channel {
+    connect().await.create_channel().await.expect("a channel")
+}
+
+/// How many messages `name` holds ready (a passive declare: it must exist).
+async fn ready(channel: &Channel, name: &str) -> u32 {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("the queue")
+        .message_count()
+}
+
+/// Waits until `name` holds `n` messages ready: a quorum queue puts back what a read
+/// returned a few milliseconds after the read's channel closed, and counts it then.
+async fn holds(channel: &Channel, name: &str, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ready = ready(channel, name).await;
+        if ready == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} holds {ready}, not {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A queue of its own; with a dead-letter queue when `dead_letters` names one.
@@ -384,4 +418,159 @@ async fn a_database_outage_dead_letters_nothing() {
         }
     })
     .await;
+}
+
+/// What a consumer gave up on (its work refused past `max_deliver`, a body that does not
+/// decode, no `message_id`) is read back from the dead-letter queue with RabbitMQ's
+/// reason, the event's id, its routing key and payload; a message RabbitMQ did not
+/// dead-letter is passed over. Reading takes nothing: a second read lists the same
+/// letters in the same order, and the queue holds what it held; `limit` bounds a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_read_back_without_being_taken() {
+    read_back_dead_letters(false).await;
+}
+
+/// The same from a quorum dead-letter queue (without a delivery limit: RabbitMQ 3 sets
+/// none), which puts back what a read returned a moment after the read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_read_back_from_a_quorum_queue_without_being_taken() {
+    read_back_dead_letters(true).await;
+}
+
+async fn read_back_dead_letters(quorum: bool) {
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let name = unique("idem_q");
+    let dlq = format!("{name}_dead");
+    if quorum {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(dlq.as_str().into(), durable, arguments)
+            .await
+            .expect("declare the quorum queue");
+    } else {
+        queue(&channel, &dlq, None).await;
+    }
+    queue(&channel, &name, Some(&dlq)).await;
+    let publish = async |queue: &str, id: Option<&str>, body: &[u8]| {
+        let mut properties = BasicProperties::default();
+        if let Some(id) = id {
+            properties = properties.with_message_id(id.into());
+        }
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    };
+    // Not dead-lettered: no x-death.
+    publish(&dlq, Some("stray"), b"stray").await;
+    let refused = serde_json::to_vec(&Credit {
+        charge: 1,
+        amount: 1,
+    })
+    .unwrap();
+    let nameless = serde_json::to_vec(&Credit {
+        charge: 2,
+        amount: 2,
+    })
+    .unwrap();
+    publish(&name, Some("refused"), &refused).await;
+    publish(&name, Some("undecodable"), b"{").await;
+    publish(&name, None, &nameless).await;
+    let consumer = AmqpConsumer::new(connection.create_channel().await.unwrap(), &name)
+        .retry_delay(Duration::from_millis(50))
+        .max_deliver(Some(3));
+    let tries = Arc::new(AtomicU64::new(0));
+    let tried = Arc::clone(&tries);
+    let task = tokio::spawn(consumer.run(move |_credit: Received<Credit>| {
+        tried.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(OnceError::Work("the account is closed")) }
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&channel, &dlq).await < 4 {
+        assert!(Instant::now() < deadline, "not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holds(&channel, &dlq, 4).await;
+    task.abort();
+    // Decoded: "refused" 3 times, the nameless one not at all (no id, dead at once).
+    assert_eq!(tries.load(Ordering::SeqCst), 3);
+
+    let letters = dead_letters(&connection, &dlq, 10).await.unwrap();
+    let mut ids: Vec<&str> = letters.iter().map(|l| l.event_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["", "refused", "undecodable"], "{letters:#?}");
+    // The stray message is the head, passed over.
+    assert_eq!(
+        letters.iter().map(|l| l.sequence).collect::<Vec<_>>(),
+        [2, 3, 4]
+    );
+    for letter in &letters {
+        assert_eq!(
+            letter.reason,
+            format!("rejected by a consumer of the queue {name:?} (its log says why)")
+        );
+        assert_eq!((&letter.subject, &letter.queue), (&name, &name));
+        assert_eq!(letter.deaths, 1);
+        let age = SystemTime::now()
+            .duration_since(letter.at)
+            .unwrap_or_default();
+        assert!(age < Duration::from_secs(60), "{letter:?}");
+        assert_eq!(letter.payload_len, letter.payload.len());
+    }
+    let payload = |id: &str| {
+        letters
+            .iter()
+            .find(|l| l.event_id == id)
+            .map(|l| l.payload.clone())
+            .unwrap()
+    };
+    assert_eq!(payload("refused"), refused);
+    assert_eq!(payload("undecodable"), b"{");
+    assert_eq!(payload(""), nameless);
+
+    // Nothing was taken: all still there, and read again in the same order.
+    holds(&channel, &dlq, 4).await;
+    assert_eq!(dead_letters(&connection, &dlq, 10).await.unwrap(), letters);
+    holds(&channel, &dlq, 4).await;
+    assert_eq!(
+        dead_letters(&connection, &dlq, 2).await.unwrap(),
+        letters[..2]
+    );
+    assert_eq!(dead_letters(&connection, &dlq, 0).await.unwrap(), []);
+    holds(&channel, &dlq, 4).await;
+
+    let missing = unique("idem_no_such_queue");
+    let error = dead_letters(&connection, &missing, 10)
+        .await
+        .expect_err("no such queue")
+        .to_string();
+    assert!(
+        error.starts_with(&format!(
+            "cannot read the dead letters of the AMQP queue {missing:?}: "
+        )) && error.contains("NOT_FOUND"),
+        "{error}"
+    );
+    for q in [&name, &dlq] {
+        channel
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .ok();
+    }
 }

@@ -22,7 +22,8 @@
 //! - what can never succeed, or is dead, is rejected without requeue, which sends it to
 //!   the queue's dead-letter exchange (`x-dead-letter-exchange`) with a log line saying
 //!   why. A queue without one drops it (the log line is what is left): give the queue a
-//!   dead-letter exchange.
+//!   dead-letter exchange, and a queue it routes to, which [`dead_letters`] reads back
+//!   for operators without consuming it.
 //!
 //! The consumer counts the work's failures itself, by message id: a quorum queue's
 //! `x-delivery-count` counts every requeue, those after a transient failure too. It
@@ -51,6 +52,10 @@ use tokio::sync::Mutex;
 use super::consume::{backoff, judge, log_dead, Verdict};
 use super::{OutboxEvent, PublishError, Publisher, Received};
 use crate::once::OnceError;
+
+mod dead_letters;
+
+pub use dead_letters::{dead_letters, DeadLetter, DeadLettersError};
 
 /// Publishes outbox events to an AMQP exchange, with publisher confirms. It connects on
 /// first use and again after the connection is lost.
