@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use idem::operate::{AbandonedCursor, CompletionStage};
 
 /// Operate idem's tables: migrate and verify them, look at idempotency keys, watch the
 /// outbox, re-drive or discard dead events, complete or abandon abandoned requests. Each
@@ -67,6 +68,30 @@ pub(crate) struct Cli {
 pub(crate) enum PoolerArg {
     Session,
     Transaction,
+}
+
+/// Where an abandoned request's completion stands (`idem::operate::CompletionStage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CompletionArg {
+    /// The service's completer runs it.
+    Pending,
+    /// Parked after too many failed runs.
+    Failed,
+    /// Given up: its compensations run.
+    Abandoning,
+    /// Its endpoint stored no request: it can only be abandoned.
+    NotCompletable,
+}
+
+impl From<CompletionArg> for CompletionStage {
+    fn from(arg: CompletionArg) -> Self {
+        match arg {
+            CompletionArg::Pending => Self::Pending,
+            CompletionArg::Failed => Self::Failed,
+            CompletionArg::Abandoning => Self::Abandoning,
+            CompletionArg::NotCompletable => Self::NotCompletable,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -138,16 +163,33 @@ pub(crate) enum KeyCommand {
         limit: u32,
     },
     /// Requests that made an outside call (recorded a step) and never committed: their
-    /// clients went away. Oldest first, each with where its completion stands: pending
-    /// (the service's completer runs it), failed (parked after too many failed runs),
-    /// abandoning (given up: its compensations run), or not completable (its endpoint
-    /// stores no request).
+    /// clients went away. Oldest first step first, a page at a time (--after), each with
+    /// where its completion stands: pending (the service's completer runs it), failed
+    /// (parked after too many failed runs), abandoning (given up: its compensations run),
+    /// or not completable (its endpoint stores no request).
     Abandoned {
         /// Only requests whose newest step is at least this old: 90s, 30m, 24h, 7d.
         #[arg(long, value_parser = age, default_value = "5m")]
         idle_for: Duration,
+        /// Only this scope's requests.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Only this principal's requests.
+        #[arg(long)]
+        principal: Option<String>,
+        /// Only keys that start with this.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Only requests whose completion stands here.
+        #[arg(long, value_enum)]
+        completion: Option<CompletionArg>,
+        /// How many, oldest first step first.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// The page after this request: the cursor the page before printed last (`next
+        /// page: --after ...`), or its last row's `cursor` in JSON.
+        #[arg(long)]
+        after: Option<AbandonedCursor>,
     },
     /// Records per scope: live, expiring soon, expired.
     Counts {

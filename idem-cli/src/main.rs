@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem::operate::{
-    format_age, Audited, DeadSelection, EventFilter, KeyFilter, Operator, RedriveError,
+    format_age, AbandonedFilter, Audited, DeadSelection, EventFilter, KeyFilter, Operator,
+    RedriveError,
 };
 use idem::{PrincipalType, Store, VerifyError};
 use serde_json::json;
@@ -314,8 +315,22 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             filter.limit = limit;
             out.keys(&store.keys(&filter).await?);
         }
-        KeyCommand::Abandoned { idle_for, limit } => {
-            out.abandoned(&store.abandoned(idle_for, limit).await?);
+        KeyCommand::Abandoned {
+            idle_for,
+            scope,
+            principal,
+            prefix,
+            completion,
+            limit,
+            after,
+        } => {
+            let mut filter = AbandonedFilter::default();
+            filter.idle_for = Some(idle_for);
+            filter.scope = scope;
+            filter.principal = principal;
+            filter.key_prefix = prefix;
+            filter.completion = completion.map(Into::into);
+            out.abandoned(&store.abandoned_page(&filter, after.as_ref(), limit).await?);
         }
         KeyCommand::Counts { expiring_within } => {
             out.counts(&store.key_counts(expiring_within).await?);

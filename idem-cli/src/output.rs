@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use idem::operate::{
-    format_age, format_time, Abandoned, AuditEntry, BlockedKey, CompletionState, DeadJson,
-    DeadReason, FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, RelaySession, StepRecord,
-    TopicPending,
+    format_age, format_time, Abandoned, AbandonedCursor, AuditEntry, BlockedKey, CompletionState,
+    DeadJson, DeadReason, FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, Page,
+    RelaySession, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -217,11 +217,14 @@ impl Out {
         );
     }
 
-    pub(crate) fn abandoned(&self, requests: &[Abandoned]) {
+    /// A page of abandoned requests: in JSON, each with its `cursor`; in a table, the
+    /// next page's `--after` under it, when there is one.
+    pub(crate) fn abandoned(&self, page: &Page<Abandoned, AbandonedCursor>) {
         if self.json {
-            return self.print_json(requests);
+            return self.print_json(&page.rows);
         }
-        let rows: Vec<Vec<String>> = requests
+        let rows: Vec<Vec<String>> = page
+            .rows
             .iter()
             .map(|r| {
                 let steps: Vec<String> = r
@@ -254,6 +257,9 @@ impl Out {
             ],
             &rows,
         );
+        if let Some(next) = &page.next {
+            say!("next page: --after {next}");
+        }
     }
 
     /// The audit trail, newest first; the last id is where the next page starts

@@ -438,6 +438,130 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         printed.contains("ana") && printed.contains("redrive"),
         "{printed}"
     );
+
+    abandoned_pages(url, flags, store.pool()).await;
+}
+
+/// Five abandoned requests for the list's filters and pages, oldest first step first:
+/// `p-1` (scope `charges`, principal `acct_1`, its first step an hour ago and its second
+/// 50 minutes ago; failed), `p-2` (`charges`, `acct_2`, its first step at the same instant
+/// as `p-1`'s, so after it by principal; pending), `p-3` (`charges`, `acct_1`, 40 minutes
+/// ago; its endpoint stored nothing), `q-4` (`mail`, no principal, 30 minutes ago;
+/// stored nothing), `p-5` (`charges`, `acct_2`, 20 minutes ago; abandoned by an operator,
+/// stored nothing).
+async fn seed_abandoned_pages(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO idempotency_steps
+             (scope, principal, key, step, fingerprint, result, created_at, expires_at)
+         SELECT scope, principal, key, step, decode('00', 'hex'), '7',
+                now() - make_interval(mins => ago), now() + interval '1 day'
+           FROM (VALUES ('charges', 'acct_1', 'p-1', 'processor', 60),
+                        ('charges', 'acct_1', 'p-1', 'ledger', 50),
+                        ('charges', 'acct_2', 'p-2', 'processor', 60),
+                        ('charges', 'acct_1', 'p-3', 'processor', 40),
+                        ('mail', '', 'q-4', 'processor', 30),
+                        ('charges', 'acct_2', 'p-5', 'processor', 20))
+                AS s (scope, principal, key, step, ago)",
+    )
+    .execute(pool)
+    .await
+    .expect("the steps");
+    sqlx::query(
+        "INSERT INTO idempotency_requests
+             (scope, principal, key, fingerprint, method, target, headers, body, state,
+              expires_at)
+         SELECT 'charges', principal, key, decode('00', 'hex'), method, '/charges', '[]',
+                convert_to('{}', 'UTF8'), state, now() + interval '1 day'
+           FROM (VALUES ('acct_1', 'p-1', 'POST', 'failed'),
+                        ('acct_2', 'p-2', 'POST', 'pending'),
+                        ('acct_2', 'p-5', NULL, 'abandoning'))
+                AS r (principal, key, method, state)",
+    )
+    .execute(pool)
+    .await
+    .expect("the requests");
+}
+
+/// Issue 39: `idem key abandoned` finds requests by scope, principal, key prefix,
+/// completion and idle time, a page at a time by keyset: oldest first step first (ties
+/// by scope, principal and key), the next page `--after` the last row's `cursor` in JSON,
+/// or the cursor a table's last line names.
+async fn abandoned_pages(url: &str, flags: &[&str], pool: &PgPool) {
+    seed_abandoned_pages(pool).await;
+    let keys = |listed: &Value| -> Vec<String> {
+        let rows = listed.as_array().unwrap().iter();
+        rows.map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let paged = ["key", "abandoned", "--idle-for", "10m", "--limit", "2"];
+    let mut after: Option<String> = None;
+    let mut seen = Vec::new();
+    // Bounded: a cursor that does not move on repeats a page.
+    for _ in 0..10 {
+        let mut args = paged.to_vec();
+        if let Some(after) = &after {
+            args.extend(["--after", after.as_str()]);
+        }
+        let page = json(url, flags, &args);
+        seen.push(keys(&page));
+        // A table ends with the next page's flag, the cursor of its last row, while
+        // more rows follow.
+        let table = idem(url, flags, &args);
+        let printed = String::from_utf8_lossy(&table.stdout).into_owned();
+        let next = printed
+            .lines()
+            .last()
+            .and_then(|line| line.strip_prefix("next page: --after "))
+            .map(str::to_owned);
+        match page.as_array().unwrap().last() {
+            Some(last) if next.is_some() => {
+                assert_eq!(last["cursor"].as_str(), next.as_deref(), "{printed}");
+                after = next;
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        [vec!["p-1", "p-2"], vec!["p-3", "q-4"], vec!["p-5"]],
+        "{seen:?}"
+    );
+    for (filter, expected) in [
+        (
+            &["--scope", "charges"][..],
+            &["p-1", "p-2", "p-3", "p-5"][..],
+        ),
+        (&["--principal", "acct_2"], &["p-2", "p-5"]),
+        (&["--prefix", "q-"], &["q-4"]),
+        (&["--completion", "failed"], &["p-1"]),
+        (&["--completion", "pending"], &["p-2"]),
+        (&["--completion", "abandoning"], &["p-5"]),
+        (&["--completion", "not-completable"], &["p-3", "q-4", "p-5"]),
+        (
+            &[
+                "--scope",
+                "charges",
+                "--principal",
+                "acct_1",
+                "--prefix",
+                "p-",
+            ],
+            &["p-1", "p-3"],
+        ),
+        (&["--scope", "mail", "--completion", "failed"], &[]),
+    ] {
+        let mut args = vec!["key", "abandoned", "--idle-for", "10m"];
+        args.extend(filter);
+        assert_eq!(keys(&json(url, flags, &args)), expected, "{filter:?}");
+    }
+    let idle = json(url, flags, &["key", "abandoned", "--idle-for", "45m"]);
+    assert_eq!(keys(&idle), ["p-1", "p-2"], "{idle}");
+    for wrong in [["--completion", "done"], ["--after", "nothing"]] {
+        let mut args = vec!["key", "abandoned"];
+        args.extend(wrong);
+        let out = idem(url, flags, &args);
+        assert_eq!(out.status.code(), Some(2), "{wrong:?}: {}", said(&out));
+    }
 }
 
 async fn direct_pool(options: sqlx::postgres::PgConnectOptions) -> PgPool {

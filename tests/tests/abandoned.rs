@@ -2,7 +2,9 @@
 //! step and has not committed is listed by `Store::abandoned` and on the console's
 //! `/abandoned` page once it has made no step for the window asked, and the sweeper
 //! counts it in the gauge `idem_abandoned_requests`; its client's retry, which commits,
-//! takes it off.
+//! takes it off. And found (issue 39): `Store::abandoned_page` filters them and reads them
+//! a page at a time by keyset, on a principal column of another type than text too (the
+//! list read a `uuid` principal as text and failed).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,7 +14,8 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Store, Tx};
+use idem::operate::{AbandonedCursor, AbandonedFilter, CompletionStage};
+use idem::{idempotent, PrincipalType, Store, Tx};
 use idem_tests::{with_test_db, TestApp};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde::Deserialize;
@@ -179,6 +182,124 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
             .contains("None."));
         gauge_reaches(&snapshotter, 0.0).await;
         sweeper.stop();
+    })
+    .await;
+}
+
+/// Issue 39: abandoned requests found by their filter and read a page at a time, on a
+/// store whose principal column is a `uuid`: oldest first step first, two that share
+/// their first step's instant in the order of their principal; each row's cursor and the
+/// page's `next` start the page after it; a principal that is not a UUID finds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_requests_are_found_a_page_at_a_time() {
+    const A: &str = "0b4f2c1e-0000-4000-8000-00000000000a";
+    const B: &str = "0b4f2c1e-0000-4000-8000-00000000000b";
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        let store = Store::builder(pool.clone())
+            .principal_type(PrincipalType::Uuid)
+            .build()
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency_steps
+                 (scope, principal, key, step, fingerprint, result, created_at, expires_at)
+             SELECT scope, CAST(principal AS uuid), key, step, decode('00', 'hex'), '7',
+                    now() - make_interval(mins => ago), now() + interval '1 day'
+               FROM (VALUES ('charges', $1, 'p-1', 'processor', 60),
+                            ('charges', $1, 'p-1', 'ledger', 50),
+                            ('charges', $2, 'p-2', 'processor', 60),
+                            ('charges', $1, 'p-3', 'processor', 40),
+                            ('mail', $2, 'q-4', 'processor', 30),
+                            ('charges', $2, 'p-5', 'processor', 2))
+                    AS s (scope, principal, key, step, ago)",
+        )
+        .bind(A)
+        .bind(B)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency_requests
+                 (scope, principal, key, fingerprint, method, target, headers, body, state,
+                  expires_at)
+             VALUES ('charges', CAST($1 AS uuid), 'p-1', decode('00', 'hex'), 'POST', '/charges', '[]',
+                     convert_to('{}', 'UTF8'), 'failed', now() + interval '1 day')",
+        )
+        .bind(A)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let keys = |rows: &[idem::operate::Abandoned]| -> Vec<String> {
+            rows.iter().map(|r| r.key.clone()).collect()
+        };
+
+        // The store's window (5 minutes) by default: p-5, 2 minutes idle, is not listed.
+        let all = AbandonedFilter::default();
+        let mut after: Option<AbandonedCursor> = None;
+        let mut seen = Vec::new();
+        // Bounded: a cursor that does not move on repeats a page.
+        for _ in 0..10 {
+            let page = store.abandoned_page(&all, after.as_ref(), 1).await.unwrap();
+            assert_eq!(page.rows.len(), 1, "{page:?}");
+            assert_eq!(
+                page.next.as_ref().map(ToString::to_string),
+                page.next.as_ref().map(|_| page.rows[0].cursor.to_string())
+            );
+            seen.extend(keys(&page.rows));
+            // The cursor goes through its text, as a link or a flag carries it.
+            match page.next {
+                Some(next) => after = Some(next.to_string().parse().unwrap()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["p-1", "p-2", "p-3", "q-4"]);
+        let first = &store.abandoned_page(&all, None, 1).await.unwrap().rows[0];
+        assert_eq!((first.principal.as_str(), first.steps.len()), (A, 2));
+        assert_eq!(
+            first.completion.as_ref().map(|c| c.state.as_str()),
+            Some("failed")
+        );
+
+        let find = async |edit: &dyn Fn(&mut AbandonedFilter)| {
+            let mut filter = AbandonedFilter::default();
+            edit(&mut filter);
+            keys(&store.abandoned_page(&filter, None, 10).await.unwrap().rows)
+        };
+        assert_eq!(
+            find(&|f| f.scope = Some("charges".into())).await,
+            ["p-1", "p-2", "p-3"]
+        );
+        // Written another way, as canonical as the column keeps it.
+        assert_eq!(
+            find(&|f| f.principal = Some(B.to_uppercase())).await,
+            ["p-2", "q-4"]
+        );
+        assert!(find(&|f| f.principal = Some("acct_1".into()))
+            .await
+            .is_empty());
+        assert_eq!(find(&|f| f.key_prefix = Some("q-".into())).await, ["q-4"]);
+        assert_eq!(
+            find(&|f| f.completion = Some(CompletionStage::Failed)).await,
+            ["p-1"]
+        );
+        assert_eq!(
+            find(&|f| f.completion = Some(CompletionStage::NotCompletable)).await,
+            ["p-2", "p-3", "q-4"]
+        );
+        assert_eq!(
+            find(&|f| f.idle_for = Some(Duration::ZERO)).await,
+            ["p-1", "p-2", "p-3", "q-4", "p-5"]
+        );
+        assert_eq!(
+            find(&|f| f.idle_for = Some(Duration::from_secs(45 * 60))).await,
+            ["p-1", "p-2"]
+        );
+        // The old signature reads the first page of the same list.
+        assert_eq!(
+            keys(&store.abandoned(Duration::ZERO, 2).await.unwrap()),
+            ["p-1", "p-2"]
+        );
     })
     .await;
 }

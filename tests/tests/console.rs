@@ -565,6 +565,156 @@ async fn every_page(app: &TestApp, store: &Store) {
         !older.contains("<td>sweep</td>") && older.contains("<td>redrive</td>"),
         "{older}"
     );
+
+    abandoned_pages(app, store.pool()).await;
+    error_pages(app).await;
+}
+
+/// Five abandoned requests for the list's filters and pages, oldest first step first:
+/// `p-1` (scope `charges`, principal `acct_1`, its first step an hour ago and its second
+/// 50 minutes ago; failed), `p-2` (`charges`, `acct_2`, its first step at the same instant
+/// as `p-1`'s, so after it by principal; pending), `p-3` (`charges`, `acct_1`, 40 minutes
+/// ago; its endpoint stored nothing), `q-4` (`mail`, no principal, 30 minutes ago;
+/// stored nothing), `p-5` (`charges`, `acct_2`, 20 minutes ago; abandoned by an operator,
+/// stored nothing).
+async fn seed_abandoned_pages(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO idempotency_steps
+             (scope, principal, key, step, fingerprint, result, created_at, expires_at)
+         SELECT scope, principal, key, step, decode('00', 'hex'), '7',
+                now() - make_interval(mins => ago), now() + interval '1 day'
+           FROM (VALUES ('charges', 'acct_1', 'p-1', 'processor', 60),
+                        ('charges', 'acct_1', 'p-1', 'ledger', 50),
+                        ('charges', 'acct_2', 'p-2', 'processor', 60),
+                        ('charges', 'acct_1', 'p-3', 'processor', 40),
+                        ('mail', '', 'q-4', 'processor', 30),
+                        ('charges', 'acct_2', 'p-5', 'processor', 20))
+                AS s (scope, principal, key, step, ago)",
+    )
+    .persistent(false)
+    .execute(pool)
+    .await
+    .expect("the steps");
+    sqlx::query(
+        "INSERT INTO idempotency_requests
+             (scope, principal, key, fingerprint, method, target, headers, body, state,
+              expires_at)
+         SELECT 'charges', principal, key, decode('00', 'hex'), method, '/charges', '[]',
+                convert_to('{}', 'UTF8'), state, now() + interval '1 day'
+           FROM (VALUES ('acct_1', 'p-1', 'POST', 'failed'),
+                        ('acct_2', 'p-2', 'POST', 'pending'),
+                        ('acct_2', 'p-5', NULL, 'abandoning'))
+                AS r (principal, key, method, state)",
+    )
+    .persistent(false)
+    .execute(pool)
+    .await
+    .expect("the requests");
+}
+
+/// The keys of [`seed_abandoned_pages`]'s requests that `page` lists.
+fn abandoned_keys(page: &str) -> Vec<&'static str> {
+    ["p-1", "p-2", "p-3", "q-4", "p-5"]
+        .into_iter()
+        .filter(|key| page.contains(&format!(">{key}</code>")))
+        .collect()
+}
+
+/// Issue 39: the abandoned requests are found by scope, principal, key prefix, completion
+/// stage and idle time, and read a page at a time by keyset, oldest first step first
+/// (ties by scope, principal and key), each page's "Next page" keeping the filter.
+async fn abandoned_pages(app: &TestApp, pool: &PgPool) {
+    seed_abandoned_pages(pool).await;
+    let mut seen = Vec::new();
+    let mut path = "/admin/idem/abandoned?idle=10m&limit=1".to_owned();
+    // Bounded: a cursor that does not move on repeats a page.
+    for _ in 0..10 {
+        let (status, page) = get(app, &path, Some(TOKEN)).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        let keys = abandoned_keys(&page);
+        assert_eq!(keys.len(), 1, "{path}: {page}");
+        seen.extend(keys);
+        let Some(next) = next_page(&page) else { break };
+        assert!(
+            next.starts_with("/admin/idem/abandoned?idle=10m&limit=1&after="),
+            "{next}"
+        );
+        path = next;
+    }
+    assert_eq!(seen, ["p-1", "p-2", "p-3", "q-4", "p-5"]);
+    for (query, expected) in [
+        ("scope=charges", &["p-1", "p-2", "p-3", "p-5"][..]),
+        ("principal=acct_2", &["p-2", "p-5"]),
+        ("prefix=q-", &["q-4"]),
+        ("completion=failed", &["p-1"]),
+        ("completion=pending", &["p-2"]),
+        ("completion=abandoning", &["p-5"]),
+        ("completion=not-completable", &["p-3", "q-4", "p-5"]),
+        ("idle=45m", &["p-1", "p-2"]),
+        (
+            "scope=charges&principal=acct_1&prefix=p-&completion=not-completable",
+            &["p-3"],
+        ),
+        ("scope=mail&completion=failed", &[]),
+    ] {
+        let path = format!("/admin/idem/abandoned?{query}");
+        let path = if query.contains("idle=") {
+            path
+        } else {
+            format!("{path}&idle=10m")
+        };
+        let (status, page) = get(app, &path, Some(TOKEN)).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        assert_eq!(abandoned_keys(&page), expected, "{path}: {page}");
+        if expected.is_empty() {
+            assert!(page.contains("None."), "{path}: {page}");
+        }
+    }
+    // The form shows the filter it listed with.
+    let (_, page) = get(
+        app,
+        "/admin/idem/abandoned?scope=charges&completion=failed&idle=10m",
+        Some(TOKEN),
+    )
+    .await;
+    for expected in [
+        "<form class=\"filter\" method=\"get\" action=\"/admin/idem/abandoned\">",
+        "name=\"scope\" value=\"charges\"",
+        "<option value=\"failed\" selected>failed (parked)</option>",
+        "name=\"idle\" placeholder=\"5m\" value=\"10m\"",
+    ] {
+        assert!(page.contains(expected), "{expected:?} in {page}");
+    }
+    for wrong in ["completion=done", "idle=soon", "after=nothing"] {
+        let (status, page) = get(app, &format!("/admin/idem/abandoned?{wrong}"), Some(TOKEN)).await;
+        assert_eq!(status, 400, "{wrong}: {page}");
+    }
+}
+
+/// Issue 39: the console's error pages are its pages too: under its policy, with its
+/// stylesheet and script linked under the mount point (and served there), and its header.
+async fn error_pages(app: &TestApp) {
+    let stylesheet = "<link rel=\"stylesheet\" href=\"/admin/idem/assets/console.";
+    for (path, token, status) in [
+        ("/admin/idem/abandoned?completion=done", TOKEN, 400),
+        ("/admin/idem/dead/redrive?all=1", READONLY, 403),
+        (
+            "/admin/idem/abandoned/abandon?scope=charges&principal=acct_1&key=nothing",
+            TOKEN,
+            404,
+        ),
+    ] {
+        let (seen, page) = get(app, path, Some(token)).await;
+        assert_eq!(seen, status, "{path}: {page}");
+        for expected in [
+            stylesheet,
+            "<a href=\"/admin/idem/keys\">Keys</a>",
+            &format!("<h1>{status} "),
+        ] {
+            assert!(page.contains(expected), "{expected:?} in {path}: {page}");
+        }
+        assert_assets(app, path, Some(token)).await;
+    }
 }
 
 fn config(pooler: Pooler, portable: bool) -> Config {
@@ -1011,8 +1161,8 @@ async fn seed_abandoned(pool: &PgPool) {
 }
 
 /// The form of an action on the abandoned request `(scope, principal, key)`, as the list
-/// at `idle=0s` sends it: with `csrf`, and `confirmed` as the abandon's confirmation page
-/// sends it.
+/// at `idle=0s` sends it (the list's query to come back to): with `csrf`, and `confirmed`
+/// as the abandon's confirmation page sends it.
 fn acting_on<'a>(
     (scope, principal, key): (&'a str, &'a str, &'a str),
     csrf: Option<&'a str>,
@@ -1022,7 +1172,7 @@ fn acting_on<'a>(
         ("scope", scope),
         ("principal", principal),
         ("key", key),
-        ("idle", "0s"),
+        ("list", "idle=0s"),
     ];
     if let Some(csrf) = csrf {
         form.push(("csrf", csrf));
@@ -1088,7 +1238,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
         assert!(
             list.contains(
                 "href=\"/ops/abandoned/abandon?scope=charges&amp;principal=acct_1&amp;\
-                 key=k-failed&amp;idle=0s\""
+                 key=k-failed&amp;list=idle%3D0s\""
             ),
             "{list}"
         );
@@ -1138,7 +1288,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
         let (status, page) = as_role(
             &app,
             "admin",
-            "/ops/abandoned/abandon?scope=charges&principal=acct_1&key=k-failed&idle=0s",
+            "/ops/abandoned/abandon?scope=charges&principal=acct_1&key=k-failed&list=idle%3D0s",
             None,
         )
         .await;
@@ -1215,21 +1365,52 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
             )
         );
 
-        // Complete now: the parked request is pending again, its failures forgotten.
+        // Complete now, from the second page of a filtered list (a page at a time): the
+        // parked request is pending again, its failures forgotten, and the operator is
+        // back on that page, its filter kept.
+        let (_, first) = as_role(
+            &app,
+            "admin",
+            "/ops/abandoned?scope=charges&idle=0s&limit=1",
+            None,
+        )
+        .await;
+        assert!(first.contains(">k-failed</code>"), "{first}");
+        let second = next_page(&first).unwrap_or_else(|| panic!("a next page in {first}"));
+        let (status, second) = as_role(&app, "admin", &second, None).await;
+        assert_eq!(status, 200, "{second}");
+        assert!(second.contains(">k-parked</code>"), "{second}");
+        let complete = form_of(&second, "/ops/abandoned/complete");
+        let list = &complete
+            .iter()
+            .find(|(n, _)| n == "list")
+            .expect("the list")
+            .1;
+        assert!(
+            list.starts_with("scope=charges&idle=0s&limit=1&after="),
+            "{list}"
+        );
         let (status, page) = as_role(
             &app,
             "admin",
             "/ops/abandoned/complete",
-            Some(&acting_on(
-                ("charges", "acct_1", "k-parked"),
-                Some(&token),
-                false,
-            )),
+            Some(&pairs(&complete)),
         )
         .await;
         assert_eq!(status, 200, "{page}");
         assert!(
             page.contains("to be completed: the completer runs it at its next look"),
+            "{page}"
+        );
+        assert!(
+            page.contains(">k-parked</code>")
+                && !page.contains(">k-failed</code>")
+                && page.contains("pending <span class=\"muted\">(the completer runs it)")
+                && page.contains("name=\"scope\" value=\"charges\""),
+            "back on the second page: {page}"
+        );
+        assert!(
+            next_page(&page).is_some_and(|next| next.contains("scope=charges")),
             "{page}"
         );
         assert_eq!(

@@ -1,66 +1,92 @@
-//! The abandoned requests' page ([`Store::abandoned`]), with where each one's completion
-//! stands ([`crate::complete`]), and its two actions for an admin: "Complete now" sends a
-//! stored request to the completer's next look, its failures forgotten (a single-item
-//! action: the list shows the row its button names); "Abandon for good" opens a page of
-//! its own that names the key and its steps and says what follows (their compensations
-//! run, the key answers 410), and only that page's button abandons. Both run through
-//! [`Store::audited`], as the console's other actions do.
+//! The abandoned requests' page ([`Store::abandoned_page`]), filtered by scope,
+//! principal, key prefix, completion stage and idle time and read a page at a time by
+//! keyset, with where each one's completion stands ([`crate::complete`]), and its two
+//! actions for an admin, each of which comes back to the page it was taken from:
+//! "Complete now" sends a stored request to the completer's next look, its failures
+//! forgotten (a single-item action: the list shows the row its button names); "Abandon
+//! for good" opens a page of its own that names the key and its steps and says what
+//! follows (their compensations run, the key answers 410), and only that page's button
+//! abandons. Both run through [`Store::audited`], as the console's other actions do.
 //!
-//! [`Store::abandoned`]: crate::Store::abandoned
+//! [`Store::abandoned_page`]: crate::Store::abandoned_page
 //! [`Store::audited`]: crate::Store::audited
 
 use axum::extract::{Form, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Deserialize;
 
 use super::{
-    age_field, back, failed, field, html, page_error, pages, Console_, Fields, Shared, Viewer,
+    age_field, back, failed, field, filled, html, page_error, page_size, pages, Console_, Fields,
+    Shared, Viewer,
 };
-use crate::operate::StepRecord;
+use crate::operate::{format_age, AbandonedCursor, AbandonedFilter, CompletionStage, StepRecord};
 
-#[derive(Deserialize, Default)]
-pub(super) struct AbandonedQuery {
-    idle: Option<String>,
-    done: Option<String>,
-}
-
-/// The list: requests whose newest step is at least `idle` old (the store's
-/// `abandoned_after` by default), oldest first.
+/// The list: `scope`, `principal`, `prefix` (of the key), `completion` (a
+/// [`CompletionStage`]), `idle` (the least time since the newest step; empty, the
+/// store's `abandoned_after`), `limit`, and `after` (the cursor of the page it
+/// continues). Oldest first step first.
 pub(super) async fn list(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<AbandonedQuery>,
+    Query(fields): Query<Fields>,
 ) -> Response {
-    let typed = q.idle.as_deref().map(str::trim).filter(|v| !v.is_empty());
-    let idle_for = match age_field(typed, "no step for") {
-        Ok(age) => age.unwrap_or_else(|| console.store.abandoned_after()),
+    let idle = field(&fields, "idle").map_or("", str::trim);
+    let idle_for = match age_field(Some(idle), "no step for") {
+        Ok(age) => age,
         Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
     };
-    let limit = 100;
-    let listed = match console.store.abandoned(idle_for, limit).await {
-        Ok(listed) => listed,
+    let completion = match filled(&fields, "completion").map(|c| c.parse::<CompletionStage>()) {
+        None => None,
+        Some(Ok(stage)) => Some(stage),
+        Some(Err(why)) => return page_error(StatusCode::BAD_REQUEST, &why),
+    };
+    let after = match filled(&fields, "after").map(|a| a.parse::<AbandonedCursor>()) {
+        None => None,
+        Some(Ok(cursor)) => Some(cursor),
+        Some(Err(why)) => return page_error(StatusCode::BAD_REQUEST, &why),
+    };
+    let filter = AbandonedFilter {
+        scope: filled(&fields, "scope"),
+        principal: filled(&fields, "principal"),
+        key_prefix: filled(&fields, "prefix"),
+        completion,
+        idle_for,
+    };
+    let limit = page_size(&fields);
+    let page = match console
+        .store
+        .abandoned_page(&filter, after.as_ref(), limit)
+        .await
+    {
+        Ok(page) => page,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&viewer, q.done);
-    html(
-        StatusCode::OK,
-        pages::abandoned(
-            &frame,
-            &typed.map_or_else(|| crate::operate::format_age(idle_for), str::to_owned),
-            limit,
-            &listed,
-        ),
-    )
+    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let listed = pages::AbandonedListed {
+        filter: &filter,
+        idle,
+        default_idle: format_age(console.store.abandoned_after()),
+        limit,
+        after: after.as_ref(),
+    };
+    html(StatusCode::OK, pages::abandoned(&frame, &listed, &page))
+}
+
+/// Whether `query` is one the list made for an action's form to come back to (`list`):
+/// its names and values percent-encoded, nothing that leads anywhere but the list.
+fn list_query(query: &str) -> bool {
+    query
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.~=&%".contains(&b))
 }
 
 /// The request an action names, as its form carries it: `scope`, `principal` (none when
-/// empty) and `key`, and the list's `idle` to go back to.
+/// empty) and `key`, and the query of the list's page to go back to (`list`).
 struct Named<'a> {
     scope: &'a str,
     principal: &'a str,
     key: &'a str,
-    idle: Option<&'a str>,
+    list: Option<&'a str>,
 }
 
 impl<'a> Named<'a> {
@@ -72,7 +98,7 @@ impl<'a> Named<'a> {
             scope: given("scope")?,
             principal: field(fields, "principal").unwrap_or(""),
             key: given("key")?,
-            idle: given("idle"),
+            list: given("list").filter(|q| list_query(q)),
         })
     }
 
@@ -85,10 +111,10 @@ impl<'a> Named<'a> {
         what
     }
 
-    /// The list this request was acted on from, under the console's base.
+    /// The list's page this request was acted on from, under the console's base.
     fn list(&self) -> String {
-        match self.idle {
-            Some(idle) => format!("/abandoned?idle={}", pages::encode(idle)),
+        match self.list {
+            Some(query) => format!("/abandoned?{query}"),
             None => "/abandoned".to_owned(),
         }
     }
@@ -158,7 +184,7 @@ async fn confirmation(console: &Shared, viewer: &Viewer, named: &Named<'_>) -> R
     let frame = console.frame(viewer, None);
     html(
         StatusCode::OK,
-        pages::abandon(&frame, &named.shown(), &steps, named.idle),
+        pages::abandon(&frame, &named.shown(), &steps, named.list),
     )
 }
 
@@ -260,4 +286,28 @@ pub(super) async fn complete(
             named.described()
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_comes_back_only_to_a_query_the_list_made() {
+        let cursor = "1795860530123456.63686172676573.616363745f31.6b2d31";
+        let made = format!(
+            "scope=charges&completion=not-completable&idle=10m&limit=1&after={}",
+            pages::encode(cursor)
+        );
+        assert!(list_query(&made), "{made}");
+        for wrong in [
+            "/evil.example",
+            "idle=0s#top",
+            "a=b?c",
+            "a b",
+            "a=\r\nLocation: x",
+        ] {
+            assert!(!list_query(wrong), "{wrong:?}");
+        }
+    }
 }

@@ -58,7 +58,8 @@
 //!   button abandons. An action that finds nothing to act on says so (404, or 409 for a
 //!   request its endpoint did not store) and does nothing.
 //! - **Things are found by filters and pages.** The key list by scope, principal, key
-//!   prefix and age; the pending and the dead events by topic, reason (last error),
+//!   prefix and age; the abandoned requests by scope, principal, key prefix, completion
+//!   stage and idle time; the pending and the dead events by topic, reason (last error),
 //!   ordering key prefix and age; each a page at a time by keyset ("Next page" starts
 //!   after the last row shown, never at an offset). A key's page lists the events its
 //!   request wrote that are still in the outbox; an event's page links to the request
@@ -83,7 +84,9 @@
 //!   copy button), and the pages use the window's width.
 //! - **No inline script or style.** Pages are sent with a `Content-Security-Policy` that
 //!   allows the console's own stylesheet and script (`/assets/..`, named by a hash of
-//!   their content) and nothing else, and may not be framed.
+//!   their content, under the mount point) and nothing else, and may not be framed. Its
+//!   error pages (400, 403, 404, 409, 500, 503) are pages of the console too, with its
+//!   stylesheet and header.
 //!
 //! Pages: the overview, keys (a list, and one key's record, steps and events), the
 //! abandoned requests, the outbox (pending per topic, relays, leases, blocked ordering
@@ -109,10 +112,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::extract::{Form, FromRequestParts, NestedPath, Query, State};
+use axum::extract::{Form, FromRequestParts, NestedPath, Query, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, LOCATION, X_FRAME_OPTIONS};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -347,7 +351,12 @@ impl Console {
                 .route("/dead/redrive", get(redrive_preview).post(redrive))
                 .route("/dead/discard", get(discard_preview).post(discard));
         }
-        router.with_state(shared)
+        router
+            .layer(middleware::from_fn_with_state(
+                Arc::clone(&shared),
+                framed_errors,
+            ))
+            .with_state(shared)
     }
 }
 
@@ -537,8 +546,39 @@ fn html(status: StatusCode, markup: Markup) -> Response {
     response
 }
 
+/// An error page: `status`, and `message` to say what happened. A handler cannot know
+/// the viewer's frame everywhere it fails (a refusal, a bad field), so the response
+/// carries the message to [`framed_errors`], which renders the page in the console's
+/// layout, under the base the console is mounted at.
 fn page_error(status: StatusCode, message: &str) -> Response {
-    html(status, pages::error(status, message))
+    let mut response = status.into_response();
+    response
+        .extensions_mut()
+        .insert(ErrorPage(message.to_owned()));
+    response
+}
+
+/// The message of an error page, on its way to [`framed_errors`].
+#[derive(Clone)]
+struct ErrorPage(String);
+
+/// Every error page of the console ([`page_error`]) rendered as its other pages are, for
+/// the viewer who asked: with the stylesheet and script under the console's mount point
+/// (which only the request knows, from [`NestedPath`]), so that the page is styled under
+/// its policy, and with the console's header to go on from.
+async fn framed_errors(
+    State(console): Console_,
+    viewer: Viewer,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    let Some(ErrorPage(message)) = response.extensions_mut().remove::<ErrorPage>() else {
+        return response;
+    };
+    let status = response.status();
+    let frame = console.frame(&viewer, None);
+    html(status, pages::error(&frame, status, &message))
 }
 
 /// A database error as a page, logged.

@@ -9,10 +9,11 @@ use maud::{html, Markup, DOCTYPE};
 use super::relays::{self, Rates};
 use super::{assets, DeadAction, Frame};
 use crate::operate::{
-    format_time, Abandoned, AuditEntry, BlockedKey, CompletionState, DeadBound, DeadDetail,
-    DeadPreview, DeadReason, DeadSelection, EventFilter, FailedPublish, KeyCounts, KeyCursor,
-    KeyDetail, KeyEvent, KeyFilter, KeySummary, Lease, Page, PendingEvent, RelaySession,
-    RequestKey, StepRecord, TopicPending,
+    format_time, Abandoned, AbandonedCursor, AbandonedFilter, AuditEntry, BlockedKey,
+    CompletionStage, CompletionState, DeadBound, DeadDetail, DeadPreview, DeadReason,
+    DeadSelection, EventFilter, FailedPublish, KeyCounts, KeyCursor, KeyDetail, KeyEvent,
+    KeyFilter, KeySummary, Lease, Page, PendingEvent, RelaySession, RequestKey, StepRecord,
+    TopicPending,
 };
 use crate::outbox::DeadEvent;
 use crate::Outcome;
@@ -235,16 +236,14 @@ fn pager(base_path: &str, query: &str, paged: bool, next: Option<String>) -> Mar
     }
 }
 
-/// An error page: plain (it does not know where the console is mounted, so it links
-/// nothing, not even the stylesheet).
-pub(crate) fn error(status: StatusCode, message: &str) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head { meta charset="utf-8"; title { (status) " · idem" } }
-            body { main { h1 { (status) } p { (message) } } }
-        }
-    }
+/// An error page, in the console's layout: under the base the console is mounted at
+/// (its stylesheet, script and header), the status as its title, and what happened.
+pub(crate) fn error(frame: &Frame, status: StatusCode, message: &str) -> Markup {
+    layout(
+        frame,
+        &status.to_string(),
+        html! { section.warn { p { (message) } } },
+    )
 }
 
 /// The overview's figures from the database: every instance's records and events, the
@@ -473,15 +472,7 @@ pub(crate) fn keys(
     if filter.limit != 100 {
         query.push(("limit", filter.limit.to_string()));
     }
-    let query = if query.is_empty() {
-        String::new()
-    } else {
-        let pairs: Vec<String> = query
-            .iter()
-            .map(|(n, v)| format!("{n}={}", encode(v)))
-            .collect();
-        format!("?{}", pairs.join("&"))
-    };
+    let query = query_of(&query);
     let body = html! {
         section {
             h2 { "Look up a key" }
@@ -536,13 +527,113 @@ pub(crate) fn keys(
     layout(frame, "Keys", body)
 }
 
-/// Requests that recorded steps and have not committed ([`Store::abandoned`]), listed
-/// with `idle_for` as the operator typed it: each links to its key's page, where the
-/// steps' results are, and shows where its completion stands; for an admin, its actions.
+/// `?name=value&..` of `pairs`, each value percent-encoded; nothing when there are none.
+fn query_of(pairs: &[(&str, String)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let pairs: Vec<String> = pairs
+        .iter()
+        .map(|(name, value)| format!("{name}={}", encode(value)))
+        .collect();
+    format!("?{}", pairs.join("&"))
+}
+
+/// What the abandoned requests' list shows: its filter, the idle time as the operator
+/// typed it (empty: the store's window, `default_idle`), its page size, and the page it
+/// continues, if any.
+pub(crate) struct AbandonedListed<'a> {
+    pub(crate) filter: &'a AbandonedFilter,
+    pub(crate) idle: &'a str,
+    pub(crate) default_idle: String,
+    pub(crate) limit: u32,
+    pub(crate) after: Option<&'a AbandonedCursor>,
+}
+
+impl AbandonedListed<'_> {
+    /// The fields of this list's filter and page size.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let f = self.filter;
+        let mut pairs: Vec<(&str, String)> = Vec::new();
+        for (name, value) in [
+            ("scope", &f.scope),
+            ("principal", &f.principal),
+            ("prefix", &f.key_prefix),
+        ] {
+            if let Some(value) = value {
+                pairs.push((name, value.clone()));
+            }
+        }
+        if let Some(stage) = f.completion {
+            pairs.push(("completion", stage.to_string()));
+        }
+        if !self.idle.is_empty() {
+            pairs.push(("idle", self.idle.to_owned()));
+        }
+        if self.limit != 100 {
+            pairs.push(("limit", self.limit.to_string()));
+        }
+        pairs
+    }
+
+    /// The query of this list's filter and page size, for its pages' links.
+    fn query(&self) -> String {
+        query_of(&self.fields())
+    }
+
+    /// The query of this very page (its filter, and where it starts), without its `?`:
+    /// what an action's form carries (`list`) to come back to it.
+    fn this_page(&self) -> String {
+        let mut fields = self.fields();
+        if let Some(after) = self.after {
+            fields.push(("after", after.to_string()));
+        }
+        query_of(&fields).trim_start_matches('?').to_owned()
+    }
+
+    fn form(&self, base: &str) -> Markup {
+        let f = self.filter;
+        let stage_label = |stage: CompletionStage| match stage {
+            CompletionStage::Failed => "failed (parked)",
+            CompletionStage::NotCompletable => "not completable",
+            other => other.as_str(),
+        };
+        html! {
+            form.filter method="get" action=(format!("{base}/abandoned")) {
+                label { "scope " input type="text" name="scope" value=(f.scope.as_deref().unwrap_or("")); } " "
+                label { "principal " input type="text" name="principal" value=(f.principal.as_deref().unwrap_or("")); } " "
+                label { "key prefix " input type="text" name="prefix" value=(f.key_prefix.as_deref().unwrap_or("")); } " "
+                label {
+                    "completion "
+                    select name="completion" {
+                        option value="" selected[f.completion.is_none()] { "any" }
+                        @for stage in CompletionStage::ALL {
+                            option value=(stage) selected[f.completion == Some(stage)] { (stage_label(stage)) }
+                        }
+                    }
+                } " "
+                label { "no step for " input type="text" name="idle" placeholder=(self.default_idle) value=(self.idle); } " "
+                @if self.limit != 100 { input type="hidden" name="limit" value=(self.limit); }
+                button type="submit" { "List" }
+                @if !self.query().is_empty() { " " a href=(format!("{base}/abandoned")) { "Clear" } }
+            }
+        }
+    }
+}
+
+/// Requests that recorded steps and have not committed ([`Store::abandoned_page`]), as
+/// `listed` filters them, a page at a time: each links to its key's page, where the
+/// steps' results are, and shows where its completion stands; for an admin, its actions,
+/// which come back to this page.
 ///
-/// [`Store::abandoned`]: crate::Store::abandoned
-pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Abandoned]) -> Markup {
+/// [`Store::abandoned_page`]: crate::Store::abandoned_page
+pub(crate) fn abandoned(
+    frame: &Frame,
+    listed: &AbandonedListed<'_>,
+    page: &Page<Abandoned, AbandonedCursor>,
+) -> Markup {
     let base = &frame.base;
+    let this_page = listed.this_page();
     let body = html! {
         p.muted {
             "Requests whose outside calls (steps) were made and recorded, and which have not "
@@ -552,49 +643,46 @@ pub(crate) fn abandoned(frame: &Frame, idle_for: &str, limit: u32, listed: &[Aba
             em { "pending" } " until it does, " em { "failed" } " once too many runs failed for "
             "good (parked: it runs again only when sent), " em { "abandoning" } " once an "
             "operator gave it up (the completer runs its steps' compensations, then its key "
-            "answers 410)."
+            "answers 410). Oldest first step first."
         }
-        form method="get" action=(format!("{base}/abandoned")) {
-            label { "no step for " input type="text" name="idle" placeholder="5m" value=(idle_for); } " "
-            button type="submit" { "List" }
-        }
-        @if listed.is_empty() {
-            p.muted { "None." }
-        } @else {
-            table.abandoned {
-                tr {
-                    th { "scope" } th { "principal" } th { "key" } th { "steps" } th { "last step" }
-                    th { "completion" } th { "tries" } th { "failures" } th { "last error" }
-                    @if frame.token.is_some() { th {} }
-                }
-                @for a in listed {
+        section {
+            (listed.form(base))
+            @if page.rows.is_empty() {
+                p.muted { @if listed.after.is_some() { "No more." } @else { "None." } }
+            } @else {
+                table.abandoned {
                     tr {
-                        td { code { (a.scope) } @if let Some(spread) = &a.spread { " " span.muted { "(spread by " (spread) ")" } } }
-                        td { code { (a.principal) } }
-                        td {
-                            @if a.spread.is_some() {
-                                (short(&a.key, None))
-                            } @else {
-                                (short(&a.key, Some(format!("{base}/key?scope={}&principal={}&key={}", encode(&a.scope), encode(&a.principal), encode(&a.key)))))
+                        th { "scope" } th { "principal" } th { "key" } th { "steps" } th { "last step" }
+                        th { "completion" } th { "tries" } th { "failures" } th { "last error" }
+                        @if frame.token.is_some() { th {} }
+                    }
+                    @for a in &page.rows {
+                        tr {
+                            td { code { (a.scope) } @if let Some(spread) = &a.spread { " " span.muted { "(spread by " (spread) ")" } } }
+                            td { code { (a.principal) } }
+                            td {
+                                @if a.spread.is_some() {
+                                    (short(&a.key, None))
+                                } @else {
+                                    (short(&a.key, Some(format!("{base}/key?scope={}&principal={}&key={}", encode(&a.scope), encode(&a.principal), encode(&a.key)))))
+                                }
                             }
-                        }
-                        td {
-                            @for (i, step) in a.steps.iter().enumerate() {
-                                @if i > 0 { ", " }
-                                code { (step.step) } " " span.muted { (format_time(step.recorded_at)) }
+                            td {
+                                @for (i, step) in a.steps.iter().enumerate() {
+                                    @if i > 0 { ", " }
+                                    code { (step.step) } " " span.muted { (format_time(step.recorded_at)) }
+                                }
                             }
-                        }
-                        td { (ago(a.idle)) " ago" }
-                        (completion_cells(a.completion.as_ref()))
-                        @if frame.token.is_some() {
-                            td { (abandoned_actions(frame, a, idle_for)) }
+                            td { (ago(a.idle)) " ago" }
+                            (completion_cells(a.completion.as_ref()))
+                            @if frame.token.is_some() {
+                                td { (abandoned_actions(frame, a, &this_page)) }
+                            }
                         }
                     }
                 }
             }
-            @if listed.len() as u32 >= limit {
-                p.muted { "The oldest " (limit) " shown." }
-            }
+            (pager(&format!("{base}/abandoned"), &listed.query(), listed.after.is_some(), page.next.as_ref().map(ToString::to_string)))
         }
     };
     layout(frame, "Abandoned requests", body)
@@ -640,8 +728,8 @@ fn acting_principal(a: &Abandoned) -> &str {
 
 /// An admin's actions on an abandoned request: "Complete now" for a stored request, and
 /// the link to the confirmation page of "Abandon for good"; neither once it is being
-/// abandoned. `idle_for` takes the operator back to the list as it was.
-fn abandoned_actions(frame: &Frame, a: &Abandoned, idle_for: &str) -> Markup {
+/// abandoned. `list` (the list's query) takes the operator back to the page as it was.
+fn abandoned_actions(frame: &Frame, a: &Abandoned, list: &str) -> Markup {
     let abandoning = a
         .completion
         .as_ref()
@@ -651,7 +739,7 @@ fn abandoned_actions(frame: &Frame, a: &Abandoned, idle_for: &str) -> Markup {
         ("scope", a.scope.clone()),
         ("principal", acting_principal(a).to_owned()),
         ("key", a.key.clone()),
-        ("idle", idle_for.to_owned()),
+        ("list", list.to_owned()),
     ];
     let query: Vec<String> = named
         .iter()
@@ -669,12 +757,12 @@ fn abandoned_actions(frame: &Frame, a: &Abandoned, idle_for: &str) -> Markup {
 }
 
 /// The confirmation page of an abandon: the request, its live `steps`, what follows, and
-/// the button that abandons it. `idle` is the list's, to go back to.
+/// the button that abandons it. `list` is the list's query, to go back to.
 pub(crate) fn abandon(
     frame: &Frame,
     shown: &KeyShown<'_>,
     steps: &[StepRecord],
-    idle: Option<&str>,
+    list: Option<&str>,
 ) -> Markup {
     let KeyShown {
         scope,
@@ -687,10 +775,11 @@ pub(crate) fn abandon(
         ("key", key.to_owned()),
         ("confirmed", "1".to_owned()),
     ];
-    let mut list = format!("{}/abandoned", frame.base);
-    if let Some(idle) = idle {
-        fields.push(("idle", idle.to_owned()));
-        list.push_str(&format!("?idle={}", encode(idle)));
+    let mut back = format!("{}/abandoned", frame.base);
+    if let Some(list) = list {
+        fields.push(("list", list.to_owned()));
+        back.push('?');
+        back.push_str(list);
     }
     let body = html! {
         section {
@@ -725,7 +814,7 @@ pub(crate) fn abandon(
             p {
                 (action(frame, "/abandoned/abandon", &fields, "Abandon for good", true))
                 " "
-                a href=(list) { "Cancel" }
+                a href=(back) { "Cancel" }
             }
         }
     };

@@ -5,6 +5,8 @@
 //! while, the outside service did something the service has no record of, and nobody may
 //! come back for it.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -12,16 +14,25 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::Audited;
-use super::{instant, rfc3339, seconds};
+use super::{instant, rfc3339, seconds, Page};
 use crate::store::Store;
 use crate::table::{statement, PrincipalType};
 
-/// The keys whose newest step was recorded at least $1 seconds ago and has not expired,
-/// oldest first, at most $2; each with its steps, oldest first. Keys of a distributed
-/// table's rows group on the shard that holds them (the principal is their distribution
-/// column).
+/// The keys with live steps, the newest recorded at least $1 seconds ago, oldest first
+/// step first (ties in the order of their scope, principal and key), at most $10; each
+/// with its steps, oldest first, and its row of the requests table if it has one. $2 a
+/// principal or NULL, $3 a scope (its spread places included) or NULL, $4 a key prefix
+/// or NULL, $5 a completion stage ([`CompletionStage::as_str`]) or NULL; $6 to $9 the
+/// request the page starts after ([`AbandonedCursor`]: its first step's time in
+/// microseconds since the epoch, its stored scope, principal and key) or NULL. Keyset,
+/// not an offset. Keys of a distributed table's rows group on the shard that holds them
+/// (the principal is their distribution column, which the join matches too); the
+/// cursor's condition is on the group, before the join, so that it narrows each shard's
+/// rows.
 const ABANDONED: &str = "\
-SELECT a.*, r.state, r.tries, r.failures, r.last_error,
+SELECT a.scope, a.principal::text AS principal, a.key, a.steps, a.recorded, a.idle,
+       (extract(epoch FROM a.first) * 1000000)::bigint AS first_us,
+       r.state, r.tries, r.failures, r.last_error,
        extract(epoch FROM r.error_at)::float8 AS error_at, r.method IS NOT NULL AS stored
   FROM (
     SELECT scope, principal, key,
@@ -31,13 +42,21 @@ SELECT a.*, r.state, r.tries, r.failures, r.last_error,
            min(created_at) AS first
       FROM {steps}
      WHERE expires_at > now()
+       AND ($2::text IS NULL OR principal = {p2})
+       AND ($3::text IS NULL OR scope = $3 OR left(scope, length($3) + 1) = $3 || chr(31))
+       AND ($4::text IS NULL OR left(key, length($4)) = $4)
      GROUP BY scope, principal, key
     HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
+       AND ($6::bigint IS NULL
+            OR (min(created_at), scope, principal::text, key)
+               > (timestamptz 'epoch' + $6::bigint * interval '1 microsecond',
+                  $7::text, $8::text, $9::text))
   ) AS a
   LEFT JOIN {requests} AS r
     ON r.scope = a.scope AND r.principal = a.principal AND r.key = a.key
- ORDER BY a.first, a.scope, a.principal, a.key
- LIMIT $2";
+ WHERE $5::text IS NULL OR r.state = $5 OR ($5 = 'not-completable' AND r.method IS NULL)
+ ORDER BY a.first, a.scope, a.principal::text, a.key
+ LIMIT $10";
 
 /// The fingerprint of a key's live steps and what is left of their ttl: what a request
 /// that stored nothing is abandoned with. $1 its stored scope, $2 its principal, $3 the
@@ -58,7 +77,160 @@ SELECT count(*) FROM (
     HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
 ) AS abandoned";
 
-/// A request that recorded steps and has not committed ([`Store::abandoned`]).
+/// Which abandoned requests [`Store::abandoned_page`] lists: every field narrows, and
+/// the default lists those whose newest step is as old as the store's
+/// [`abandoned_after`](crate::StoreBuilder::abandoned_after).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::operate::{AbandonedFilter, CompletionStage};
+///
+/// let mut filter = AbandonedFilter::default();
+/// filter.scope = Some("charges".into());
+/// filter.completion = Some(CompletionStage::Failed);
+/// filter.idle_for = Some(Duration::from_secs(3_600));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AbandonedFilter {
+    /// Only this scope's requests (with its spread keys).
+    pub scope: Option<String>,
+    /// Only this principal's requests (or those kept under this spread value).
+    pub principal: Option<String>,
+    /// Only keys that start with this (as stored, as [`KeyFilter::key_prefix`] says).
+    ///
+    /// [`KeyFilter::key_prefix`]: crate::operate::KeyFilter::key_prefix
+    pub key_prefix: Option<String>,
+    /// Only requests whose completion is at this stage.
+    pub completion: Option<CompletionStage>,
+    /// Only requests whose newest step is at least this old (a request still making
+    /// steps is not abandoned); `None`: the store's
+    /// [`abandoned_after`](crate::StoreBuilder::abandoned_after).
+    pub idle_for: Option<Duration>,
+}
+
+/// Where an abandoned request's completion stands, as [`AbandonedFilter::completion`]
+/// selects it; written (`Display`) and read back (`FromStr`) as the console's form and
+/// `idem key abandoned --completion` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CompletionStage {
+    /// `pending`: stored, and the service's completer runs it.
+    Pending,
+    /// `failed`: parked after too many failed runs; it runs again only when sent.
+    Failed,
+    /// `abandoning`: an operator gave it up; its compensations run, then its key answers
+    /// 410.
+    Abandoning,
+    /// `not-completable`: its endpoint stored no request, so that it can only be
+    /// abandoned (those an operator abandoned since are `Abandoning` too).
+    NotCompletable,
+}
+
+impl CompletionStage {
+    /// Every stage, in the order the console offers them.
+    pub const ALL: [Self; 4] = [
+        Self::Pending,
+        Self::Failed,
+        Self::Abandoning,
+        Self::NotCompletable,
+    ];
+
+    /// `pending`, `failed`, `abandoning` or `not-completable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Failed => "failed",
+            Self::Abandoning => "abandoning",
+            Self::NotCompletable => "not-completable",
+        }
+    }
+}
+
+impl fmt::Display for CompletionStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CompletionStage {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|stage| stage.as_str() == text)
+            .ok_or_else(|| {
+                format!(
+                    "the completion is pending, failed, abandoning or not-completable, not \
+                     {text:?}"
+                )
+            })
+    }
+}
+
+/// Where a page of [`Store::abandoned_page`] ends: a request's first step's time, its
+/// stored scope, principal and key ([`Abandoned::cursor`]). Written as text (`Display`)
+/// and read back (`FromStr`) for a link or a flag to the next page: four fields, the last
+/// three in hex, dot-separated, as [`KeyCursor`](crate::operate::KeyCursor)'s.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AbandonedCursor {
+    first_us: i64,
+    scope: String,
+    principal: String,
+    key: String,
+}
+
+impl fmt::Display for AbandonedCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = |text: &str| crate::fingerprint::hex(text.as_bytes());
+        write!(
+            f,
+            "{}.{}.{}.{}",
+            self.first_us,
+            hex(&self.scope),
+            hex(&self.principal),
+            hex(&self.key)
+        )
+    }
+}
+
+impl FromStr for AbandonedCursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let wrong = || format!("not a cursor of the abandoned requests' list: {text:?}");
+        let unhex = |part: &str| -> Option<String> {
+            if !part.len().is_multiple_of(2) {
+                return None;
+            }
+            let bytes = (0..part.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(part.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()?;
+            String::from_utf8(bytes).ok()
+        };
+        let parts: Vec<&str> = text.split('.').collect();
+        let [at, scope, principal, key] = parts[..] else {
+            return Err(wrong());
+        };
+        Ok(Self {
+            first_us: at.parse().map_err(|_| wrong())?,
+            scope: unhex(scope).ok_or_else(wrong)?,
+            principal: unhex(principal).ok_or_else(wrong)?,
+            key: unhex(key).ok_or_else(wrong)?,
+        })
+    }
+}
+
+impl Serialize for AbandonedCursor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A request that recorded steps and has not committed ([`Store::abandoned`],
+/// [`Store::abandoned_page`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Abandoned {
@@ -79,6 +251,9 @@ pub struct Abandoned {
     /// Where its completion stands, if its endpoint is completable or an operator
     /// abandoned it ([`crate::complete`]); `None` otherwise.
     pub completion: Option<CompletionState>,
+    /// Where it stands in the list: the `after` of [`Store::abandoned_page`] that starts
+    /// the page after it (`idem key abandoned --after`). In JSON, as its text.
+    pub cursor: AbandonedCursor,
 }
 
 /// Where the completion of an [`Abandoned`] request stands.
@@ -129,31 +304,97 @@ fn as_seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Erro
 impl Store {
     /// Requests that recorded at least one step and have not committed, the newest of
     /// their steps recorded at least `idle_for` ago (a request still making steps is not
-    /// listed), oldest first, at most `limit`. Their outside calls happened; unless their
-    /// clients retry (the steps replay, the call is not made again), the service has no
-    /// record of them until the steps expire with their key's ttl. Reads the whole steps
-    /// table, which holds only requests that have not committed.
+    /// listed), oldest first, at most `limit`: the first [`Store::abandoned_page`] of
+    /// those. Their outside calls happened; unless their clients retry (the steps replay,
+    /// the call is not made again), the service has no record of them until the steps
+    /// expire with their key's ttl. Reads the whole steps table, which holds only
+    /// requests that have not committed.
     pub async fn abandoned(
         &self,
         idle_for: Duration,
         limit: u32,
     ) -> Result<Vec<Abandoned>, sqlx::Error> {
-        let sql = statement(
-            ABANDONED
-                .replace("{steps}", &self.inner.steps_table.qualified())
-                .replace("{requests}", &self.inner.requests_table.qualified()),
-        );
+        let filter = AbandonedFilter {
+            idle_for: Some(idle_for),
+            ..AbandonedFilter::default()
+        };
+        Ok(self.abandoned_page(&filter, None, limit).await?.rows)
+    }
+
+    /// The abandoned requests `filter` names (see [`Store::abandoned`]), oldest first
+    /// step first, at most `limit`, those after the request `after` (`None`: from the
+    /// oldest). The page's [`Page::next`] is the next page's `after`, as is each row's
+    /// [`Abandoned::cursor`]: a keyset, so a request that commits or is abandoned
+    /// meanwhile neither shifts nor repeats a row.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), sqlx::Error> {
+    /// use idem::operate::{AbandonedFilter, CompletionStage};
+    ///
+    /// let mut filter = AbandonedFilter::default();
+    /// filter.completion = Some(CompletionStage::Failed);
+    /// let mut after = None;
+    /// loop {
+    ///     let page = store.abandoned_page(&filter, after.as_ref(), 100).await?;
+    ///     for request in &page.rows {
+    ///         println!("{} {} {}", request.scope, request.principal, request.key);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => after = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn abandoned_page(
+        &self,
+        filter: &AbandonedFilter,
+        after: Option<&AbandonedCursor>,
+        limit: u32,
+    ) -> Result<Page<Abandoned, AbandonedCursor>, sqlx::Error> {
+        let principal_type = self.inner.dialect.principal_type;
+        let principal = match filter.principal.as_deref() {
+            None => None,
+            Some(p) => match principal_type.canonical(p) {
+                Some(p) => Some(p),
+                // Not of the column's type: no request is kept under it.
+                None => {
+                    return Ok(Page {
+                        rows: Vec::new(),
+                        next: None,
+                    })
+                }
+            },
+        };
+        let idle_for = filter.idle_for.unwrap_or(self.inner.abandoned_after);
+        let limit = limit.max(1);
+        let sql =
+            self.key_sql(&ABANDONED.replace("{requests}", &self.inner.requests_table.qualified()));
         let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let rows = sqlx::query(sql)
-            .persistent(self.inner.table.persistent())
+        let rows = self
+            .operator_query(sql)
             .bind(idle_for.as_secs_f64())
-            .bind(i64::from(limit))
+            .bind(principal)
+            .bind(filter.scope.as_deref())
+            .bind(filter.key_prefix.as_deref())
+            .bind(filter.completion.map(CompletionStage::as_str))
+            .bind(after.map(|a| a.first_us))
+            .bind(after.map(|a| a.scope.as_str()))
+            .bind(after.map(|a| a.principal.as_str()))
+            .bind(after.map(|a| a.key.as_str()))
+            .bind(i64::from(limit) + 1)
             .fetch_all(&mut *conn)
             .await?;
         conn.finish().await?;
-        rows.iter()
-            .map(|row| abandoned(row, self.inner.dialect.principal_type))
-            .collect()
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let found = abandoned(row, principal_type)?;
+                let cursor = found.cursor.clone();
+                Ok((found, cursor))
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok(Page::of(rows, limit))
     }
 }
 
@@ -202,6 +443,12 @@ fn abandoned(row: &PgRow, principal_type: PrincipalType) -> Result<Abandoned, sq
                 last_error: row.try_get("last_error")?,
                 error_at: row.try_get::<Option<f64>, _>("error_at")?.map(instant),
             }),
+        },
+        cursor: AbandonedCursor {
+            first_us: row.try_get("first_us")?,
+            scope: row.try_get("scope")?,
+            principal: row.try_get("principal")?,
+            key: row.try_get("key")?,
         },
     })
 }
@@ -286,5 +533,46 @@ impl Audited<'_> {
         let action = if abandon { "abandon" } else { "complete" };
         self.commit(tx, action, &filter, marked).await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_read_back_as_it_was_written() {
+        let cursor = AbandonedCursor {
+            first_us: 1_795_860_530_123_456,
+            scope: "charges\u{1f}key".into(),
+            principal: "acct.1 é".into(),
+            key: "order-1".into(),
+        };
+        let text = cursor.to_string();
+        assert_eq!(text.split('.').count(), 4, "{text}");
+        assert_eq!(text.parse::<AbandonedCursor>(), Ok(cursor.clone()));
+        assert_eq!(
+            serde_json::to_value(&cursor).unwrap(),
+            serde_json::Value::String(text)
+        );
+        for wrong in [
+            "",
+            "1.2.3",
+            "x.61.62.63",
+            "1.6.62.63",
+            "1.zz.62.63",
+            "1.61.62.63.64",
+        ] {
+            assert!(wrong.parse::<AbandonedCursor>().is_err(), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn a_completion_stage_is_read_as_it_is_written() {
+        for stage in CompletionStage::ALL {
+            assert_eq!(stage.to_string().parse::<CompletionStage>(), Ok(stage));
+        }
+        let wrong = "done".parse::<CompletionStage>().unwrap_err();
+        assert!(wrong.contains("not-completable"), "{wrong}");
     }
 }

@@ -68,7 +68,9 @@ mod relays;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use abandoned::{Abandoned, AbandonedStep, CompletionState};
+pub use abandoned::{
+    Abandoned, AbandonedCursor, AbandonedFilter, AbandonedStep, CompletionStage, CompletionState,
+};
 pub use audit::{AuditEntry, Audited, Operator};
 pub use errors::FailedPublish;
 pub use events::{
