@@ -179,10 +179,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         let lazy = PgPoolOptions::new().connect_lazy_with(options);
         let store = store(lazy)?;
         say!(
-            "{}\n{}\n{}\n{}",
+            "{}\n{}\n{}\n{}\n{}",
             store.schema_sql(),
             store.outbox_schema_sql(),
             store.steps_schema_sql(),
+            store.requests_schema_sql(),
             store.audit_schema_sql()
         );
         return Ok(());

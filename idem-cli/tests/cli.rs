@@ -129,6 +129,10 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
         "{ddl}"
     );
     assert!(
+        ddl.contains("CREATE TABLE IF NOT EXISTS \"idempotency_requests\""),
+        "{ddl}"
+    );
+    assert!(
         ddl.contains("CREATE TABLE IF NOT EXISTS \"idem_audit\""),
         "{ddl}"
     );
