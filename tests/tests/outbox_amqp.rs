@@ -15,7 +15,7 @@ use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
 use idem::{OnceError, Store};
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
-use idem_tests::{amqp_url, count, unique, with_test_db, Gate};
+use idem_tests::{amqp_url, count, unique, with_test_db, Gate, TestApp};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -555,6 +555,29 @@ async fn read_back_dead_letters(quorum: bool) {
     );
     assert_eq!(dead_letters(&connection, &dlq, 0).await.unwrap(), []);
     holds(&channel, &dlq, 4).await;
+
+    // The console's "Dead letters" page reads the same queue, taking nothing.
+    if !quorum {
+        let pool =
+            sqlx::postgres::PgPoolOptions::new().connect_lazy_with(idem_tests::admin_options());
+        let console = idem::console::Console::new(Store::new(pool.clone()))
+            .show_bodies(true)
+            .amqp_dead_letters(Arc::new(connect().await), &dlq)
+            .router::<()>();
+        let app = TestApp::serve(pool, axum::Router::new().nest("/admin", console)).await;
+        let page = idem_tests::send(app.client.get(app.url("/admin/dead-letters"))).await;
+        assert_eq!(page.status, 200, "{page:?}");
+        let html = String::from_utf8_lossy(&page.body);
+        for needle in [
+            "refused",
+            "undecodable",
+            &format!("oldest first: at most 50 from the RabbitMQ queue <code>{dlq}</code>"),
+            "rejected by a consumer of the queue",
+        ] {
+            assert!(html.contains(needle), "{needle} in {html}");
+        }
+        holds(&channel, &dlq, 4).await;
+    }
 
     let missing = unique("idem_no_such_queue");
     let error = dead_letters(&connection, &missing, 10)

@@ -139,15 +139,24 @@ pub struct Console {
     lag_every: Duration,
     refresh_every: Duration,
     relay_stats: Option<Box<dyn Fn() -> RelayStats + Send + Sync>>,
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "amqp"))]
     dead_letters: Option<DeadLetters>,
 }
 
-/// Where the consumers' dead letters are read from (`Console::jetstream_dead_letters`).
-#[cfg(feature = "nats")]
-struct DeadLetters {
-    jetstream: async_nats::jetstream::Context,
-    stream: String,
+/// Where the consumers' dead letters are read from (`Console::jetstream_dead_letters`,
+/// `Console::amqp_dead_letters`).
+#[cfg(any(feature = "nats", feature = "amqp"))]
+enum DeadLetters {
+    #[cfg(feature = "nats")]
+    JetStream {
+        jetstream: async_nats::jetstream::Context,
+        stream: String,
+    },
+    #[cfg(feature = "amqp")]
+    Amqp {
+        connection: Arc<lapin::Connection>,
+        queue: String,
+    },
 }
 
 /// What an operator may do in the console, decided by the service: its auth layer
@@ -202,7 +211,7 @@ impl Console {
             lag_every: Duration::from_secs(30),
             refresh_every: Duration::from_secs(5),
             relay_stats: None,
-            #[cfg(feature = "nats")]
+            #[cfg(any(feature = "nats", feature = "amqp"))]
             dead_letters: None,
         }
     }
@@ -294,9 +303,41 @@ impl Console {
         jetstream: async_nats::jetstream::Context,
         stream: impl Into<String>,
     ) -> Self {
-        self.dead_letters = Some(DeadLetters {
+        self.dead_letters = Some(DeadLetters::JetStream {
             jetstream,
             stream: stream.into(),
+        });
+        self
+    }
+
+    /// The consumers' dead letters, read back from the RabbitMQ queue `queue` (the one
+    /// bound to their dead-letter exchange) with
+    /// [`dead_letters`](crate::outbox::amqp::dead_letters), without taking them: a "Dead
+    /// letters" page, linked from the header, lists the oldest (event id, routing key,
+    /// RabbitMQ's reason, time; the payload only with [`Console::show_bodies`]). Why the
+    /// consumer gave up is in its log line, which names the event. Without it (or
+    /// [`Console::jetstream_dead_letters`], which it replaces) the page does not exist.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idem::Store) -> Result<(), lapin::Error> {
+    /// use std::sync::Arc;
+    ///
+    /// let amqp = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", Default::default()).await?;
+    /// let console = idem::console::Console::new(store)
+    ///     .amqp_dead_letters(Arc::new(amqp), "charges_ledger_dead")
+    ///     .router::<()>();
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+    pub fn amqp_dead_letters(
+        mut self,
+        connection: Arc<lapin::Connection>,
+        queue: impl Into<String>,
+    ) -> Self {
+        self.dead_letters = Some(DeadLetters::Amqp {
+            connection,
+            queue: queue.into(),
         });
         self
     }
@@ -318,7 +359,7 @@ impl Console {
             lag: Mutex::new(VecDeque::new()),
             refresh_every: self.refresh_every,
             relays: self.relay_stats.map(relays::Counters::new),
-            #[cfg(feature = "nats")]
+            #[cfg(any(feature = "nats", feature = "amqp"))]
             dead_letters: self.dead_letters,
         });
         tokio::spawn(lag::sample(Arc::downgrade(&shared), self.lag_every));
@@ -335,7 +376,7 @@ impl Console {
             .route("/dead/event", get(dead_event))
             .route("/event/request", get(event_request))
             .route("/audit", get(audit));
-        #[cfg(feature = "nats")]
+        #[cfg(any(feature = "nats", feature = "amqp"))]
         if shared.dead_letters.is_some() {
             router = router.route("/dead-letters", get(dead_letters));
         }
@@ -376,7 +417,7 @@ pub(crate) struct Shared {
     refresh_every: Duration,
     /// This process's relays, when the service gave their counters.
     relays: Option<relays::Counters>,
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "amqp"))]
     dead_letters: Option<DeadLetters>,
 }
 
@@ -462,11 +503,11 @@ impl Shared {
 
     /// Whether the consumers' dead letters are configured.
     fn has_dead_letters(&self) -> bool {
-        #[cfg(feature = "nats")]
+        #[cfg(any(feature = "nats", feature = "amqp"))]
         {
             self.dead_letters.is_some()
         }
-        #[cfg(not(feature = "nats"))]
+        #[cfg(not(any(feature = "nats", feature = "amqp")))]
         {
             false
         }
@@ -1002,9 +1043,9 @@ async fn dead_event(
     )
 }
 
-/// The consumers' newest dead letters, from their JetStream stream: `limit` of them (50
-/// by default, at most 500).
-#[cfg(feature = "nats")]
+/// The consumers' dead letters, from their JetStream stream (the newest) or their
+/// RabbitMQ queue (the oldest): `limit` of them (50 by default, at most 500).
+#[cfg(any(feature = "nats", feature = "amqp"))]
 async fn dead_letters(
     State(console): Console_,
     viewer: Viewer,
@@ -1013,31 +1054,26 @@ async fn dead_letters(
     let Some(source) = &console.dead_letters else {
         return page_error(
             StatusCode::NOT_FOUND,
-            "No dead letters' stream is configured.",
+            "No dead letters' source is configured.",
         );
     };
     let limit = field(&fields, "limit")
         .and_then(|n| n.parse::<u32>().ok())
         .map_or(50, |n| n.clamp(1, 500));
-    // A broker that does not answer is said so, not waited for.
-    let read = tokio::time::timeout(
-        Duration::from_secs(10),
-        crate::outbox::nats::dead_letters(&source.jetstream, &source.stream, limit as usize),
-    )
-    .await;
+    let (read, from) = read_dead_letters(source, limit as usize).await;
     let letters = match read {
         Ok(Ok(letters)) => letters,
         Ok(Err(error)) => {
             tracing::warn!(target: "idem::console", %error, "idem console: reading the dead letters failed");
-            return page_error(StatusCode::SERVICE_UNAVAILABLE, &error.to_string());
+            return page_error(StatusCode::SERVICE_UNAVAILABLE, &error);
         }
         Err(_) => {
             return page_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!(
-                    "JetStream did not answer within 10 s: the dead letters of the stream {:?} \
+                    "The broker did not answer within 10 s: the dead letters of {} {:?} \
                      cannot be read now.",
-                    source.stream
+                    from.kind, from.name
                 ),
             )
         }
@@ -1045,8 +1081,75 @@ async fn dead_letters(
     let frame = console.frame(&viewer, None);
     html(
         StatusCode::OK,
-        pages::dead_letters(&frame, &source.stream, limit, &letters),
+        pages::dead_letters(&frame, &from, limit, &letters),
     )
+}
+
+/// Reads `limit` dead letters from `source`, within 10 s (a broker that does not answer
+/// is said so, not waited for), as the page shows them; and where they were read.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+async fn read_dead_letters(
+    source: &DeadLetters,
+    limit: usize,
+) -> (
+    Result<Result<Vec<pages::Letter>, String>, tokio::time::error::Elapsed>,
+    pages::LettersFrom,
+) {
+    const WITHIN: Duration = Duration::from_secs(10);
+    match source {
+        #[cfg(feature = "nats")]
+        DeadLetters::JetStream { jetstream, stream } => {
+            let read = crate::outbox::nats::dead_letters(jetstream, stream, limit);
+            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
+                read.map_err(|e| e.to_string()).map(|letters| {
+                    letters
+                        .into_iter()
+                        .map(|l| pages::Letter {
+                            sequence: l.sequence,
+                            payload_len: l.payload.len(),
+                            event_id: l.event_id,
+                            subject: l.subject,
+                            reason: l.reason,
+                            at: l.at,
+                            payload: l.payload,
+                        })
+                        .collect()
+                })
+            });
+            let from = pages::LettersFrom {
+                kind: "the JetStream stream",
+                name: stream.clone(),
+                order: "newest first",
+            };
+            (read, from)
+        }
+        #[cfg(feature = "amqp")]
+        DeadLetters::Amqp { connection, queue } => {
+            let read = crate::outbox::amqp::dead_letters(connection, queue, limit);
+            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
+                read.map_err(|e| e.to_string()).map(|letters| {
+                    letters
+                        .into_iter()
+                        .map(|l| pages::Letter {
+                            sequence: l.sequence,
+                            event_id: l.event_id,
+                            subject: l.subject,
+                            reason: l.reason,
+                            at: l.at,
+                            payload: l.payload,
+                            payload_len: l.payload_len,
+                        })
+                        .collect()
+                })
+            });
+            let from = pages::LettersFrom {
+                kind: "the RabbitMQ queue",
+                name: queue.clone(),
+                order: "oldest first",
+            };
+            (read, from)
+        }
+    }
 }
 
 /// The request that wrote an outbox event, pending or dead.

@@ -1291,21 +1291,44 @@ pub(crate) fn pending_event(
     layout(frame, "Pending event", body)
 }
 
-/// The consumers' dead letters of the JetStream stream `stream`, newest first, `limit`
-/// at most; their payloads only when the service shows bodies.
-#[cfg(feature = "nats")]
+/// A consumer's dead letter as the "Dead letters" page shows it, from JetStream or
+/// RabbitMQ.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(crate) struct Letter {
+    pub(crate) sequence: u64,
+    pub(crate) event_id: String,
+    pub(crate) subject: String,
+    pub(crate) reason: String,
+    pub(crate) at: SystemTime,
+    /// The payload as read (RabbitMQ's cut to its first 64 KiB).
+    pub(crate) payload: Vec<u8>,
+    pub(crate) payload_len: usize,
+}
+
+/// Where a "Dead letters" page reads from: what (`the JetStream stream`), its name, and
+/// in which order it lists.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(crate) struct LettersFrom {
+    pub(crate) kind: &'static str,
+    pub(crate) name: String,
+    pub(crate) order: &'static str,
+}
+
+/// The consumers' dead letters read from `from`, `limit` at most; their payloads only
+/// when the service shows bodies.
+#[cfg(any(feature = "nats", feature = "amqp"))]
 pub(crate) fn dead_letters(
     frame: &Frame,
-    stream: &str,
+    from: &LettersFrom,
     limit: u32,
-    letters: &[crate::outbox::nats::DeadLetter],
+    letters: &[Letter],
 ) -> Markup {
     let base = &frame.base;
     let body = html! {
         section {
             p.muted {
-                "What the consumers gave up on, newest first: the newest " (limit) " of the "
-                "JetStream stream " code { (stream) } ". The outbox's own dead events (never "
+                "What the consumers gave up on, " (from.order) ": at most " (limit) " from "
+                (from.kind) " " code { (from.name) } ". The outbox's own dead events (never "
                 "published) are under " a href=(format!("{base}/dead")) { "Dead events" } "."
             }
             @if letters.is_empty() {
@@ -1323,8 +1346,11 @@ pub(crate) fn dead_letters(
                             td {
                                 @if frame.show_bodies {
                                     pre { (String::from_utf8_lossy(&l.payload)) }
+                                    @if l.payload_len > l.payload.len() {
+                                        span.muted { "(the first " (l.payload.len()) " of " (l.payload_len) " bytes)" }
+                                    }
                                 } @else {
-                                    span.muted { (l.payload.len()) " bytes, hidden" }
+                                    span.muted { (l.payload_len) " bytes, hidden" }
                                 }
                             }
                         }
