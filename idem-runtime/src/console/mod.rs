@@ -149,7 +149,8 @@ pub struct Console {
 enum DeadLetters {
     #[cfg(feature = "nats")]
     JetStream {
-        jetstream: async_nats::jetstream::Context,
+        // Boxed: a context is some hundreds of bytes, a connection's handle one pointer.
+        jetstream: Box<async_nats::jetstream::Context>,
         stream: String,
     },
     #[cfg(feature = "amqp")]
@@ -304,7 +305,7 @@ impl Console {
         stream: impl Into<String>,
     ) -> Self {
         self.dead_letters = Some(DeadLetters::JetStream {
-            jetstream,
+            jetstream: Box::new(jetstream),
             stream: stream.into(),
         });
         self
