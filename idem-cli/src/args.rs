@@ -14,7 +14,9 @@ use idem::operate::{AbandonedCursor, CompletionStage};
 /// refused without --yes, or a re-drive past the window without --force); 3 not found
 /// (a key, or nothing an action's filter matches: nothing done); 4 the tables are missing
 /// or wrong; 5 the database cannot be reached (nothing listens, or not PostgreSQL); 6
-/// permission denied.
+/// permission denied; 7 more dead events were within a re-drive's or a discard's preview
+/// when it acted than the preview counted (one parked meanwhile): nothing done, run it
+/// again.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, long_about)]
 pub(crate) struct Cli {
@@ -271,25 +273,34 @@ pub(crate) enum OutboxCommand {
         limit: u32,
     },
     /// Make dead events pending again, their attempts reset; refused (nothing moved) if
-    /// one of them was written longer ago than --redrive-max-age, unless --force.
+    /// one of them was written longer ago than --redrive-max-age, unless --force. It
+    /// counts and lists them first, asks (naming the count) unless --yes, and moves only
+    /// the events it counted: one parked since is left as it is.
     Redrive {
         #[command(flatten)]
         which: Which,
-        /// Say what would move, and move nothing.
+        /// Say what would move (how many, and the first of them), and move nothing.
         #[arg(long)]
         dry_run: bool,
         /// Re-drive events outside the re-drive window too: their consumers may apply
         /// them a second time.
         #[arg(long)]
         force: bool,
+        /// Do not ask first (they are still counted first, and only those are moved).
+        #[arg(long)]
+        yes: bool,
     },
-    /// Delete dead events: they are never published.
+    /// Delete dead events: they are never published. It counts and lists them first,
+    /// asks (naming the count) unless --yes, and deletes only the events it counted: one
+    /// parked since is left as it is.
     Discard {
         #[command(flatten)]
         which: Which,
+        /// Say what would be deleted (how many, and the first of them), and delete
+        /// nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Do not ask first.
+        /// Do not ask first (they are still counted first, and only those are deleted).
         #[arg(long)]
         yes: bool,
     },

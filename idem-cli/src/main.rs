@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem::operate::{
-    format_age, AbandonedFilter, Audited, DeadSelection, EventFilter, KeyFilter, Operator,
-    RedriveError,
+    format_age, format_time, AbandonedFilter, Audited, ConfirmError, Confirmed, DeadPreview,
+    DeadSelection, EventFilter, KeyFilter, Operator,
 };
 use idem::{PrincipalType, Store, VerifyError};
 use serde_json::json;
@@ -49,6 +49,10 @@ mod exit {
     pub(crate) const UNREACHABLE: u8 = 5;
     /// The database refused: permission denied, or authentication failed.
     pub(crate) const PERMISSION: u8 = 6;
+    /// A re-drive's or a discard's preview counted fewer dead events than its bound held
+    /// when it acted (one was parked by a transaction running during the preview):
+    /// nothing done; running it again previews them anew.
+    pub(crate) const CHANGED: u8 = 7;
 }
 
 /// Why the command stopped: an exit code and one line.
@@ -343,7 +347,7 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             yes,
         } => {
             let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
-            confirm(yes, &format!("Purge the record of {what}?"))?;
+            confirm(yes, &[], &format!("Purge the record of {what}?"))?;
             let n = audited.purge_key(&scope, &principal, &key).await?;
             if n == 0 {
                 return Err(Fault::Own(Failure::new(
@@ -387,6 +391,7 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             }
             confirm(
                 yes,
+                &[],
                 &format!(
                     "Abandon {what} for good? The service's completer will run the \
                      compensations of its steps ({named}), and its key will answer 410."
@@ -505,109 +510,224 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
             which,
             dry_run,
             force,
+            yes,
         } => {
-            let selection = selection(which);
-            if dry_run {
-                let window = Window {
-                    max_age: store.redrive_max_age(),
-                    force,
-                };
-                return dry(store, out, &selection, Some(window)).await;
-            }
-            let n = if force {
-                audited.redrive_dead_forced(&selection).await?
-            } else {
-                audited
-                    .redrive_dead(&selection)
-                    .await
-                    .map_err(|e| match e {
-                        RedriveError::Database(e) => Fault::Database(e),
-                        // Like an action refused without --yes: the operator decides.
-                        outside => Fault::Own(Failure::new(
-                            exit::USAGE,
-                            format!(
-                                "{outside}; `idem outbox dead --list` shows their ages: pass \
-                             --force to re-drive them anyway"
-                            ),
-                        )),
-                    })?
-            };
-            if n == 0 {
-                return Err(matched_nothing(&selection, "re-driven"));
-            }
-            out.moved(
-                "redriven",
-                n,
-                &format!("re-drove {n} dead event(s): they are pending again"),
-            );
+            let action = Bulk::Redrive { force };
+            bulk(audited, out, &selection(which), action, dry_run, yes).await?;
         }
         OutboxCommand::Discard {
             which,
             dry_run,
             yes,
-        } => {
-            let selection = selection(which);
-            if dry_run {
-                return dry(store, out, &selection, None).await;
-            }
-            let n = store.dead_count(&selection).await?;
-            if n == 0 {
-                return Err(matched_nothing(&selection, "discarded"));
-            }
-            confirm(
-                yes,
-                &format!("Discard {n} dead event(s)? They will never be published."),
-            )?;
-            let n = audited.discard_dead(&selection).await?;
-            out.moved("discarded", n, &format!("discarded {n} dead event(s)"));
-        }
+        } => bulk(audited, out, &selection(which), Bulk::Discard, dry_run, yes).await?,
     }
     Ok(())
 }
 
-/// The re-drive window a re-drive's dry run checks.
-struct Window {
-    max_age: Duration,
-    force: bool,
+/// A bulk action on dead events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bulk {
+    /// Make them pending again; `force`: those outside the re-drive window too.
+    Redrive { force: bool },
+    /// Delete them.
+    Discard,
 }
 
-/// What a re-drive (with its `window`) or a discard (without) of `selection` would move:
-/// every event, listed, with its age beside the window.
-async fn dry(
-    store: &Store,
+impl Bulk {
+    /// As "would re-drive" says it.
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Redrive { .. } => "re-drive",
+            Self::Discard => "discard",
+        }
+    }
+
+    /// As "nothing re-driven" says it.
+    fn done(self) -> &'static str {
+        match self {
+            Self::Redrive { .. } => "re-driven",
+            Self::Discard => "discarded",
+        }
+    }
+
+    /// The re-drive window `max_age`, for a re-drive: what its events are listed beside.
+    fn window(self, max_age: Duration) -> Option<Duration> {
+        matches!(self, Self::Redrive { .. }).then_some(max_age)
+    }
+}
+
+/// How many of the events a bulk action counted its preview lists, as the console's does.
+const PREVIEW_ROWS: u32 = 20;
+
+/// `action` on the dead events `selection` names, as the console takes it: first a
+/// preview (how many, the first of them, and their bound: the highest `seq` and the
+/// instant it saw), which is all a dry run prints; then, once confirmed (asked on the
+/// terminal, naming the count, or `--yes`), the action within that bound. So it touches
+/// at most the events counted and shown: one parked since is left as it is, and when the
+/// bound holds more than were counted (one parked by a transaction that was running
+/// during the preview), nothing is done and the command exits 7.
+async fn bulk(
+    audited: &Audited<'_>,
     out: &Out,
     selection: &DeadSelection,
-    window: Option<Window>,
+    action: Bulk,
+    dry_run: bool,
+    yes: bool,
 ) -> Result<(), Fault> {
-    let n = store.dead_count(selection).await?;
-    let events = store.dead_events_in(selection, u32::MAX).await?;
-    let max_age = window.as_ref().map(|w| w.max_age);
-    let verb = if window.is_some() {
-        "re-drive"
-    } else {
-        "discard"
+    let store = audited.store();
+    let filter = EventFilter::from(selection);
+    let preview = store.dead_preview(&filter, PREVIEW_ROWS).await?;
+    let max_age = store.redrive_max_age();
+    if dry_run {
+        dry(out, action, &preview, max_age);
+        return Ok(());
+    }
+    let Some(bound) = preview.bound else {
+        return Err(matched_nothing(selection, action.done()));
     };
-    let outside = max_age.map_or(0, |max_age| {
-        events.iter().filter(|e| e.outside_window(max_age)).count()
+    let (n, outside) = (preview.events, preview.outside_window);
+    let question = match action {
+        // Refused before asking: a yes would be refused all the same.
+        Bulk::Redrive { force: false } if outside > 0 => {
+            return Err(outside_window(outside, n, max_age, None));
+        }
+        Bulk::Redrive { force: true } if outside > 0 => format!(
+            "Re-drive {n} dead event(s), {outside} of them written more than the re-drive \
+             window ({}) ago? Their consumers may apply those a second time.",
+            format_age(max_age)
+        ),
+        Bulk::Redrive { .. } => {
+            format!("Re-drive {n} dead event(s)? They will be published again.")
+        }
+        Bulk::Discard => {
+            format!("Discard {n} dead event(s)? They will never be published.")
+        }
+    };
+    let mut shown = vec![format!(
+        "{n} dead event(s) selected ({filter}) as of {}:",
+        format_time(bound.taken_at())
+    )];
+    shown.extend(output::preview_lines(&preview, action.window(max_age)));
+    confirm(yes, &shown, &question)?;
+    let done = match action {
+        Bulk::Redrive { force } => audited.redrive_confirmed(&filter, &bound, force).await,
+        Bulk::Discard => audited.discard_confirmed(&filter, &bound).await,
+    };
+    let done = done.map_err(|e| match e {
+        ConfirmError::Changed { bounded, previewed } => Fault::Own(Failure::new(
+            exit::CHANGED,
+            format!(
+                "{bounded} dead event(s) were within the preview's bound when it acted, not \
+                 the {previewed} it counted (one was parked by a transaction that was running \
+                 during the preview): nothing {}; run the command again to count them anew",
+                action.done()
+            ),
+        )),
+        // An event came of age between the preview and the act.
+        ConfirmError::OutsideWindow {
+            selected,
+            outside,
+            oldest,
+            max_age,
+        } => outside_window(outside, selected, max_age, Some(oldest)),
+        ConfirmError::Database(e) => Fault::Database(e),
+        other => Fault::Own(Failure::new(exit::FAILED, other.to_string())),
+    })?;
+    if done.moved == 0 {
+        return Err(Fault::Own(Failure::new(
+            exit::NOT_FOUND,
+            format!(
+                "the {} dead event(s) the preview counted left the dead list before the {} \
+                 (another operator re-drove or discarded them): nothing {}{}",
+                done.previewed,
+                action.verb(),
+                action.done(),
+                parked_since(&done, &filter)
+            ),
+        )));
+    }
+    let moved = done.moved;
+    let (what, mut message) = match action {
+        Bulk::Redrive { .. } => (
+            "redriven",
+            format!("re-drove {moved} dead event(s): they are pending again"),
+        ),
+        Bulk::Discard => ("discarded", format!("discarded {moved} dead event(s)")),
+    };
+    if moved < done.previewed {
+        message.push_str(&format!(
+            "; {} of the {} counted had left the dead list meanwhile",
+            done.previewed - moved,
+            done.previewed
+        ));
+    }
+    message.push_str(&parked_since(&done, &filter));
+    out.confirmed(what, &done, &message);
+    Ok(())
+}
+
+/// The end of a confirmed action's line when events matching `filter` were parked after
+/// its preview: it left them as they are.
+fn parked_since(done: &Confirmed, filter: &EventFilter) -> String {
+    if done.left == 0 {
+        return String::new();
+    }
+    format!(
+        "; {} dead event(s) parked since the preview match ({filter}) too: left as they \
+         are, run the command again for them",
+        done.left
+    )
+}
+
+/// A re-drive refused because `outside` of the `selected` dead events are outside the
+/// re-drive window `max_age` (the oldest written `oldest` ago, when known): exit 2, as an
+/// action refused without `--yes`, for the operator decides.
+fn outside_window(
+    outside: u64,
+    selected: u64,
+    max_age: Duration,
+    oldest: Option<Duration>,
+) -> Fault {
+    let oldest = oldest.map_or(String::new(), |age| {
+        format!(", the oldest {} ago", format_age(age))
     });
+    Fault::Own(Failure::new(
+        exit::USAGE,
+        format!(
+            "{outside} of the {selected} selected dead event(s) were written more than the \
+             re-drive window ({}) ago{oldest}: their consumers may have forgotten a first \
+             delivery and would apply them again; nothing was re-driven; `idem outbox dead \
+             --list` shows their ages: pass --force to re-drive them anyway",
+            format_age(max_age)
+        ),
+    ))
+}
+
+/// What `action` would do, from its `preview`: how many events, how many of them are
+/// outside the re-drive window `max_age` (for a re-drive), and the first of them.
+fn dry(out: &Out, action: Bulk, preview: &DeadPreview, max_age: Duration) {
+    let n = preview.events;
+    let verb = action.verb();
+    let window = action.window(max_age);
+    let outside = window.map_or(0, |_| preview.outside_window);
     // Without --force, one event outside the window stops the whole re-drive.
-    let needs_force = outside > 0 && window.as_ref().is_some_and(|w| !w.force);
+    let needs_force = outside > 0 && action == Bulk::Redrive { force: false };
     if out.json {
         let mut answer = json!({
             "dry_run": true,
             "would": verb,
             "events": n,
-            "list": output::listed(&events, max_age),
+            "list": output::listed(&preview.first, window),
         });
-        if let Some(max_age) = max_age {
+        if window.is_some() {
             answer["redrive_max_age_secs"] = json!(max_age.as_secs_f64());
             answer["outside_window"] = json!(outside);
             answer["needs_force"] = json!(needs_force);
         }
         out.print_json(&answer);
-        return Ok(());
+        return;
     }
-    let max_age = max_age.map(format_age).unwrap_or_default();
+    let max_age = format_age(max_age);
     if needs_force {
         say!(
             "would re-drive nothing: {outside} of {n} dead event(s) were written more than the \
@@ -621,8 +741,11 @@ async fn dry(
     } else {
         say!("would {verb} {n} dead event(s); nothing moved (--dry-run)");
     }
-    out.dead(&events, window.map(|w| w.max_age));
-    Ok(())
+    if n > 0 {
+        for line in output::preview_lines(preview, window) {
+            say!("{line}");
+        }
+    }
 }
 
 fn selection(which: Which) -> DeadSelection {
@@ -683,9 +806,9 @@ fn of(principal: &str) -> String {
     }
 }
 
-/// Asks `question` on the terminal unless `yes`; refuses (exit 2) when stdin is no
-/// terminal to ask on.
-fn confirm(yes: bool, question: &str) -> Result<(), Fault> {
+/// Asks `question` on the terminal unless `yes`, after the lines `shown` (what the action
+/// would touch); refuses (exit 2) when stdin is no terminal to ask on.
+fn confirm(yes: bool, shown: &[String], question: &str) -> Result<(), Fault> {
     if yes {
         return Ok(());
     }
@@ -695,6 +818,9 @@ fn confirm(yes: bool, question: &str) -> Result<(), Fault> {
             exit::USAGE,
             "refusing without --yes: standard input is not a terminal to ask on",
         )));
+    }
+    for line in shown {
+        eprintln!("{line}");
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush().ok();

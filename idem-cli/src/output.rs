@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use idem::operate::{
     format_age, format_time, Abandoned, AbandonedCursor, AuditEntry, BlockedKey, CompletionState,
-    DeadJson, DeadReason, FailedPublish, KeyCounts, KeyDetail, KeySummary, Lease, Page,
-    RelaySession, StepRecord, TopicPending,
+    Confirmed, DeadJson, DeadPreview, DeadReason, FailedPublish, KeyCounts, KeyDetail, KeySummary,
+    Lease, Page, RelaySession, StepRecord, TopicPending,
 };
 use idem::outbox::DeadEvent;
 use serde::Serialize;
@@ -52,8 +52,8 @@ fn secs(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64())
 }
 
-/// `rows` under `header`, each column as wide as its widest cell.
-fn table(header: &[&str], rows: &[Vec<String>]) {
+/// `rows` under `header`, each column as wide as its widest cell: the lines.
+fn aligned(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -66,12 +66,76 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        say!("{}", padded.join("  ").trim_end());
+        padded.join("  ").trim_end().to_owned()
     };
-    line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
+    let mut lines = vec![line(header.to_vec())];
+    lines.extend(
+        rows.iter()
+            .map(|row| line(row.iter().map(String::as_str).collect())),
+    );
+    lines
+}
+
+/// `rows` under `header`, printed.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    for line in aligned(header, rows) {
+        say!("{line}");
     }
+}
+
+/// Dead events as a table's lines, each with its age and, given the re-drive window
+/// `max_age`, whether it is outside it.
+fn dead_table(events: &[DeadEvent], max_age: Option<Duration>) -> Vec<String> {
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            let mut row = vec![
+                e.id.clone(),
+                e.topic.clone(),
+                e.ordering_key.clone().unwrap_or_default(),
+                e.attempts.to_string(),
+                secs(e.dead_for),
+                secs(e.age),
+            ];
+            if let Some(max_age) = max_age {
+                let window = if e.outside_window(max_age) {
+                    "OUTSIDE"
+                } else {
+                    "within"
+                };
+                row.push(window.into());
+            }
+            row.push(e.last_error.clone());
+            row
+        })
+        .collect();
+    let mut header = vec![
+        "EVENT",
+        "TOPIC",
+        "ORDERING_KEY",
+        "ATTEMPTS",
+        "DEAD_SECS",
+        "AGE_SECS",
+    ];
+    if max_age.is_some() {
+        header.push("WINDOW");
+    }
+    header.push("REASON");
+    aligned(&header, &rows)
+}
+
+/// A bulk action's preview as lines: its first events, each beside the re-drive window
+/// `max_age` for a re-drive, and how many more it counted.
+pub(crate) fn preview_lines(preview: &DeadPreview, max_age: Option<Duration>) -> Vec<String> {
+    let mut lines = dead_table(&preview.first, max_age);
+    let listed = preview.first.len() as u64;
+    let more = preview.events.saturating_sub(listed);
+    if more > 0 {
+        lines.push(format!(
+            "and {more} more (the first {listed} are listed; `idem outbox dead --list` lists more)"
+        ));
+    }
+    lines
 }
 
 /// The state, tries, failures and last error of an abandoned request's completion; `not
@@ -443,42 +507,9 @@ impl Out {
         if self.json {
             return self.print_json(&listed(events, max_age));
         }
-        let rows: Vec<Vec<String>> = events
-            .iter()
-            .map(|e| {
-                let mut row = vec![
-                    e.id.clone(),
-                    e.topic.clone(),
-                    e.ordering_key.clone().unwrap_or_default(),
-                    e.attempts.to_string(),
-                    secs(e.dead_for),
-                    secs(e.age),
-                ];
-                if let Some(max_age) = max_age {
-                    let window = if e.outside_window(max_age) {
-                        "OUTSIDE"
-                    } else {
-                        "within"
-                    };
-                    row.push(window.into());
-                }
-                row.push(e.last_error.clone());
-                row
-            })
-            .collect();
-        let mut header = vec![
-            "EVENT",
-            "TOPIC",
-            "ORDERING_KEY",
-            "ATTEMPTS",
-            "DEAD_SECS",
-            "AGE_SECS",
-        ];
-        if max_age.is_some() {
-            header.push("WINDOW");
+        for line in dead_table(events, max_age) {
+            say!("{line}");
         }
-        header.push("REASON");
-        table(&header, &rows);
         if let Some(max_age) = max_age {
             let outside = events.iter().filter(|e| e.outside_window(max_age)).count();
             say!(
@@ -486,6 +517,21 @@ impl Out {
                  ago, and are re-driven only with --force",
                 format_age(max_age)
             );
+        }
+    }
+
+    /// A confirmed bulk action on dead events that moved `done.moved` of them (`what`:
+    /// `redriven`, `discarded`); in JSON with how many its preview counted, and how many
+    /// parked since match its filter and were left.
+    pub(crate) fn confirmed(&self, what: &str, done: &Confirmed, message: &str) {
+        if self.json {
+            self.print_json(&json!({
+                what: done.moved,
+                "previewed": done.previewed,
+                "left": done.left,
+            }));
+        } else {
+            say!("{message}");
         }
     }
 }

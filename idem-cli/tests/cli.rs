@@ -45,6 +45,36 @@ fn said(out: &Output) -> String {
     )
 }
 
+/// The ids of the events a JSON list names.
+fn ids(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect()
+}
+
+/// The highest `seq` of the events `ids`: what the bound of a preview of them names.
+async fn highest_seq(pool: &PgPool, ids: &[&str]) -> i64 {
+    let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+    sqlx::query_scalar("SELECT max(seq) FROM idem_outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// An audit row's filter with the instant of its preview's bound, when it has one,
+/// written `T`: `all; as previewed: seq <= 5, parked by T, 3 previewed`.
+fn unstamped(filter: &str) -> String {
+    let Some((before, after)) = filter.split_once(", parked by ") else {
+        return filter.to_owned();
+    };
+    let (instant, rest) = after.split_once(',').unwrap_or((after, ""));
+    assert!(instant.ends_with('Z'), "an RFC 3339 instant: {filter}");
+    format!("{before}, parked by T,{rest}")
+}
+
 /// The exit code, and stderr, which must be one line starting with `idem: `.
 fn failure(out: &Output) -> (i32, String) {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -342,11 +372,20 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     };
     let after = json(url, flags, &["outbox", "dead"]);
     assert_eq!(counts(&after), counts(&reasons), "a dry run moves nothing");
+    // Without a terminal to ask on, a re-drive is refused unless --yes, as a discard is.
+    let (code, line) = failure(&idem(
+        url,
+        flags,
+        &["outbox", "redrive", "--reason", reason],
+    ));
+    assert_eq!(code, 2, "{line}");
+    assert!(line.contains("--yes"), "{line}");
+    let redriven_through = highest_seq(store.pool(), &ids(&dry["list"])).await;
     assert_eq!(
         json(
             url,
             flags,
-            &["outbox", "redrive", "--reason", reason, ana[0], ana[1]]
+            &["outbox", "redrive", "--reason", reason, "--yes", ana[0], ana[1]]
         )["redriven"],
         2
     );
@@ -362,6 +401,7 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     let (code, _) = failure(&idem(url, flags, &["outbox", "discard", "--all"]));
     assert_eq!(code, 2);
     let by_id = dead[0]["id"].as_str().unwrap();
+    let discarded_through = highest_seq(store.pool(), &[by_id]).await;
     assert_eq!(
         json(
             url,
@@ -396,7 +436,7 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
                 text("operator"),
                 text("via"),
                 text("action"),
-                text("filter"),
+                unstamped(&text("filter")),
                 rows,
             )
         })
@@ -414,8 +454,16 @@ async fn every_command(url: &str, flags: &[&str], store: &Store) {
     assert_eq!(
         rows,
         [
-            row("discard", &format!("ids {by_id}"), 1),
-            row("redrive", &format!("reason {reason:?}"), 2),
+            row(
+                "discard",
+                &format!("ids {by_id}; as previewed: seq <= {discarded_through}, parked by T, 1 previewed"),
+                1
+            ),
+            row(
+                "redrive",
+                &format!("reason {reason:?}; as previewed: seq <= {redriven_through}, parked by T, 2 previewed"),
+                2
+            ),
             row("sweep", "expired, batch 1000", 0),
             row("purge", "scope \"jobs\", key \"job-2\"", 1),
             row("abandon", "scope \"jobs\", key \"job-3\"", 1),
@@ -690,7 +738,11 @@ async fn a_redrive_past_the_window_needs_force() {
 
         // The events within the window re-drive as before.
         let reason = "no stream captures the subject";
-        let moved = json(&url, &[], &["outbox", "redrive", "--reason", reason]);
+        let moved = json(
+            &url,
+            &[],
+            &["outbox", "redrive", "--reason", reason, "--yes"],
+        );
         assert_eq!(moved["redriven"], 2, "{moved}");
         // A wider window, as the service configures it, takes the old one in.
         let wider = ["--redrive-max-age", "3d"];
@@ -702,7 +754,11 @@ async fn a_redrive_past_the_window_needs_force() {
             &["outbox", "redrive", "--all", "--force", "--dry-run"],
         );
         assert_eq!(dry["needs_force"], false, "{dry}");
-        let forced = json(&url, &[], &["outbox", "redrive", "--all", "--force"]);
+        let forced = json(
+            &url,
+            &[],
+            &["outbox", "redrive", "--all", "--force", "--yes"],
+        );
         assert_eq!(forced["redriven"], 1, "{forced}");
         assert!(store.dead_events(10).await.unwrap().is_empty());
         // The refused re-drive moved nothing and recorded nothing; the dry runs neither.
@@ -713,7 +769,9 @@ async fn a_redrive_past_the_window_needs_force() {
             .iter()
             .map(|e| {
                 let text = |field: &str| e[field].as_str().unwrap();
-                (text("action"), text("filter"), e["rows"].as_u64().unwrap())
+                // What each selected, before the bound of its preview.
+                let selected = text("filter").split("; as previewed: ").next().unwrap();
+                (text("action"), selected, e["rows"].as_u64().unwrap())
             })
             .collect();
         assert_eq!(
@@ -1352,6 +1410,342 @@ async fn a_closed_pipe_ends_the_command_quietly() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{:?}: {stderr}", out.status);
         assert!(!stderr.contains("panicked"), "{stderr}");
+    })
+    .await;
+}
+
+/// Issue 39: a re-drive and a discard with `--yes` still count first, and act on what they
+/// counted: the audit row names the filter and the bound of the preview (the highest
+/// `seq`, the instant, the count), and only those events moved. A dry run prints that
+/// preview: the count and the first 20 events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_action_acts_on_what_its_preview_counted() {
+    with_test_db(async |db| {
+        let (url, pool, store) = seeded(db, 2).await;
+        let reason = "no stream captures the subject";
+        // 25 more for the same reason: 27 in all.
+        store
+            .run_once("jobs", "job-many")
+            .run(async |mut tx| {
+                for n in 0..25 {
+                    tx.emit(Event::new("nowhere.z", &serde_json::json!({ "n": n })))
+                        .await?;
+                }
+                Ok::<_, sqlx::Error>("emitted".to_owned())
+            })
+            .await
+            .unwrap();
+        store
+            .relay(Refusing)
+            .max_attempts(3)
+            .run_until_idle()
+            .await
+            .unwrap();
+
+        let dry = json(
+            &url,
+            &[],
+            &["outbox", "redrive", "--reason", reason, "--dry-run"],
+        );
+        assert_eq!(dry["events"], 27, "{dry}");
+        assert_eq!(dry["list"].as_array().unwrap().len(), 20, "{dry}");
+        let text = idem(
+            &url,
+            &[],
+            &["outbox", "redrive", "--reason", reason, "--dry-run"],
+        );
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.starts_with("would re-drive 27 dead event(s); nothing moved (--dry-run)\nEVENT")
+                && text.contains("and 7 more (the first 20 are listed"),
+            "{text}"
+        );
+
+        let counted: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM idem_outbox WHERE dead_at IS NOT NULL AND last_error = $1",
+        )
+        .bind(reason)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let counted: Vec<&str> = counted.iter().map(String::as_str).collect();
+        let through = highest_seq(&pool, &counted).await;
+        let moved = json(
+            &url,
+            &[],
+            &["outbox", "redrive", "--reason", reason, "--yes"],
+        );
+        assert_eq!(
+            moved,
+            serde_json::json!({ "redriven": 27, "previewed": 27, "left": 0 })
+        );
+        let still_dead = json(&url, &[], &["outbox", "dead", "--list"]);
+        assert_eq!(ids(&still_dead).len(), 1, "{still_dead}");
+        assert_eq!(still_dead[0]["topic"], "gone.a", "{still_dead}");
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM idem_outbox WHERE dead_at IS NULL AND id = ANY($1)",
+        )
+        .bind(&counted)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(pending, 27, "the counted events are pending again");
+
+        let gone = ids(&still_dead)[0].to_owned();
+        let discard_through = highest_seq(&pool, &[&gone]).await;
+        let out = idem(&url, &[], &["outbox", "discard", "--all", "--yes"]);
+        assert!(out.status.success(), "{}", said(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "discarded 1 dead event(s)\n"
+        );
+
+        let trail = json(&url, &[], &["audit"]);
+        let rows: Vec<(&str, String, u64)> = trail
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["action"].as_str().unwrap(),
+                    unstamped(e["filter"].as_str().unwrap()),
+                    e["rows"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "discard",
+                    format!("all; as previewed: seq <= {discard_through}, parked by T, 1 previewed"),
+                    1
+                ),
+                (
+                    "redrive",
+                    format!(
+                        "reason {reason:?}; as previewed: seq <= {through}, parked by T, 27 previewed"
+                    ),
+                    27
+                ),
+            ],
+            "{trail}"
+        );
+    })
+    .await;
+}
+
+/// `idem` on a terminal of its own (`script`, of util-linux, makes one), so that it shows
+/// what it would touch and asks before it acts: the test reads that, changes the outbox
+/// meanwhile, then answers.
+struct Asking {
+    child: std::process::Child,
+    printed: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Asking {
+    /// `idem args` on a terminal, once it has asked (its question ends with `[y/N] `);
+    /// `None`, having said so, where there is no `script` to run it under.
+    async fn start(url: &str, args: &[&str]) -> Option<Self> {
+        use std::io::Read;
+        let line: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_idem"))
+            .chain(args.iter().copied())
+            .map(|arg| format!("'{}'", arg.replace('\'', r"'\''")))
+            .collect();
+        let spawned = Command::new("script")
+            .args(["-q", "-e", "-f", "-c", &line.join(" "), "/dev/null"])
+            .env("DATABASE_URL", url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("skipped: no `script` (util-linux) to give idem a terminal");
+                return None;
+            }
+            Err(e) => panic!("run script: {e}"),
+        };
+        let mut stdout = child.stdout.take().unwrap();
+        let printed: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = std::sync::Arc::default();
+        let sink = std::sync::Arc::clone(&printed);
+        let reader = std::thread::spawn(move || {
+            let mut buffer = [0; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buffer) {
+                sink.lock().unwrap().extend_from_slice(&buffer[..n]);
+            }
+        });
+        let mut asking = Self {
+            child,
+            printed,
+            reader,
+        };
+        for _ in 0..600 {
+            if asking.printed().contains("[y/N] ") {
+                return Some(asking);
+            }
+            if let Some(status) = asking.child.try_wait().unwrap() {
+                panic!("idem ended ({status}) without asking: {}", asking.printed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("idem did not ask within 30 s: {}", asking.printed());
+    }
+
+    /// What it printed so far, stdout and stderr together as a terminal shows them.
+    fn printed(&self) -> String {
+        terminal_text(&self.printed.lock().unwrap())
+    }
+
+    /// Answers `answer`, and waits for it to end: its exit code and all it printed.
+    fn answer(mut self, answer: &str) -> (i32, String) {
+        use std::io::Write;
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(format!("{answer}\n").as_bytes()).unwrap();
+        let status = self.child.wait().unwrap();
+        drop(stdin);
+        let printed = self.printed;
+        self.reader.join().unwrap();
+        let printed = terminal_text(&printed.lock().unwrap());
+        (status.code().unwrap_or(-1), printed)
+    }
+}
+
+/// What a terminal received, its line ends as `\n`.
+fn terminal_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace("\r\n", "\n")
+}
+
+/// Issue 39: a bulk action asked on a terminal shows the count and the first events, asks
+/// naming the count, and then acts on the events it counted only. An event parked while
+/// it asks matches the filter, and is left as it is; one parked by a transaction that was
+/// running during the preview and committed while it asks would make it act on more than
+/// it counted, so it acts on nothing and exits 7. Both races are made on purpose: the
+/// test changes the outbox while `idem` waits for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_acts_on_what_it_showed_not_what_matches_later() {
+    with_test_db(async |db| {
+        let (url, pool, _) = seeded(db, 3).await;
+        // The two pending `slow.x` events, in the outbox's order.
+        let pending: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM idem_outbox WHERE dead_at IS NULL ORDER BY seq")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let [first, second] = &pending[..] else {
+            panic!("two pending events: {pending:?}");
+        };
+        let park = "UPDATE idem_outbox SET dead_at = now(), last_error = $2 WHERE id = $1";
+
+        // Parked while idem asks: after the instant of its preview, so outside its bound
+        // (though below its highest `seq`, `gone.a`'s).
+        let Some(asking) = Asking::start(&url, &["outbox", "discard", "--all"]).await else {
+            return;
+        };
+        let shown = asking.printed();
+        let gone: String = sqlx::query_scalar("SELECT id FROM idem_outbox WHERE topic = 'gone.a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(
+            shown.contains("3 dead event(s) selected (all) as of ")
+                && shown.contains(&gone)
+                && shown.contains("Discard 3 dead event(s)? They will never be published. [y/N] "),
+            "{shown}"
+        );
+        sqlx::query(park)
+            .bind(second)
+            .bind("parked while asking")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let (code, printed) = asking.answer("y");
+        assert_eq!(code, 0, "{printed}");
+        assert!(
+            printed.contains(
+                "discarded 3 dead event(s); 1 dead event(s) parked since the preview match \
+                 (all) too: left as they are, run the command again for them"
+            ),
+            "{printed}"
+        );
+        let dead = json(&url, &[], &["outbox", "dead", "--list"]);
+        assert_eq!(ids(&dead), [second.as_str()], "{dead}");
+        let trail = json(&url, &[], &["audit"]);
+        assert_eq!(trail[0]["rows"], 3, "{trail}");
+        assert!(
+            trail[0]["filter"]
+                .as_str()
+                .unwrap()
+                .ends_with(", 3 previewed"),
+            "{trail}"
+        );
+
+        // Parked by a transaction that began before the preview (its `dead_at` is its
+        // start) and committed while idem asks: within the bound (below the highest `seq`,
+        // the second's, and parked before the instant), which now holds two events where
+        // the preview counted one. Nothing moves.
+        let mut running = pool.begin().await.unwrap();
+        sqlx::query(park)
+            .bind(first)
+            .bind("parked during the preview")
+            .execute(&mut *running)
+            .await
+            .unwrap();
+        let Some(asking) = Asking::start(&url, &["outbox", "redrive", "--all"]).await else {
+            return;
+        };
+        let shown = asking.printed();
+        assert!(
+            shown.contains("Re-drive 1 dead event(s)? They will be published again."),
+            "{shown}"
+        );
+        running.commit().await.unwrap();
+        let (code, printed) = asking.answer("y");
+        assert_eq!(code, 7, "{printed}");
+        let last = printed.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with(
+                "idem: 2 dead event(s) were within the preview's bound when it \
+                              acted, not the 1 it counted"
+            ) && last.contains("nothing re-driven; run the command again"),
+            "{printed}"
+        );
+        let dead = json(&url, &[], &["outbox", "dead", "--list"]);
+        assert_eq!(ids(&dead).len(), 2, "nothing moved: {dead}");
+        assert_eq!(
+            json(&url, &[], &["audit"]).as_array().unwrap().len(),
+            1,
+            "nothing recorded"
+        );
+        // Run again, it counts both, and re-drives both.
+        let moved = json(&url, &[], &["outbox", "redrive", "--all", "--yes"]);
+        assert_eq!(
+            moved,
+            serde_json::json!({ "redriven": 2, "previewed": 2, "left": 0 })
+        );
+
+        // Answered no: nothing done, as before.
+        sqlx::query(park)
+            .bind(first)
+            .bind("parked again")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let Some(asking) = Asking::start(&url, &["outbox", "discard", "--all"]).await else {
+            return;
+        };
+        let (code, printed) = asking.answer("n");
+        assert_eq!(code, 2, "{printed}");
+        assert!(
+            printed.contains("idem: not confirmed: nothing done"),
+            "{printed}"
+        );
+        assert_eq!(
+            ids(&json(&url, &[], &["outbox", "dead", "--list"])).len(),
+            1
+        );
     })
     .await;
 }
