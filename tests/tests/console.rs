@@ -2288,6 +2288,34 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         })
         .await;
         screenshot(&browser, "key").await;
+
+        // Issue 38: a charge whose completion failed for good, parked, on the
+        // "Abandoned" page with its actions.
+        let record_page = browser.current_url().await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO idempotency_steps (scope, principal, key, step, fingerprint, result, \
+                 created_at, expires_at) \
+             VALUES ('charges', 'acct_1', 'order-9', 'processor', sha256('order-9'::bytea), \
+                 '{\"outcome\":\"charged\",\"id\":\"ch_9\"}', now() - interval '10 minutes', \
+                 now() + interval '1 day'); \
+             INSERT INTO idempotency_requests (scope, principal, key, fingerprint, method, target, \
+                 headers, body, state, tries, failures, last_error, error_at, created_at, expires_at) \
+             VALUES ('charges', 'acct_1', 'order-9', sha256('order-9'::bytea), 'POST', '/charges', \
+                 '[]', '{}', 'failed', 5, 5, \
+                 'answered 500 Internal Server Error: the charges table refused the row', now(), \
+                 now() - interval '10 minutes', now() + interval '1 day')",
+        )
+        .execute(&app.pool)
+        .await
+        .expect("a parked completion");
+        browser.goto(&app.url("/admin/idem/abandoned")).await.unwrap();
+        until("the parked completion", async || {
+            let page = text().await;
+            (page.contains("order-9") && page.contains("failed")).then_some(())
+        })
+        .await;
+        screenshot(&browser, "abandoned").await;
+        browser.goto(record_page.as_str()).await.unwrap();
         let token = csrf(&browser.source().await.unwrap());
         let key_page = browser.current_url().await.unwrap();
 
