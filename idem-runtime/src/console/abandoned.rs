@@ -261,7 +261,8 @@ pub(super) async fn complete(
                     StatusCode::CONFLICT,
                     &format!(
                         "Nothing was done: {} stored no request to run again (its endpoint is \
-                         not completable), so it cannot be completed; it can only be abandoned.",
+                         not completable), or is being abandoned, which is for good: it cannot \
+                         be completed.",
                         named.described()
                     ),
                 ),

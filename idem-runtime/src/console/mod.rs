@@ -1102,20 +1102,8 @@ async fn read_dead_letters(
         DeadLetters::JetStream { jetstream, stream } => {
             let read = crate::outbox::nats::dead_letters(jetstream, stream, limit);
             let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
-                read.map_err(|e| e.to_string()).map(|letters| {
-                    letters
-                        .into_iter()
-                        .map(|l| pages::Letter {
-                            sequence: l.sequence,
-                            payload_len: l.payload.len(),
-                            event_id: l.event_id,
-                            subject: l.subject,
-                            reason: l.reason,
-                            at: l.at,
-                            payload: l.payload,
-                        })
-                        .collect()
-                })
+                read.map_err(|e| e.to_string())
+                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
             });
             let from = pages::LettersFrom {
                 kind: "the JetStream stream",
@@ -1128,20 +1116,8 @@ async fn read_dead_letters(
         DeadLetters::Amqp { connection, queue } => {
             let read = crate::outbox::amqp::dead_letters(connection, queue, limit);
             let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
-                read.map_err(|e| e.to_string()).map(|letters| {
-                    letters
-                        .into_iter()
-                        .map(|l| pages::Letter {
-                            sequence: l.sequence,
-                            event_id: l.event_id,
-                            subject: l.subject,
-                            reason: l.reason,
-                            at: l.at,
-                            payload: l.payload,
-                            payload_len: l.payload_len,
-                        })
-                        .collect()
-                })
+                read.map_err(|e| e.to_string())
+                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
             });
             let from = pages::LettersFrom {
                 kind: "the RabbitMQ queue",

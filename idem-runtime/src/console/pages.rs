@@ -1305,6 +1305,36 @@ pub(crate) struct Letter {
     pub(crate) payload_len: usize,
 }
 
+#[cfg(feature = "nats")]
+impl From<crate::outbox::nats::DeadLetter> for Letter {
+    fn from(l: crate::outbox::nats::DeadLetter) -> Self {
+        Self {
+            sequence: l.sequence,
+            payload_len: l.payload.len(),
+            event_id: l.event_id,
+            subject: l.subject,
+            reason: l.reason,
+            at: l.at,
+            payload: l.payload,
+        }
+    }
+}
+
+#[cfg(feature = "amqp")]
+impl From<crate::outbox::amqp::DeadLetter> for Letter {
+    fn from(l: crate::outbox::amqp::DeadLetter) -> Self {
+        Self {
+            sequence: l.sequence,
+            event_id: l.event_id,
+            subject: l.subject,
+            reason: l.reason,
+            at: l.at,
+            payload: l.payload,
+            payload_len: l.payload_len,
+        }
+    }
+}
+
 /// Where a "Dead letters" page reads from: what (`the JetStream stream`), its name, and
 /// in which order it lists.
 #[cfg(any(feature = "nats", feature = "amqp"))]

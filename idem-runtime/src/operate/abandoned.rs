@@ -183,15 +183,7 @@ pub struct AbandonedCursor {
 
 impl fmt::Display for AbandonedCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = |text: &str| crate::fingerprint::hex(text.as_bytes());
-        write!(
-            f,
-            "{}.{}.{}.{}",
-            self.first_us,
-            hex(&self.scope),
-            hex(&self.principal),
-            hex(&self.key)
-        )
+        super::write_cursor(f, self.first_us, &self.scope, &self.principal, &self.key)
     }
 }
 
@@ -199,26 +191,13 @@ impl FromStr for AbandonedCursor {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let wrong = || format!("not a cursor of the abandoned requests' list: {text:?}");
-        let unhex = |part: &str| -> Option<String> {
-            if !part.len().is_multiple_of(2) {
-                return None;
-            }
-            let bytes = (0..part.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(part.get(i..i + 2)?, 16).ok())
-                .collect::<Option<Vec<u8>>>()?;
-            String::from_utf8(bytes).ok()
-        };
-        let parts: Vec<&str> = text.split('.').collect();
-        let [at, scope, principal, key] = parts[..] else {
-            return Err(wrong());
-        };
+        let (first_us, scope, principal, key) =
+            super::read_cursor(text, "the abandoned requests' list")?;
         Ok(Self {
-            first_us: at.parse().map_err(|_| wrong())?,
-            scope: unhex(scope).ok_or_else(wrong)?,
-            principal: unhex(principal).ok_or_else(wrong)?,
-            key: unhex(key).ok_or_else(wrong)?,
+            first_us,
+            scope,
+            principal,
+            key,
         })
     }
 }

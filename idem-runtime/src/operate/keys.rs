@@ -222,15 +222,7 @@ pub struct KeyCursor {
 
 impl fmt::Display for KeyCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = |text: &str| crate::fingerprint::hex(text.as_bytes());
-        write!(
-            f,
-            "{}.{}.{}.{}",
-            self.created_us,
-            hex(&self.scope),
-            hex(&self.principal),
-            hex(&self.key)
-        )
+        super::write_cursor(f, self.created_us, &self.scope, &self.principal, &self.key)
     }
 }
 
@@ -238,26 +230,12 @@ impl FromStr for KeyCursor {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let wrong = || format!("not a cursor of the keys' list: {text:?}");
-        let unhex = |part: &str| -> Option<String> {
-            if !part.len().is_multiple_of(2) {
-                return None;
-            }
-            let bytes = (0..part.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(part.get(i..i + 2)?, 16).ok())
-                .collect::<Option<Vec<u8>>>()?;
-            String::from_utf8(bytes).ok()
-        };
-        let parts: Vec<&str> = text.split('.').collect();
-        let [at, scope, principal, key] = parts[..] else {
-            return Err(wrong());
-        };
+        let (created_us, scope, principal, key) = super::read_cursor(text, "the keys' list")?;
         Ok(Self {
-            created_us: at.parse().map_err(|_| wrong())?,
-            scope: unhex(scope).ok_or_else(wrong)?,
-            principal: unhex(principal).ok_or_else(wrong)?,
-            key: unhex(key).ok_or_else(wrong)?,
+            created_us,
+            scope,
+            principal,
+            key,
         })
     }
 }

@@ -185,6 +185,44 @@ pub fn request_counts() -> Vec<(String, crate::Outcome, u64)> {
     crate::observe::metrics::counted()
 }
 
+/// A list's cursor as text: a row's time in microseconds, then its stored scope,
+/// principal and key in hex, dot-separated ([`KeyCursor`], [`AbandonedCursor`]).
+fn write_cursor(
+    f: &mut std::fmt::Formatter<'_>,
+    at_us: i64,
+    scope: &str,
+    principal: &str,
+    key: &str,
+) -> std::fmt::Result {
+    let hex = |text: &str| crate::fingerprint::hex(text.as_bytes());
+    write!(f, "{at_us}.{}.{}.{}", hex(scope), hex(principal), hex(key))
+}
+
+/// [`write_cursor`]'s text read back; `Err` names `what` list it is not a cursor of.
+fn read_cursor(text: &str, what: &str) -> Result<(i64, String, String, String), String> {
+    let wrong = || format!("not a cursor of {what}: {text:?}");
+    let unhex = |part: &str| -> Option<String> {
+        if !part.len().is_multiple_of(2) {
+            return None;
+        }
+        let bytes = (0..part.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(part.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        String::from_utf8(bytes).ok()
+    };
+    let parts: Vec<&str> = text.split('.').collect();
+    let [at, scope, principal, key] = parts[..] else {
+        return Err(wrong());
+    };
+    Ok((
+        at.parse().map_err(|_| wrong())?,
+        unhex(scope).ok_or_else(wrong)?,
+        unhex(principal).ok_or_else(wrong)?,
+        unhex(key).ok_or_else(wrong)?,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
