@@ -1438,7 +1438,10 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
         )
         .await;
         assert_eq!(status, 409, "{page}");
-        assert!(page.contains("not completable), or is being abandoned"), "{page}");
+        assert!(
+            page.contains("not completable), or is being abandoned"),
+            "{page}"
+        );
         let nothing = ("charges", "acct_1", "k-nothing");
         for (path, form) in [
             (
