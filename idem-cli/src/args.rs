@@ -213,8 +213,12 @@ pub(crate) enum KeyCommand {
     /// compensation of each of its steps (a refund for a charge), then answers 410 to its
     /// key from then on.
     Abandon {
+        /// The endpoint's scope, as `#[idempotent(scope = ..)]` names it.
         scope: String,
+        /// The request's idempotency key.
         key: String,
+        /// The principal the key is kept under (the account of a service that keys
+        /// requests per account); empty for a key without one.
         #[arg(long, default_value = "")]
         principal: String,
         /// Say which steps would be compensated, and abandon nothing.
@@ -227,8 +231,11 @@ pub(crate) enum KeyCommand {
     /// Send a stored abandoned request (pending, or parked as failed) to be completed at
     /// the completer's next look, its failures forgotten.
     Complete {
+        /// The endpoint's scope, as `#[idempotent(scope = ..)]` names it.
         scope: String,
+        /// The request's idempotency key.
         key: String,
+        /// The principal the key is kept under; empty for a key without one.
         #[arg(long, default_value = "")]
         principal: String,
     },

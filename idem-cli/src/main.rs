@@ -374,7 +374,8 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
             let steps = live_steps(store, &scope, &principal, &key).await?;
             if steps.is_empty() {
-                return Err(no_live_steps(&what, "abandoned"));
+                let hint = holders(store, &scope, &principal, &key).await?;
+                return Err(no_live_steps(&what, "abandoned", &hint));
             }
             let named = steps.join(", ");
             if dry_run {
@@ -398,7 +399,7 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
                 ),
             )?;
             if !audited.abandon_request(&scope, &principal, &key).await? {
-                return Err(no_live_steps(&what, "abandoned"));
+                return Err(no_live_steps(&what, "abandoned", ""));
             }
             out.moved(
                 "abandoned",
@@ -420,7 +421,8 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
                     .await?
                     .is_empty()
                 {
-                    return Err(no_live_steps(&what, "completed"));
+                    let hint = holders(store, &scope, &principal, &key).await?;
+                    return Err(no_live_steps(&what, "completed", &hint));
                 }
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
@@ -459,13 +461,14 @@ async fn live_steps(
         .collect())
 }
 
-/// An action on `what`, a request without live steps: exit 3, nothing `done`.
-fn no_live_steps(what: &str, done: &str) -> Fault {
+/// An action on `what`, a request without live steps: exit 3, nothing `done`; `hint`
+/// ends the line ([`holders`]: the principals that hold the key, when none was given).
+fn no_live_steps(what: &str, done: &str, hint: &str) -> Fault {
     Fault::Own(Failure::new(
         exit::NOT_FOUND,
         format!(
             "{what} has no live steps: its request committed, its steps expired, or it never \
-             made one (`idem key abandoned` lists them): nothing {done}"
+             made one (`idem key abandoned --idle-for 0s` lists them): nothing {done}{hint}"
         ),
     ))
 }

@@ -317,8 +317,11 @@ impl Completer {
             tracing::Span::current().record("outcome", outcome);
             crate::observe::metrics::completion(&key_in_scope.scope, outcome);
             match &completed {
-                Completed::Completed | Completed::Abandoned => {
-                    tracing::info!(scope, key, outcome, "idem: {action}d a request its client abandoned");
+                Completed::Completed => {
+                    tracing::info!(scope, key, outcome, "idem: completed a request its client abandoned");
+                }
+                Completed::Abandoned => {
+                    tracing::info!(scope, key, outcome, "idem: abandoned a request for good: its steps' compensations ran, its key answers 410");
                 }
                 Completed::Retrying(error) => {
                     tracing::warn!(scope, key, %error, "idem: a request's {action} failed; it is tried again later");

@@ -18,7 +18,9 @@ use super::{instant, rfc3339, seconds, Page};
 use crate::store::Store;
 use crate::table::{statement, PrincipalType};
 
-/// The keys with live steps, the newest recorded at least $1 seconds ago, oldest first
+/// The keys with live steps, the newest recorded at least $1 seconds ago (or, whatever
+/// their idle time, parked as `failed` or being abandoned: an operator's to see), oldest
+/// first
 /// step first (ties in the order of their scope, principal and key), at most $10; each
 /// with its steps, oldest first, and its row of the requests table if it has one. $2 a
 /// principal or NULL, $3 a scope (its spread places included) or NULL, $4 a key prefix
@@ -46,15 +48,15 @@ SELECT a.scope, a.principal::text AS principal, a.key, a.steps, a.recorded, a.id
        AND ($3::text IS NULL OR scope = $3 OR left(scope, length($3) + 1) = $3 || chr(31))
        AND ($4::text IS NULL OR left(key, length($4)) = $4)
      GROUP BY scope, principal, key
-    HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
-       AND ($6::bigint IS NULL
+    HAVING ($6::bigint IS NULL
             OR (min(created_at), scope, principal::text, key)
                > (timestamptz 'epoch' + $6::bigint * interval '1 microsecond',
                   $7::text, $8::text, $9::text))
   ) AS a
   LEFT JOIN {requests} AS r
     ON r.scope = a.scope AND r.principal = a.principal AND r.key = a.key
- WHERE $5::text IS NULL OR r.state = $5 OR ($5 = 'not-completable' AND r.method IS NULL)
+ WHERE ($5::text IS NULL OR r.state = $5 OR ($5 = 'not-completable' AND r.method IS NULL))
+   AND (a.idle >= $1::float8 OR r.state IN ('failed', 'abandoning'))
  ORDER BY a.first, a.scope, a.principal::text, a.key
  LIMIT $10";
 
