@@ -590,7 +590,10 @@ async fn abandoned_pages(url: &str, flags: &[&str], pool: &PgPool) {
         (&["--completion", "failed"], &["p-1"]),
         (&["--completion", "pending"], &["p-2"]),
         (&["--completion", "abandoning"], &["p-5", "job-3"]),
-        (&["--completion", "not-completable"], &["p-3", "q-4", "p-5", "job-3"]),
+        (
+            &["--completion", "not-completable"],
+            &["p-3", "q-4", "p-5", "job-3"],
+        ),
         (
             &[
                 "--scope",
