@@ -71,14 +71,8 @@ impl<S: HoldsStore> FromRequestParts<S> for Completable {
         let target = uri
             .path_and_query()
             .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
-        let mut headers = parts.headers.clone();
-        for name in [
-            http::header::AUTHORIZATION,
-            http::header::PROXY_AUTHORIZATION,
-            http::header::COOKIE,
-        ] {
-            headers.remove(name);
-        }
+        // Credentials are left out when the request is stored ([`Completable::stored`]).
+        let headers = parts.headers.clone();
         let body = CaptureBody::default();
         parts.extensions.insert(body.clone());
         Ok(Self {

@@ -403,16 +403,7 @@ impl Completer {
         let requests = &self.store.inner.requests;
         match requests.state(pool, (scope, principal, stored_key)).await {
             Ok(None) => return Run::Done(Completed::Completed),
-            Ok(Some(_)) if replayed => {
-                let forget = crate::table::statement(requests.forgetting(key));
-                return match sqlx::raw_sql(forget).execute(pool).await {
-                    Ok(_) => Run::Done(Completed::Completed),
-                    Err(error) => Run::Failed {
-                        error: error.to_string(),
-                        counted: false,
-                    },
-                };
-            }
+            Ok(Some(_)) if replayed => return forgotten(requests.forget(pool, key).await),
             Ok(Some(_)) => {}
             Err(error) => {
                 return Run::Failed {
@@ -461,14 +452,7 @@ impl Completer {
             // Its client's retry, or a completion, committed it first: its answer
             // stands, and there is nothing to undo.
             Ok(Begun::Replay(_)) => {
-                let forget = crate::table::statement(store.inner.requests.forgetting(key));
-                return match sqlx::raw_sql(forget).execute(store.outside()).await {
-                    Ok(_) => Run::Done(Completed::Completed),
-                    Err(error) => Run::Failed {
-                        error: error.to_string(),
-                        counted: false,
-                    },
-                };
+                return forgotten(store.inner.requests.forget(store.outside(), key).await)
             }
             Err(refusal) => {
                 let counted = !matches!(refusal, Refusal::InUse | Refusal::Unavailable(_));
@@ -554,6 +538,18 @@ impl Completer {
                 counted: false,
             },
         }
+    }
+}
+
+/// A request another attempt committed, its stored copy deleted: completed (a failed
+/// delete is tried again).
+fn forgotten(deleted: Result<(), sqlx::Error>) -> Run {
+    match deleted {
+        Ok(()) => Run::Done(Completed::Completed),
+        Err(error) => Run::Failed {
+            error: error.to_string(),
+            counted: false,
+        },
     }
 }
 

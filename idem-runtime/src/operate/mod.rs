@@ -162,9 +162,14 @@ pub(crate) fn rfc3339<S: serde::Serializer>(time: &SystemTime, s: S) -> Result<S
 }
 
 /// Serializes bytes as text, invalid UTF-8 replaced.
+pub(crate) fn lossy<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes))
+}
+
+/// [`lossy`] of bytes that may be absent.
 fn lossy_text<S: serde::Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
     match bytes {
-        Some(bytes) => s.serialize_str(&String::from_utf8_lossy(bytes)),
+        Some(bytes) => lossy(bytes, s),
         None => s.serialize_none(),
     }
 }

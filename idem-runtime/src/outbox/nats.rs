@@ -687,12 +687,8 @@ pub struct DeadLetter {
     pub at: SystemTime,
     /// The event's payload, as the consumer received it (as text in JSON, invalid UTF-8
     /// replaced).
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "crate::operate::lossy")]
     pub payload: Vec<u8>,
-}
-
-fn lossy<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(bytes))
 }
 
 /// The newest dead letters of the stream `stream` (the one that captures a consumer's

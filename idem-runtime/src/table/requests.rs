@@ -339,6 +339,13 @@ impl RequestsTable {
         literal::render(&self.forget, &self.key(key, &scope))
     }
 
+    /// [`FORGET`] now, on its own: a request another attempt committed, whose COMMIT did
+    /// not carry the delete.
+    pub(crate) async fn forget(&self, pool: &PgPool, key: &KeyInScope) -> Result<(), sqlx::Error> {
+        let sql = statement(self.forgetting(key));
+        sqlx::raw_sql(sql).execute(pool).await.map(drop)
+    }
+
     /// [`DUE`]: the keys of up to `limit` requests to take now.
     pub(crate) async fn due(
         &self,

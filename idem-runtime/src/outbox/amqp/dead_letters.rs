@@ -68,14 +68,10 @@ pub struct DeadLetter {
     pub deaths: u64,
     /// The event's payload, its first 64 KiB (cut at a character's boundary; as text in
     /// JSON, invalid UTF-8 replaced).
-    #[serde(serialize_with = "lossy")]
+    #[serde(serialize_with = "crate::operate::lossy")]
     pub payload: Vec<u8>,
     /// The whole payload's length in bytes: more than `payload.len()` when it was cut.
     pub payload_len: usize,
-}
-
-fn lossy<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(bytes))
 }
 
 /// The dead letters at the head of the queue `queue` (the one the consumed queue's
