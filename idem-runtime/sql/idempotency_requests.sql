@@ -35,3 +35,8 @@ CREATE TABLE IF NOT EXISTS "idempotency_requests" (
 
 -- The sweeper deletes expired rows.
 CREATE INDEX IF NOT EXISTS "idempotency_requests_expires_at_idx" ON "idempotency_requests" (expires_at);
+
+-- The request's per-field hashes (`Fingerprint::parts`, as the keys' rows keep them),
+-- added after the table's first migration: after a deploy that reorders or adds `fields`,
+-- a retry is compared on the fields both versions share.
+ALTER TABLE "idempotency_requests" ADD COLUMN IF NOT EXISTS field_hashes bytea;

@@ -22,3 +22,8 @@ CREATE TABLE IF NOT EXISTS "idempotency_steps" (
 
 -- The sweeper deletes expired rows.
 CREATE INDEX IF NOT EXISTS "idempotency_steps_expires_at_idx" ON "idempotency_steps" (expires_at);
+
+-- The request's per-field hashes (`Fingerprint::parts`, as the keys' rows keep them),
+-- added after the table's first migration: after a deploy that reorders or adds `fields`,
+-- a retry is compared on the fields both versions share.
+ALTER TABLE "idempotency_steps" ADD COLUMN IF NOT EXISTS field_hashes bytea;

@@ -21,6 +21,7 @@
 //! an endpoint's `fields`, a retry is compared on the fields both versions share
 //! instead of being refused by the new list ([`Fingerprint::matches`]).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
@@ -41,7 +42,9 @@ pub const WHOLE_BODY: &str = "";
 pub struct Fingerprint {
     combined: Digest32,
     target: Digest32,
-    fields: Vec<(&'static str, Digest32)>,
+    /// Named by the endpoint's code, or read back from a stored request
+    /// ([`Fingerprint::stored`]).
+    fields: Vec<(Cow<'static, str>, Digest32)>,
 }
 
 impl Fingerprint {
@@ -75,13 +78,29 @@ impl Fingerprint {
     }
 
     /// The fingerprint a request's steps were stored with, read back (the completer
-    /// abandons a request under it): its combined hash alone, which matches the request
-    /// it was taken from, and no other.
-    pub(crate) fn stored(combined: Digest32) -> Self {
+    /// abandons a request under it): its combined hash and its `parts`
+    /// ([`Fingerprint::parts`]), so that it matches a retry as the request it was taken
+    /// from does, also across a deploy that changed `fields`. Without readable parts
+    /// (a request stored before they were kept), its combined hash alone: it matches the
+    /// request it was taken from, and no other.
+    pub(crate) fn stored(combined: Digest32, parts: &[u8]) -> Self {
+        let (target, fields) = match StoredParts::decode(parts) {
+            Some(stored) => (
+                stored.target,
+                stored
+                    .fields
+                    .into_iter()
+                    .filter_map(|(name, hash)| {
+                        Some((Cow::Owned(name.to_owned()), hash.try_into().ok()?))
+                    })
+                    .collect(),
+            ),
+            None => ([0; 32], Vec::new()),
+        };
         Self {
             combined,
-            target: [0; 32],
-            fields: Vec::new(),
+            target,
+            fields,
         }
     }
 
@@ -107,7 +126,7 @@ impl Fingerprint {
         let stored = stored.fields;
         let mut shared = 0;
         for (name, hash) in &self.fields {
-            if let Some((_, stored_hash)) = stored.iter().find(|(n, _)| n == name) {
+            if let Some((_, stored_hash)) = stored.iter().find(|(n, _)| *n == name.as_ref()) {
                 if stored_hash != hash {
                     return false;
                 }
@@ -172,7 +191,7 @@ impl<'a> StoredParts<'a> {
 /// Collects the named fields of one request; see [`Fingerprint::builder`].
 pub struct FingerprintBuilder {
     target: Digest32,
-    fields: Vec<(&'static str, Digest32)>,
+    fields: Vec<(Cow<'static, str>, Digest32)>,
 }
 
 impl FingerprintBuilder {
@@ -190,7 +209,8 @@ impl FingerprintBuilder {
         hasher.put(b"f");
         put_str(&mut hasher, name.as_bytes());
         value.serialize(Encoder::of::<T>(&mut hasher))?;
-        self.fields.push((name, hasher.finalize().into()));
+        self.fields
+            .push((Cow::Borrowed(name), hasher.finalize().into()));
         Ok(())
     }
 

@@ -192,6 +192,10 @@ mod deployment;
 mod distribution;
 mod engine;
 mod expiry;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
+#[cfg(not(feature = "failpoints"))]
+mod failpoint;
 mod fingerprint;
 mod header_hash;
 mod identity;

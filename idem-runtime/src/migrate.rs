@@ -78,6 +78,12 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "20261128000002_idempotency_requests.sql",
         include_str!("../migrations/20261128000002_idempotency_requests.sql"),
     ),
+    // The request's per-field hashes beside its steps and its stored copy: a deploy
+    // that reorders or adds `fields` still resumes a request that recorded a step.
+    (
+        "20261129000000_idem_field_hashes.sql",
+        include_str!("../migrations/20261129000000_idem_field_hashes.sql"),
+    ),
 ];
 
 /// The columns idem reads and writes, with the types it accepts for each, as PostgreSQL's
@@ -424,21 +430,9 @@ impl Store {
         // The outbox's later columns: without them, the relay's mark of a failed publish
         // fails (a migration that has not run).
         let outbox = self.inner.outbox.qualified().to_owned();
-        let missing: Option<String> = sqlx::query_scalar(OUTBOX_COLUMN_MISSING)
-            .bind(&outbox)
-            .bind(OUTBOX_COLUMNS.map(str::to_owned).to_vec())
-            .persistent(persistent)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(column) = missing {
-            let column = OUTBOX_COLUMNS
-                .into_iter()
-                .find(|c| *c == column)
-                .unwrap_or("errors");
-            return Err(VerifyError::MissingColumn {
-                table: outbox,
-                column,
-            });
+        missing_column(&mut conn, persistent, &outbox, &OUTBOX_COLUMNS).await?;
+        if !self.inner.step_pool_given {
+            self.step_columns(&mut conn, persistent).await?;
         }
         let audit = self.inner.audit_table.qualified();
         let tables = [
@@ -458,6 +452,7 @@ impl Store {
         if self.inner.step_pool_given {
             let mut steps = self.inner.table.single(self.outside()).await?;
             missing_table(&mut steps, persistent, &self.step_tables()).await?;
+            self.step_columns(&mut steps, persistent).await?;
             let tables = [
                 (self.inner.steps_table.qualified(), &PRIVILEGES[..]),
                 (self.inner.requests_table.qualified(), &PRIVILEGES[..]),
@@ -503,6 +498,44 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The steps' and stored requests' columns added after their first migrations
+    /// ([`STEP_COLUMNS`]), as [`VerifyError::MissingColumn`].
+    async fn step_columns(
+        &self,
+        conn: &mut crate::table::Single,
+        persistent: bool,
+    ) -> Result<(), VerifyError> {
+        for (qualified, _) in self.step_tables() {
+            missing_column(conn, persistent, &qualified, &STEP_COLUMNS).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The first of `columns` that `table` (qualified) lacks, if it exists, as
+/// [`VerifyError::MissingColumn`]: a later migration has not run.
+async fn missing_column(
+    conn: &mut crate::table::Single,
+    persistent: bool,
+    table: &str,
+    columns: &[&'static str],
+) -> Result<(), VerifyError> {
+    let missing: Option<String> = sqlx::query_scalar(COLUMN_MISSING)
+        .bind(table)
+        .bind(columns.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>())
+        .persistent(persistent)
+        .fetch_optional(&mut **conn)
+        .await?;
+    match missing.and_then(|name| columns.iter().find(|c| **c == name)) {
+        Some(column) => Err(VerifyError::MissingColumn {
+            table: table.to_owned(),
+            column,
+        }),
+        None => Ok(()),
+    }
+}
+
 async fn missing_table(
     conn: &mut crate::table::Single,
     persistent: bool,
@@ -526,8 +559,11 @@ async fn missing_table(
 /// The outbox's columns added after its first migration, which [`Store::verify`] checks.
 const OUTBOX_COLUMNS: [&str; 2] = ["error_at", "errors"];
 
-/// The first of the columns $2 that the outbox $1 lacks, if it exists and lacks one.
-const OUTBOX_COLUMN_MISSING: &str = "\
+/// The steps' and the stored requests' columns added after their first migrations.
+const STEP_COLUMNS: [&str; 1] = ["field_hashes"];
+
+/// The first of the columns $2 that the table $1 lacks, if it exists and lacks one.
+const COLUMN_MISSING: &str = "\
 SELECT c.name FROM unnest($2::text[]) WITH ORDINALITY AS c(name, i)
  WHERE to_regclass($1) IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM pg_attribute AS a
@@ -633,14 +669,22 @@ mod tests {
 
     #[test]
     fn the_migrations_are_the_schema_store_migrate_runs() {
-        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit), (_, errors), (_, requests)] =
+        let [(_, keys), (_, outbox), (_, steps), (_, heads), (_, audit), (_, errors), (_, requests), (_, hashes)] =
             MIGRATIONS
         else {
-            panic!("seven migrations so far")
+            panic!("eight migrations so far")
         };
         assert_eq!(*keys, crate::SCHEMA_SQL);
-        assert_eq!(*steps, crate::STEPS_SCHEMA_SQL);
-        assert_eq!(*requests, crate::REQUESTS_SCHEMA_SQL);
+        // The steps' and the requests' schemas are their first files, then the later
+        // file's column.
+        for (schema, first, table) in [
+            (crate::STEPS_SCHEMA_SQL, steps, "\"idempotency_steps\""),
+            (crate::REQUESTS_SCHEMA_SQL, requests, "\"idempotency_requests\""),
+        ] {
+            assert!(schema.starts_with(first), "{table}");
+            let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS field_hashes bytea;");
+            assert!(hashes.contains(&alter) && schema.trim_end().ends_with(&alter), "{table}");
+        }
         assert_eq!(*audit, crate::AUDIT_SCHEMA_SQL);
         // The outbox's schema is its first file with the later one's index in place of
         // the index it replaced.

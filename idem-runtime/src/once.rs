@@ -230,7 +230,7 @@ impl RunOnce<'_> {
 /// How a refusal is observed, and what [`RunOnce::run`] returns for it.
 fn refused<E>(refusal: Refusal) -> (Outcome, OnceError<E>) {
     match refusal {
-        Refusal::InUse => (Outcome::Conflict, OnceError::InUse),
+        Refusal::InUse | Refusal::Abandoning => (Outcome::Conflict, OnceError::InUse),
         Refusal::Mismatch => (Outcome::Mismatch, OnceError::Mismatch),
         Refusal::Unavailable(e) => (Outcome::Unavailable, OnceError::Unavailable(e)),
         Refusal::Database(e) => (Outcome::Failed, OnceError::Database(e)),

@@ -113,6 +113,9 @@ pub(crate) struct Settings {
     /// checks it too.
     pub(crate) step_pool_given: bool,
     outside_connections: u32,
+    /// Where a test makes the process die ([`StoreBuilder::failpoints`]).
+    #[cfg(feature = "failpoints")]
+    pub(crate) failpoints: Option<Arc<crate::failpoint::Failpoints>>,
 }
 
 impl Store {
@@ -139,6 +142,8 @@ impl Store {
             step_connections: 4,
             replay_cache: None,
             abandoned_after: Duration::from_secs(300),
+            #[cfg(feature = "failpoints")]
+            failpoints: None,
             principal: None,
             require_principal: false,
             acquire_timeout: Duration::from_secs(3),
@@ -266,9 +271,20 @@ pub struct StoreBuilder {
     step_connections: u32,
     replay_cache: Option<(usize, Duration)>,
     abandoned_after: Duration,
+    #[cfg(feature = "failpoints")]
+    failpoints: Option<Arc<crate::failpoint::Failpoints>>,
 }
 
 impl StoreBuilder {
+    /// The failpoints a test arms to make this store's requests and completer stop at a
+    /// durable boundary, as if their process had died ([`crate::failpoint`]; feature
+    /// `failpoints`, for tests only).
+    #[cfg(feature = "failpoints")]
+    pub fn failpoints(mut self, failpoints: Arc<crate::failpoint::Failpoints>) -> Self {
+        self.failpoints = Some(failpoints);
+        self
+    }
+
     /// How long a request that recorded a step ([`Tx::step`](crate::Tx::step)) may go
     /// without committing or recording another before it counts as abandoned (default 5
     /// minutes): what the console's "Abandoned" page lists by default, and what the
@@ -695,6 +711,8 @@ impl StoreBuilder {
                 outside,
                 step_pool_given,
                 outside_connections: self.step_connections,
+                #[cfg(feature = "failpoints")]
+                failpoints: self.failpoints,
             }),
         }
     }

@@ -28,6 +28,48 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 /// SQLSTATE of an `EXECUTE` of a statement the connection has not prepared.
 const NOT_PREPARED: &str = "26000";
 
+/// What a `COMMIT` that idem did not send answers, in the message of its error: one line
+/// that says what to write instead.
+pub(crate) const REFUSED_COMMIT: &str = "idem refused this COMMIT: an idempotent request's \
+transaction commits when its handler returns, with its key; run this unit of work on the \
+connection it is given, without begin() and commit()";
+
+/// The guard against a `COMMIT` that idem did not send (invariant 6), declared in the
+/// message that begins the transaction. A holdable cursor is run to its end by the
+/// `COMMIT` of its transaction; this one's only row casts text to an integer, so that
+/// `COMMIT` fails (22P02, [`REFUSED_COMMIT`] in its message) and rolls everything back
+/// instead: the handler's writes never commit without the key's record. `random()` keeps
+/// PostgreSQL from folding the cast when it plans the cursor. idem's own `COMMIT`
+/// closes the guard first ([`guarded`]).
+///
+/// This is what turns sqlx's nested unit of work into an error before anything commits:
+/// idem's `BEGIN` is its own SQL, so sqlx's transaction depth on the connection reads 0,
+/// and `conn.begin()` on the request's connection sends `BEGIN` (a warning inside a
+/// transaction) and then a real `COMMIT`, not `SAVEPOINT` and `RELEASE`. Making sqlx count
+/// idem's transaction would cost a round trip per request ([`crate::engine`]'s budget).
+/// The cursor costs none: it rides the two messages the transaction sends anyway, in
+/// every mode (a transaction pooler keeps it with the transaction; Citus plans it on the
+/// coordinator, which no table is read from).
+const GUARD: &str = "DECLARE idem_guard CURSOR WITH HOLD FOR \
+SELECT CAST(CASE WHEN random() >= 0 THEN $refused$";
+
+/// `sql`, which ends with `COMMIT`, with the guard closed before its `COMMIT`. A
+/// transaction the work ended itself has no guard left: `CLOSE` fails (34000), and
+/// PostgreSQL skips the `COMMIT`.
+fn guarded(sql: &str) -> String {
+    let head = sql.strip_suffix("COMMIT");
+    debug_assert!(head.is_some(), "a finishing message ends with COMMIT: {sql}");
+    format!("{}CLOSE idem_guard;\nCOMMIT", head.unwrap_or(sql))
+}
+
+/// `sql` with the guard's `DECLARE` after it, its message written in.
+fn with_guard(mut sql: String) -> String {
+    for part in [";\n", GUARD, REFUSED_COMMIT, "$refused$ END AS integer)"] {
+        sql.push_str(part);
+    }
+    sql
+}
+
 /// A set of statements that messages `EXECUTE` by name on connections that prepare them
 /// the first time they lack them. Their names are `idem_` and a hash of the whole set, so
 /// that two stores whose statements differ (another table, another principal type) never
@@ -101,9 +143,21 @@ impl Prepared {
     /// connection holding part of the set (another store's, or one whose handler let go
     /// of some) does not fail on a name it has.
     async fn prepare(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        self.prepare_after(conn, "ROLLBACK;\n").await
+    }
+
+    /// Prepares on `conn`, which is in no transaction, those of the set it lacks: for a
+    /// transaction whose first message executes none of them, but whose later ones
+    /// may (an abandon's undos, [`crate::engine::hold_abandoning`]).
+    pub(crate) async fn ensure(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        self.prepare_after(conn, "").await
+    }
+
+    /// [`Prepared::prepare`], its first message beginning with `head`.
+    async fn prepare_after(&self, conn: &mut PgConnection, head: &str) -> Result<(), sqlx::Error> {
         // The prefix is letters, digits and `_`.
         let sql = format!(
-            "ROLLBACK;\nSELECT name FROM pg_prepared_statements WHERE starts_with(name, '{}')",
+            "{head}SELECT name FROM pg_prepared_statements WHERE starts_with(name, '{}')",
             self.prefix
         );
         let held: Vec<String> = sqlx::raw_sql(AssertSqlSafe(sql))
@@ -187,6 +241,15 @@ fn not_prepared(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some(NOT_PREPARED))
 }
 
+/// Whether `error` answered a finishing message whose transaction had lost its guard: the
+/// work ended the transaction itself (a raw `ROLLBACK`), or closed idem's cursor.
+pub(crate) fn is_unguarded(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some(INVALID_CURSOR))
+}
+
+/// SQLSTATE of a `CLOSE` of a cursor the session does not have.
+const INVALID_CURSOR: &str = "34000";
+
 /// An open transaction on a connection of the pool; rolled back unless it ends.
 pub(crate) struct OpenTransaction {
     conn: Option<PoolConnection<Postgres>>,
@@ -194,7 +257,8 @@ pub(crate) struct OpenTransaction {
 
 impl OpenTransaction {
     /// Sends `sql`, which begins a transaction and may go on with more statements, in one
-    /// message on `conn`, and returns the rows they return. When `sql` executes
+    /// message on `conn`, with the guard against a `COMMIT` idem did not send after them
+    /// ([`GUARD`]), and returns the rows they return. When `sql` executes
     /// statements of `prepared` and the connection lacks them, they are prepared and
     /// `sql` is sent again (once per connection). On an error the transaction is rolled
     /// back (by the drop).
@@ -205,7 +269,7 @@ impl OpenTransaction {
     ) -> Result<(Self, Vec<PgRow>), sqlx::Error> {
         let mut open = Self { conn: Some(conn) };
         // Shared, not copied: sent again only when the connection lacked the statements.
-        let sql = Arc::new(sql);
+        let sql = Arc::new(with_guard(sql));
         let rows = match sqlx::raw_sql(AssertSqlSafe(Arc::clone(&sql)))
             .fetch_all(&mut *open)
             .await
@@ -225,9 +289,9 @@ impl OpenTransaction {
     }
 
     /// Sends `sql`, which ends the transaction (with `COMMIT`, after what must commit
-    /// with it), in one message; the transaction is over whatever it answers: on an
-    /// error PostgreSQL skipped the rest of the message, and the drop of what is left
-    /// rolls back.
+    /// with it), in one message, the guard closed just before its `COMMIT` ([`guarded`]);
+    /// the transaction is over whatever it answers: on an error PostgreSQL skipped the
+    /// rest of the message, and the drop of what is left rolls back.
     ///
     /// When `sql` executes a statement of `prepared` that the connection no longer has
     /// (the handler let go of it: `DEALLOCATE`), this request fails, rolled back and
@@ -237,7 +301,9 @@ impl OpenTransaction {
         sql: String,
         prepared: Option<&Prepared>,
     ) -> Result<(), sqlx::Error> {
-        let result = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self).await;
+        let result = sqlx::raw_sql(AssertSqlSafe(guarded(&sql)))
+            .execute(&mut *self)
+            .await;
         match &result {
             // Committed: the connection goes back to the pool as it is.
             Ok(_) => drop(self.conn.take()),

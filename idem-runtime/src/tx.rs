@@ -56,9 +56,35 @@ use crate::table::requests::StoredRequest;
 /// idem owns the transaction: the claim of the key, the handler's writes and the stored
 /// response commit together, or not at all. `Tx` is therefore only a borrow. It has no
 /// `commit` or `rollback`, and its lifetime keeps it out of `tokio::spawn`, so writes
-/// cannot escape the transaction. What the type system cannot stop, a raw `COMMIT`
-/// statement, is caught after the handler returns: the request answers 500 and nothing
-/// is stored.
+/// cannot escape the transaction. What the type system cannot stop is refused or caught:
+///
+/// - A `COMMIT` idem did not send fails, and rolls everything back (its error says
+///   "idem refused this COMMIT"): a raw `COMMIT` statement, and sqlx's nested unit of
+///   work, `conn.begin()` … `commit()` on the request's connection (a helper taking
+///   `&mut PgConnection` given `&mut tx`). sqlx does not see idem's `BEGIN`, so that
+///   `begin()` is no `SAVEPOINT`: write the helper without `begin()` and `commit()`, its
+///   statements on the connection it is given; the request's transaction is their unit
+///   of work, and the handler's `Err` rolls them back. Where part of the work must be
+///   undone alone, send `SAVEPOINT name` and `ROLLBACK TO SAVEPOINT name` yourself.
+/// - A `ROLLBACK` idem did not send (a raw one, or that nested unit's `rollback()`)
+///   ends the request's transaction: the request answers 500 and nothing is stored. A
+///   handler that goes on writing after it writes outside any transaction.
+///
+/// ```
+/// # use sqlx::{Connection, PgConnection};
+/// // Refused inside an idempotent handler: `commit()` answers an error, nothing commits.
+/// async fn nested(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+///     let mut unit = conn.begin().await?;
+///     sqlx::query("INSERT INTO charges (amount) VALUES (1)").execute(&mut *unit).await?;
+///     unit.commit().await
+/// }
+///
+/// // What to write instead: the request's transaction is the unit of work.
+/// async fn flat(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO charges (amount) VALUES (1)").execute(&mut *conn).await?;
+///     Ok(())
+/// }
+/// ```
 pub struct Tx<'t> {
     conn: &'t mut PgConnection,
     store: &'t Store,

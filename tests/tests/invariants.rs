@@ -360,10 +360,11 @@ async fn a_duplicate_in_flight_gets_409_then_the_replay() {
     .await;
 }
 
-/// Invariant 6: a raw COMMIT inside the handler is caught: 500, nothing stored, and the
-/// key is not left behind half-written.
+/// Invariant 6: a raw COMMIT inside the handler is refused before anything commits (the
+/// handler's statement fails, its `Err` answers), a raw ROLLBACK is caught (500), and
+/// neither leaves a key row behind, half-written or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_raw_commit_in_the_handler_is_caught() {
+async fn a_raw_commit_in_the_handler_is_refused_and_a_rollback_caught() {
     with_test_db(async |db| {
         let s = start(db, |b| b).await;
         for (key, statement) in [
@@ -371,20 +372,28 @@ async fn a_raw_commit_in_the_handler_is_caught() {
             ("k2", "ROLLBACK"),
             ("k3", "COMMIT; BEGIN"),
         ] {
-            let a = s.post("/escape", Some(key), &note(statement)).await;
-            a.assert_problem(500, "transaction-escaped");
-            assert_eq!(
-                s.keys().await,
-                0,
-                "{statement}: no key row, complete or not"
-            );
-            // Not stuck: the same key is handled again (and caught again).
-            s.post("/escape", Some(key), &note(statement))
-                .await
-                .assert_problem(500, "transaction-escaped");
+            for _ in 0..2 {
+                let a = s.post("/escape", Some(key), &note(statement)).await;
+                if statement == "ROLLBACK" {
+                    a.assert_problem(500, "transaction-escaped");
+                } else {
+                    assert_eq!(a.status, 500, "{statement}: the handler's Err");
+                    let detail = a.json()["detail"].as_str().unwrap_or_default().to_owned();
+                    assert!(
+                        detail.contains("idem refused this COMMIT"),
+                        "{statement}: the refusal says why: {detail}"
+                    );
+                }
+                assert_eq!(
+                    s.keys().await,
+                    0,
+                    "{statement}: no key row, complete or not"
+                );
+            }
         }
-        // The escaped writes are the damage the check reports, not something it can undo.
-        assert_eq!(s.count("effects").await, 4, "two COMMITs, each run twice");
+        // The COMMITs were refused with the writes before them; the ROLLBACK took its
+        // write back. Nothing escaped.
+        assert_eq!(s.count("effects").await, 0, "no write committed");
     })
     .await;
 }

@@ -10,7 +10,7 @@ use idem::{idempotent, Store, Tx};
 use idem_tests::{with_test_db, TestApp};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::Row;
+use sqlx::{Connection, PgConnection, Row};
 
 #[derive(Deserialize, Serialize)]
 struct NewNote {
@@ -53,6 +53,26 @@ async fn create_note(
     }
     let ids: Vec<i64> = rows.iter().map(|row| row.get("id")).collect();
     Ok(format!("{} {ids:?}", seen.unwrap_or_default()))
+}
+
+/// A helper with a unit of work of its own, sqlx's idiom, given `&mut tx`.
+async fn add_note(conn: &mut PgConnection, body: &str) -> Result<(), sqlx::Error> {
+    let mut unit = conn.begin().await?;
+    sqlx::query("INSERT INTO notes (body) VALUES ($1)")
+        .bind(body)
+        .execute(&mut *unit)
+        .await?;
+    unit.commit().await
+}
+
+#[idempotent(scope = "nested")]
+async fn nested(mut tx: Tx, Json(note): Json<NewNote>) -> Result<StatusCode, (StatusCode, String)> {
+    add_note(&mut tx, &note.body).await.map_err(failed)?;
+    sqlx::query("INSERT INTO notes (body) VALUES ('after')")
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    Ok(StatusCode::CREATED)
 }
 
 fn failed(error: sqlx::Error) -> (StatusCode, String) {
@@ -104,6 +124,41 @@ async fn mut_tx_runs_in_the_requests_transaction() {
             "one write, committed with the key"
         );
         assert_eq!(s.keys().await, 1);
+    })
+    .await;
+}
+
+/// Regression (issue 48): sqlx's nested unit of work, `conn.begin()` … `commit()` on the
+/// request's connection, sent a real COMMIT (sqlx does not see idem's BEGIN): the write
+/// committed without the key, and each retry wrote again. The COMMIT is now refused
+/// before anything commits, and says what to write instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_unit_of_work_never_commits_the_requests_transaction() {
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let store = Store::new(pool.clone());
+        store.migrate().await.unwrap();
+        let app = Router::new()
+            .route("/nested", post(nested))
+            .with_state(store);
+        let s = TestApp::serve(pool, app).await;
+        for _ in 0..3 {
+            let answer = s
+                .post("/nested", Some("n1"), &json!({ "body": "a", "fail": false }))
+                .await;
+            assert_eq!(answer.status, 500);
+            let text = String::from_utf8_lossy(&answer.body).into_owned();
+            assert!(
+                text.contains("idem refused this COMMIT") && text.contains("without begin()"),
+                "{text}"
+            );
+        }
+        assert_eq!(s.count("notes").await, 0, "no write committed, once or thrice");
+        assert_eq!(s.keys().await, 0);
     })
     .await;
 }

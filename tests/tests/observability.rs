@@ -29,7 +29,9 @@ async fn handler(
         return Err(StatusCode::BAD_REQUEST);
     }
     if v["escape"] == true {
-        sqlx::Executor::execute(&mut *tx, "COMMIT")
+        // A COMMIT would be refused (the handler's own Err); a ROLLBACK ends idem's
+        // transaction, which idem catches after the handler: the "failed" outcome.
+        sqlx::Executor::execute(&mut *tx, "ROLLBACK")
             .await
             .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
     }

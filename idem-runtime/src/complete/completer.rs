@@ -18,12 +18,13 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::Completion;
-use crate::engine::{self, Begun, Claim, Refusal};
+use crate::engine::{self, Begun, Claim, Committed, Refusal};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{KeyInScope, Place};
 use crate::store::Store;
 use crate::table::requests::{Due, Failure, Leased, StoredRequest};
-use crate::table::Isolation;
+use crate::table::audit::AuditWrite;
+use crate::table::{Isolation, Record, ABANDONING};
 use crate::web::problem::Problems;
 use crate::web::response::{self, IDEMPOTENT_REPLAYED};
 
@@ -320,9 +321,8 @@ impl Completer {
                 Completed::Completed => {
                     tracing::info!(scope, key, outcome, "idem: completed a request its client abandoned");
                 }
-                Completed::Abandoned => {
-                    tracing::info!(scope, key, outcome, "idem: abandoned a request for good: its steps' compensations ran, its key answers 410");
-                }
+                // Its own line, naming what was undone and what was not.
+                Completed::Abandoned => {}
                 Completed::Retrying(error) => {
                     tracing::warn!(scope, key, %error, "idem: a request's {action} failed; it is tried again later");
                 }
@@ -430,8 +430,18 @@ impl Completer {
         }
     }
 
-    /// Abandons the request for good: claims its key, runs the compensations of its
-    /// recorded steps (each a step of its own), and commits a 410 for the key.
+    /// Abandons the request for good (invariant 14). First the decision, durable under the
+    /// key before any undo runs: claimed like any request, the key commits the abandoning
+    /// marker ([`ABANDONING`]), and from then on every claim of it, its own client's
+    /// included, is answered 409 `request-abandoning`; a request that committed first
+    /// (its client's retry, a completion) is left as it is, with nothing to undo. Then,
+    /// holding the marker, the undo of each recorded step, the last step's first (as a
+    /// saga undoes), each a step of its own (`compensate:<step>`: a run that dies after
+    /// one does not repeat it); a failing undo is tried again with the backoff, the key
+    /// still answering 409. Last, the key's 410 over the marker, naming the steps undone
+    /// and those that had no undo registered (nothing claims an undo that did not run),
+    /// with the steps and the stored request deleted, in one COMMIT; then one log line
+    /// and an `abandoned` audit row saying the same.
     async fn abandon(&self, key: &KeyInScope, leased: &Leased) -> Run {
         let store = &self.store;
         let Ok(combined) = <[u8; 32]>::try_from(leased.fingerprint.as_slice()) else {
@@ -443,17 +453,38 @@ impl Completer {
         let claim = Claim {
             key: key.clone(),
             ttl: leased.remaining,
-            fingerprint: Fingerprint::stored(combined),
+            fingerprint: Fingerprint::stored(combined, &leased.field_hashes),
             conflict_wait: None,
             statement_timeout: None,
         };
-        let mut attempt = match engine::begin(store, Some(claim), Isolation::ReadCommitted).await {
-            Ok(Begun::Run(attempt)) => attempt,
+        let fingerprint = claim.fingerprint.clone();
+        let retry = |error: String| Run::Failed {
+            error,
+            counted: false,
+        };
+        match engine::begin(store, Some(claim.clone()), Isolation::ReadCommitted).await {
+            Ok(Begun::Run(attempt)) => {
+                let marker = Record {
+                    status: ABANDONING,
+                    headers: Vec::new(),
+                    body: bytes::Bytes::new(),
+                };
+                match attempt.commit(&marker).await {
+                    Ok(Committed::Stored) => {}
+                    // Another attempt committed the key first: its answer stands.
+                    Ok(Committed::Superseded(_)) => {
+                        return forgotten(store.inner.requests.forget(store.outside(), key).await)
+                    }
+                    Err(error) => return retry(format!("the abandon could not be decided: {error:?}")),
+                }
+            }
             // Its client's retry, or a completion, committed it first: its answer
             // stands, and there is nothing to undo.
             Ok(Begun::Replay(_)) => {
                 return forgotten(store.inner.requests.forget(store.outside(), key).await)
             }
+            // Decided by an earlier run, which did not finish its undos.
+            Err(Refusal::Abandoning) => {}
             Err(refusal) => {
                 let counted = !matches!(refusal, Refusal::InUse | Refusal::Unavailable(_));
                 return Run::Failed {
@@ -461,23 +492,30 @@ impl Completer {
                     counted,
                 };
             }
+        }
+        let mut attempt = match engine::hold_abandoning(store, claim).await {
+            Ok(Some(attempt)) => attempt,
+            // Another run ended it.
+            Ok(None) => return forgotten(store.inner.requests.forget(store.outside(), key).await),
+            Err(refusal) => return retry(format!("its key cannot be held: {}", describe(&refusal))),
         };
         let recorded = match store.steps().read(store.outside(), key).await {
             Ok(recorded) => recorded,
             Err(error) => {
                 let _ = attempt.rollback().await;
-                return Run::Failed {
-                    error: error.to_string(),
-                    counted: false,
-                };
+                return retry(error.to_string());
             }
         };
-        for step in &recorded {
-            if step.step.starts_with(COMPENSATE) || step.fingerprint != combined {
+        let (mut undone, mut not_undone) = (Vec::new(), Vec::new());
+        // The steps as they were recorded, the last first.
+        for step in recorded.iter().rev() {
+            if step.step.starts_with(COMPENSATE)
+                || !fingerprint.matches(&step.fingerprint, &step.field_hashes)
+            {
                 continue;
             }
             let Some(undo) = self.compensations.get(&step.step) else {
-                tracing::warn!(step = %step.step, "idem: no compensation is registered for this step; nothing undone");
+                not_undone.push(step.step.clone());
                 continue;
             };
             let name = format!("{COMPENSATE}{}", step.step);
@@ -488,6 +526,7 @@ impl Completer {
                 principal: (key.place == Place::Principal).then(|| key.principal.clone()),
                 idempotency_key: key.key.as_str().to_owned(),
             };
+            store.failpoint(crate::failpoint::Point::BeforeUndo).await;
             let span = tracing::info_span!("idem.compensate", step = %step.step);
             let ran = attempt
                 .tx()
@@ -506,7 +545,7 @@ impl Completer {
                     counted: true,
                 };
             }
-            tracing::info!(step = %step.step, key = key.key.as_str(), "idem: compensated a step of an abandoned request");
+            undone.push(step.step.clone());
         }
         {
             let mut tx = attempt.tx();
@@ -514,7 +553,9 @@ impl Completer {
             state.ride(store.steps().forgetting(store.inner.table.prepared(), key));
             state.ride(store.inner.requests.forgetting(key));
         }
-        let problem = Problems::of(store).request_abandoned().into_response();
+        let problem = Problems::of(store)
+            .request_abandoned(&undone, &not_undone)
+            .into_response();
         let record = match response::capture(
             problem,
             &store.inner.replay_headers,
@@ -531,12 +572,49 @@ impl Completer {
                 };
             }
         };
-        match attempt.commit(&record).await {
-            Ok(_) => Run::Done(Completed::Abandoned),
-            Err(error) => Run::Failed {
-                error: format!("the abandonment could not commit: {error:?}"),
-                counted: false,
-            },
+        if let Err(error) = attempt.commit_abandoned(&record).await {
+            return retry(format!("the abandonment could not commit: {error:?}"));
+        }
+        let scope = &*key.scope;
+        let idempotency_key = key.key.as_str();
+        if not_undone.is_empty() {
+            tracing::info!(scope, key = idempotency_key, ?undone, "idem: abandoned a request for good: the undo of each of its steps ran; its key answers 410");
+        } else {
+            tracing::warn!(scope, key = idempotency_key, ?undone, ?not_undone, "idem: abandoned a request for good, but NOT the work of its steps without a registered undo (`Completer::compensate`); its key answers 410, which names them");
+        }
+        self.audit_abandoned(key, &undone, &not_undone).await;
+        Run::Done(Completed::Abandoned)
+    }
+
+    /// The `abandoned` audit row of an abandon that committed, naming what it undid and
+    /// what it did not: written after its COMMIT, by itself (a failure is logged; the
+    /// abandon stands).
+    async fn audit_abandoned(&self, key: &KeyInScope, undone: &[String], not_undone: &[String]) {
+        let inner = &self.store.inner;
+        let mut filter = format!("scope {:?}", &*key.scope);
+        if key.place == Place::Principal {
+            filter.push_str(&format!(", principal {:?}", key.principal));
+        }
+        filter.push_str(&format!(
+            ", key {:?}; undone: {undone:?}; not undone (no undo registered): {not_undone:?}",
+            key.key.as_str()
+        ));
+        let row = AuditWrite {
+            operator: "completer",
+            via: "idem::complete",
+            action: "abandoned",
+            filter: &filter,
+            rows: 1,
+        };
+        let written = async {
+            let mut conn = inner.pool.acquire().await?;
+            inner
+                .audit
+                .write(&mut conn, inner.table.persistent(), &row)
+                .await
+        };
+        if let Err(error) = written.await {
+            tracing::warn!(%error, "idem: the abandon's audit row could not be written");
         }
     }
 }
@@ -577,6 +655,7 @@ fn transient(status: StatusCode) -> bool {
 fn describe(refusal: &Refusal) -> String {
     match refusal {
         Refusal::InUse => "a request with this key is running".into(),
+        Refusal::Abandoning => "the request is being abandoned".into(),
         Refusal::Mismatch => "the key holds another request".into(),
         Refusal::Unavailable(error) | Refusal::Database(error) => error.to_string(),
         Refusal::Unreadable => "its stored response is unreadable".into(),

@@ -46,7 +46,7 @@ use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
 use crate::store::{is_serialization_failure, is_unavailable, Store};
 use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Timeouts};
-use crate::transaction::OpenTransaction;
+use crate::transaction::{is_unguarded, OpenTransaction};
 use crate::tx::{AttemptState, Request, Tx};
 
 /// What to claim: where the key lives, how long its record lasts, and what a retry must
@@ -79,6 +79,9 @@ pub(crate) enum Refusal {
     InUse,
     /// The key was used before with another fingerprint.
     Mismatch,
+    /// The key's request is being abandoned ([`crate::complete`]): its undos are running,
+    /// and once they have, the key answers its 410 (invariant 14).
+    Abandoning,
     /// The database cannot be reached (no connection within the acquire timeout, or a
     /// connection-class error).
     Unavailable(sqlx::Error),
@@ -193,6 +196,10 @@ pub(crate) struct Attempt {
 /// [`replay_cache`](crate::StoreBuilder::replay_cache), if it has one, until its key's
 /// expiry counted from `opened`.
 fn kept(store: &Store, claim: &Claim, record: &Record, opened: Instant) -> Committed {
+    // An abandon's marker is no answer: the 410 replaces it.
+    if record.status == table::ABANDONING {
+        return Committed::Stored;
+    }
     if let Some(answers) = &store.inner.answers {
         answers.keep(
             &claim.key,
@@ -353,6 +360,9 @@ fn replay(store: &Store, row: StoredRow, claim: &Claim) -> Result<Begun, Refusal
     {
         return Err(Refusal::Mismatch);
     }
+    if row.status == Some(table::ABANDONING as i16) {
+        return Err(Refusal::Abandoning);
+    }
     let status = row
         .status
         .and_then(|s| u16::try_from(s).ok())
@@ -421,7 +431,13 @@ impl Attempt {
             return tx
                 .commit()
                 .await
-                .map_err(CommitError::from_database)
+                .map_err(|e| {
+                    if is_unguarded(&e) {
+                        CommitError::Escaped
+                    } else {
+                        CommitError::from_database(e)
+                    }
+                })
                 .map(|()| Committed::Stored);
         };
         let table = &store.inner.table;
@@ -463,6 +479,7 @@ impl Attempt {
                         Written::Escaped
                     }
                     Err(e) if table.is_key_conflict(&e) => Written::Lost,
+                    Err(e) if is_unguarded(&e) => Written::Escaped,
                     Err(e) => Written::Failed(e),
                 }
             }
@@ -481,6 +498,7 @@ impl Attempt {
                 {
                     Written::Escaped
                 }
+                Err(e) if is_unguarded(&e) => Written::Escaped,
                 Err(e) => Written::Failed(e),
             },
         };
@@ -536,6 +554,7 @@ impl Attempt {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
                 Err(CommitError::Aborted(None))
             }
+            Err(e) if is_unguarded(&e) => Err(CommitError::Escaped),
             Err(e) => Err(CommitError::from_database(e)),
         }
     }
@@ -543,6 +562,74 @@ impl Attempt {
     /// Rolls back everything the work wrote, and the claim with it.
     pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
         self.tx.rollback().await
+    }
+}
+
+/// Opens a transaction holding the abandoning marker of `claim`'s key (committed by an
+/// earlier attempt of the abandon, [`table::ABANDONING`]), in which the abandon's undos
+/// run as steps, fenced by it, and its 410 commits over the marker
+/// ([`Attempt::commit_abandoned`]). `None` when the key holds no marker (the abandon
+/// has ended).
+pub(crate) async fn hold_abandoning(
+    store: &Store,
+    claim: Claim,
+) -> Result<Option<Attempt>, Refusal> {
+    let opened = Instant::now();
+    let settings = &store.inner;
+    let sql = settings.table.holding_abandoning(&claim.key);
+    // The undos' steps ride statements executed by name: the connection prepares them
+    // first, as no statement of this message would make it.
+    let begin = async {
+        let mut conn = settings.pool.acquire().await?;
+        if let Some(prepared) = settings.table.prepared() {
+            prepared.ensure(&mut conn).await?;
+        }
+        OpenTransaction::begin(conn, sql, settings.table.prepared()).await
+    };
+    let (tx, rows) = match tokio::time::timeout(settings.acquire_timeout, begin).await {
+        Ok(begun) => begun,
+        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
+    }
+    .map_err(Refusal::from_database)?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Attempt {
+        store: store.clone(),
+        tx,
+        claim: Some(claim),
+        held: None,
+        began: None,
+        isolation: Isolation::ReadCommitted,
+        state: AttemptState::default(),
+        opened,
+    }))
+}
+
+impl Attempt {
+    /// Commits `record` over the key's abandoning marker, which this attempt holds
+    /// ([`hold_abandoning`]), with what rides the COMMIT.
+    pub(crate) async fn commit_abandoned(self, record: &Record) -> Result<(), CommitError> {
+        let Self {
+            store, tx, claim, state, ..
+        } = self;
+        let Some(claim) = claim else {
+            return Err(CommitError::Escaped);
+        };
+        let sql = store
+            .inner
+            .table
+            .abandoned_commit(&claim.key, record, &state.rides_commit);
+        match tx.finish(sql, None).await {
+            Ok(()) => Ok(()),
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("22P02") && e.message().contains(table::ESCAPED) =>
+            {
+                Err(CommitError::Escaped)
+            }
+            Err(e) if is_unguarded(&e) => Err(CommitError::Escaped),
+            Err(e) => Err(CommitError::from_database(e)),
+        }
     }
 }
 
@@ -616,8 +703,10 @@ enum Written {
 async fn escaped(store: &Store, key: &KeyInScope) {
     tracing::error!(
         scope = &*key.scope,
-        "idem: the handler ended its transaction itself (raw COMMIT or ROLLBACK); \
-         its writes escaped the idempotency guarantee; nothing was stored"
+        "idem: the handler ended its transaction itself (a raw ROLLBACK, or sqlx's \
+         rollback() of a unit begun on the request's connection); nothing was stored, and \
+         what it wrote after that escaped the idempotency guarantee: write its statements \
+         on the connection it is given, without begin(), commit() or rollback()"
     );
     if !store.inner.table.portable() {
         return;

@@ -754,19 +754,47 @@ async fn a_rollback_leaves_nothing() {
 }
 
 #[tokio::test]
-async fn work_that_ends_the_transaction_itself_is_caught() {
+async fn a_commit_the_work_sends_is_refused_and_a_rollback_caught() {
     let db = Db::new().await;
+    // COMMIT: refused, the write with it; the attempt then finds its transaction gone.
     let mut attempt = run(db.begin("k1", "a").await);
     db.write(&mut attempt).await;
-    sqlx::Executor::execute(&mut *attempt.tx(), "COMMIT")
+    let refused = sqlx::Executor::execute(&mut *attempt.tx(), "COMMIT")
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains(crate::transaction::REFUSED_COMMIT),
+        "{refused}"
+    );
+    assert_eq!(db.notes().await, 0, "nothing committed");
+    assert!(matches!(
+        attempt.commit(&record("x")).await,
+        Err(CommitError::Escaped)
+    ));
+    // ROLLBACK: the write is gone, and the attempt cannot commit a record without it.
+    let mut attempt = run(db.begin("k1", "a").await);
+    db.write(&mut attempt).await;
+    sqlx::Executor::execute(&mut *attempt.tx(), "ROLLBACK")
         .await
         .unwrap();
     assert!(matches!(
         attempt.commit(&record("x")).await,
         Err(CommitError::Escaped)
     ));
+    assert_eq!(db.notes().await, 0);
     // Nothing is replayed, and the key is not stuck.
     run(db.begin("k1", "a").await).rollback().await.unwrap();
+    // Without a key too.
+    let mut attempt = run(begin(&db.store, None, Isolation::ReadCommitted).await);
+    db.write(&mut attempt).await;
+    assert!(sqlx::Executor::execute(&mut *attempt.tx(), "COMMIT")
+        .await
+        .is_err());
+    assert!(matches!(
+        attempt.commit_unrecorded(true).await,
+        Err(CommitError::Escaped)
+    ));
+    assert_eq!(db.notes().await, 0);
     db.drop_schema().await;
 }
 

@@ -46,6 +46,7 @@ use tracing::Instrument;
 
 pub use crate::table::steps::STEPS_SCHEMA_SQL;
 
+use crate::failpoint::Point;
 use crate::fingerprint::hex;
 use crate::observe;
 use crate::store::Store;
@@ -170,11 +171,14 @@ impl Tx<'_> {
             let found = found.map_err(StepError::Database)?;
             let fingerprint = request.fingerprint.combined();
             // Steps of this key recorded by a request with another payload: the key was
-            // used for another request, which a retry cannot resume.
-            if found
-                .iter()
-                .any(|step| step.fingerprint != fingerprint.as_slice())
-            {
+            // used for another request, which a retry cannot resume. Compared as the
+            // keys' rows are: after a deploy that reordered or added `fields`, on the
+            // fields both versions share.
+            if found.iter().any(|step| {
+                !request
+                    .fingerprint
+                    .matches(&step.fingerprint, &step.field_hashes)
+            }) {
                 done("mismatch");
                 return Err(StepError::Mismatch);
             }
@@ -195,6 +199,7 @@ impl Tx<'_> {
 
             let called = Instant::now();
             let ran = run(call, derived, timeout).await;
+            store.failpoint(Point::StepCalled).await;
             tracing::Span::current().record("call_ms", millis(called.elapsed()));
             let value = match ran {
                 Ok(value) => value,
@@ -207,12 +212,14 @@ impl Tx<'_> {
                 }
             };
             let result = ascii_json(&value).map_err(StepError::Json)?;
+            let parts = request.fingerprint.parts();
             // The request itself, with its first step: from then on the service can
             // complete it ([`crate::complete`]).
             let also = match &state.capture {
                 Some(captured) if !state.request_stored => Some(store.inner.requests.recording(
                     key,
                     fingerprint.as_slice(),
+                    &parts,
                     captured,
                     request.ttl,
                 )),
@@ -222,6 +229,7 @@ impl Tx<'_> {
                 key,
                 step: name,
                 fingerprint: fingerprint.as_slice(),
+                field_hashes: &parts,
                 result: &result,
                 ttl: request.ttl,
                 fence,
@@ -229,6 +237,7 @@ impl Tx<'_> {
             };
             match steps.record(outside, &write).await {
                 Ok(true) => {
+                    store.failpoint(Point::StepRecorded).await;
                     state.ride(forget);
                     if also.is_some() {
                         state.request_stored = true;

@@ -133,6 +133,29 @@ ON CONFLICT (scope, principal, key) DO UPDATE
        created_at = excluded.created_at, expires_at = excluded.expires_at
  WHERE k.expires_at <= now() OR k.status IS NULL";
 
+/// The status of a key's row while its request is being abandoned ([`crate::complete`]):
+/// no HTTP status, so that no answer is ever replayed from it. An abandon commits it
+/// under the key before its first undo runs (invariant 14), and from then on every claim
+/// of the key is refused ([`crate::engine::Refusal::Abandoning`]: 409) until the
+/// abandon's last undo commits the key's 410 over it ([`ABANDONED`]).
+pub(crate) const ABANDONING: u16 = 0;
+
+/// Holds a key being abandoned, for its undos: a lock on its row, which must still be the
+/// abandoning marker. One row or none; single-shard on a distributed engine. $1..$3 the
+/// key.
+pub(super) const HOLD_ABANDONING: &str = "\
+SELECT 1 AS held FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND status = 0
+   FOR UPDATE";
+
+/// The abandon's answer over the marker, in its COMMIT message: the row is held
+/// ([`HOLD_ABANDONING`]), so it is the marker still; when it is not (the transaction
+/// was lost), a statement between this and COMMIT fails with [`ESCAPED`]. $1..$3 the
+/// key, $4 status, $5 headers, $6 body.
+pub(super) const ABANDONED: &str = "\
+UPDATE {table} SET status = $4, headers = $5, body = $6
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND status = 0";
+
 /// What [`Table::inserting_commit`] raises when another attempt's record holds the key,
 /// and when the handler ended the transaction itself: text that no integer reads, cast to
 /// one (22P02), so that the message names it.
@@ -674,6 +697,53 @@ impl Table {
         format!(
             "{}WITH stored AS ({store}\n RETURNING 1)\n\
              SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\n{}COMMIT",
+            self.path_again(),
+            rides(riders)
+        )
+    }
+
+    /// The message that opens a transaction holding `key`'s abandoning marker
+    /// ([`HOLD_ABANDONING`]), its values written in.
+    pub(crate) fn holding_abandoning(&self, key: &KeyInScope) -> String {
+        let scope = key.stored_scope();
+        let hold = literal::render(
+            self.hold_abandoning.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+                Literal::Text(key.key.as_str()),
+            ],
+        );
+        format!(
+            "{};\n{}{hold}",
+            Isolation::ReadCommitted.begin(),
+            self.path_again()
+        )
+    }
+
+    /// [`ABANDONED`] and `COMMIT` in one message, with what rides it: nothing commits
+    /// when the marker was not replaced.
+    pub(crate) fn abandoned_commit(
+        &self,
+        key: &KeyInScope,
+        record: &Record,
+        riders: &[String],
+    ) -> String {
+        let scope = key.stored_scope();
+        let update = literal::render(
+            self.abandoned.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+                Literal::Text(key.key.as_str()),
+                Literal::Int(i64::from(record.status)),
+                Literal::Bytes(&record.headers),
+                Literal::Bytes(&record.body),
+            ],
+        );
+        format!(
+            "{}WITH done AS ({update}\n RETURNING 1)\n\
+             SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM done;\n{}COMMIT",
             self.path_again(),
             rides(riders)
         )

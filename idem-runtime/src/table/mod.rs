@@ -414,6 +414,8 @@ pub(crate) struct Table {
     inspect: SqlStr,
     earlier_live: SqlStr,
     spread_live: SqlStr,
+    hold_abandoning: SqlStr,
+    abandoned: SqlStr,
 }
 
 /// One of idem's statements (this module's, the outbox's, the steps', the operators'
@@ -493,6 +495,8 @@ impl Table {
             inspect: render(INSPECT),
             earlier_live: render(EARLIER_LIVE),
             spread_live: render(SPREAD_LIVE),
+            hold_abandoning: render(HOLD_ABANDONING),
+            abandoned: render(ABANDONED),
         };
         table.prepared = table.preparing(&[]);
         table

@@ -69,6 +69,11 @@ const DDL: &str = "-- idem: the requests table, for users who run their own migr
 
 -- The sweeper deletes expired rows.
 CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
+
+-- The request's per-field hashes (`Fingerprint::parts`, as the keys' rows keep them),
+-- added after the table's first migration: after a deploy that reorders or adds `fields`,
+-- a retry is compared on the fields both versions share.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS field_hashes bytea;
 ";
 
 /// The request, written in the message of its first step's record, after the step's
@@ -77,12 +82,14 @@ CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
 /// replaced (`{keep_live}`, left out on a distributed engine, which refuses a function
 /// that is not immutable there: there the request's content is rewritten, its progress
 /// kept). $1 scope, $2 principal, $3 key, $4 fingerprint, $5 method, $6 target, $7
-/// headers, $8 body, $9 ttl in seconds.
+/// headers, $8 body, $9 ttl in seconds, $10 the per-field hashes.
 const RECORD: &str = "\
-INSERT INTO {table} AS r (scope, principal, key, fingerprint, method, target, headers, body, expires_at)
-VALUES ($1, {p2}, $3, $4, $5, $6, $7, $8, now() + $9 * interval '1 second')
+INSERT INTO {table} AS r (scope, principal, key, fingerprint, field_hashes, method, target, headers,
+                          body, expires_at)
+VALUES ($1, {p2}, $3, $4, $10, $5, $6, $7, $8, now() + $9 * interval '1 second')
 ON CONFLICT (scope, principal, key) DO UPDATE
-   SET fingerprint = excluded.fingerprint, method = excluded.method, target = excluded.target,
+   SET fingerprint = excluded.fingerprint, field_hashes = excluded.field_hashes,
+       method = excluded.method, target = excluded.target,
        headers = excluded.headers, body = excluded.body, expires_at = excluded.expires_at{keep_live}";
 
 /// What an expired row's replacement also resets.
@@ -117,7 +124,8 @@ UPDATE {table}
    SET leased_until = now() + $4 * interval '1 second', tries = tries + 1
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND state <> 'failed'
    AND expires_at > now() AND (leased_until IS NULL OR leased_until <= now())
-RETURNING encode(fingerprint, 'hex') AS fingerprint, method, target, headers, body, state, tries";
+RETURNING encode(fingerprint, 'hex') AS fingerprint, encode(field_hashes, 'hex') AS field_hashes,
+          method, target, headers, body, state, tries";
 
 /// A run that did not finish the request: the lease given back, the next try in $4
 /// seconds, the error kept; a definitive failure ($6) counts, and parks the request at
@@ -228,6 +236,9 @@ pub(crate) struct Due {
 /// A request a completer holds the lease of ([`RequestsTable::lease`]).
 pub(crate) struct Leased {
     pub(crate) fingerprint: Vec<u8>,
+    /// The request's per-field hashes (empty for a request stored before they were
+    /// kept, or one that stored nothing).
+    pub(crate) field_hashes: Vec<u8>,
     /// `None` for a request whose endpoint stored nothing (an operator abandoned it).
     pub(crate) request: Option<StoredRequest>,
     pub(crate) abandoning: bool,
@@ -311,6 +322,7 @@ impl RequestsTable {
         &self,
         key: &KeyInScope,
         fingerprint: &[u8],
+        field_hashes: &[u8],
         request: &StoredRequest,
         ttl: Duration,
     ) -> String {
@@ -329,6 +341,7 @@ impl RequestsTable {
                 Literal::Text(&headers),
                 Literal::Bytes(&request.body),
                 Literal::Float(ttl.as_secs_f64()),
+                Literal::Bytes(field_hashes),
             ],
         )
     }
@@ -537,6 +550,7 @@ fn leased(row: &PgRow, remaining: Duration) -> Result<Leased, sqlx::Error> {
     let state: String = row.try_get("state")?;
     Ok(Leased {
         fingerprint: crate::table::unhex(row.try_get("fingerprint")?)?.unwrap_or_default(),
+        field_hashes: crate::table::unhex(row.try_get("field_hashes")?)?.unwrap_or_default(),
         request,
         abandoning: state == "abandoning",
         tries: row.try_get("tries")?,
@@ -573,7 +587,7 @@ mod tests {
             headers: vec![("content-type".into(), "application/json".into())],
             body: bytes::Bytes::from_static(b"{\"amount\": 1}'; DROP TABLE x; --"),
         };
-        let sql = table.recording(&key, &[1, 2], &request, Duration::from_secs(60));
+        let sql = table.recording(&key, &[1, 2], &[3], &request, Duration::from_secs(60));
         assert!(sql.starts_with("INSERT INTO \"app\".\"requests\""), "{sql}");
         assert!(
             !sql.contains("DROP") && !sql.contains("k'1") && !sql.contains('$'),
@@ -587,7 +601,7 @@ mod tests {
                 ..Dialect::default()
             },
         );
-        let sql = portable.recording(&key, &[1, 2], &request, Duration::from_secs(60));
+        let sql = portable.recording(&key, &[1, 2], &[3], &request, Duration::from_secs(60));
         assert!(
             !sql.contains("now() WHERE") && !sql.contains("WHERE"),
             "{sql}"

@@ -51,17 +51,25 @@ const DDL: &str = "-- idem: the steps table, for users who run their own migrati
 
 -- The sweeper deletes expired rows.
 CREATE INDEX IF NOT EXISTS \"{name}_expires_at_idx\" ON {table} (expires_at);
+
+-- The request's per-field hashes (`Fingerprint::parts`, as the keys' rows keep them),
+-- added after the table's first migration: after a deploy that reorders or adds `fields`,
+-- a retry is compared on the fields both versions share.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS field_hashes bytea;
 ";
 
 /// The request's transaction id, for the fence of its steps' writes. On a distributed
 /// engine it runs on the coordinator, which owns the request's transaction.
 const FENCE: &str = "SELECT txid_current()";
 
-/// The live steps of a key. $1 scope, $2 principal, $3 key. Sent as a simple query, its
+/// The live steps of a key, in the order they were recorded: an abandon undoes them
+/// last first. $1 scope, $2 principal, $3 key. Sent as a simple query, its
 /// row comes back as text: the fingerprint as hex, whatever `bytea_output` (invariant 12).
 const READ: &str = "\
-SELECT step, encode(fingerprint, 'hex') AS fingerprint, result FROM {table}
- WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at > now()";
+SELECT step, encode(fingerprint, 'hex') AS fingerprint,
+       encode(field_hashes, 'hex') AS field_hashes, result FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND expires_at > now()
+ ORDER BY created_at, step";
 
 /// What [`RECORD`] raises when the request's transaction has ended: text that no integer
 /// reads, cast to one (22P02), so that the message names it.
@@ -77,13 +85,15 @@ const LOST: &str = "idem: the request no longer holds its key";
 /// which owns the request's transaction.
 ///
 /// $1 scope, $2 principal, $3 key, $4 step, $5 fingerprint, $6 result, $7 ttl in
-/// seconds, $8 the request's transaction id.
+/// seconds, $8 the request's transaction id, $9 the request's per-field hashes.
 const RECORD: &str = "\
 SELECT CAST(CASE WHEN txid_status($8) = 'in progress' THEN NULL ELSE '{lost}' END AS integer);
-INSERT INTO {table} AS s (scope, principal, key, step, fingerprint, result, expires_at)
-VALUES ($1, {p2}, $3, $4, $5, $6, now() + $7 * interval '1 second')
+INSERT INTO {table} AS s (scope, principal, key, step, fingerprint, field_hashes, result,
+                          expires_at)
+VALUES ($1, {p2}, $3, $4, $5, $9, $6, now() + $7 * interval '1 second')
 ON CONFLICT (scope, principal, key, step) DO UPDATE
-   SET fingerprint = excluded.fingerprint, result = excluded.result,
+   SET fingerprint = excluded.fingerprint, field_hashes = excluded.field_hashes,
+       result = excluded.result,
        created_at = excluded.created_at, expires_at = excluded.expires_at{keep_live}
 RETURNING true AS recorded";
 
@@ -144,6 +154,8 @@ pub(crate) struct StepsTable {
 pub(crate) struct RecordedStep {
     pub(crate) step: String,
     pub(crate) fingerprint: Vec<u8>,
+    /// Its request's per-field hashes (empty for a step recorded before they were kept).
+    pub(crate) field_hashes: Vec<u8>,
     pub(crate) result: String,
 }
 
@@ -241,6 +253,7 @@ impl StepsTable {
                 Literal::Text(write.result),
                 Literal::Float(write.ttl.as_secs_f64()),
                 Literal::Int(write.fence),
+                Literal::Bytes(write.field_hashes),
             ],
         );
         let sql = match write.also {
@@ -321,6 +334,8 @@ pub(crate) struct StepWrite<'a> {
     pub(crate) key: &'a KeyInScope,
     pub(crate) step: &'a str,
     pub(crate) fingerprint: &'a [u8],
+    /// The request's per-field hashes ([`Fingerprint::parts`](crate::fingerprint::Fingerprint::parts)).
+    pub(crate) field_hashes: &'a [u8],
     pub(crate) result: &'a str,
     pub(crate) ttl: Duration,
     /// The request's transaction id ([`StepsTable::fence`]).
@@ -334,6 +349,7 @@ fn decode(row: &PgRow) -> Result<RecordedStep, sqlx::Error> {
     Ok(RecordedStep {
         step: row.try_get("step")?,
         fingerprint: crate::table::unhex(row.try_get("fingerprint")?)?.unwrap_or_default(),
+        field_hashes: crate::table::unhex(row.try_get("field_hashes")?)?.unwrap_or_default(),
         result: row.try_get("result")?,
     })
 }

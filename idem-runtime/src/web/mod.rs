@@ -27,6 +27,7 @@ use serde::Serialize;
 
 use crate::complete::{Completable, Completion};
 use crate::engine::{self, Alone, Attempt, Begun, Claim, CommitError, Committed, Refusal};
+use crate::failpoint::Point;
 use crate::fingerprint::{Fingerprint, FingerprintBuilder, FingerprintError};
 use crate::identity::{KeyInScope, Place};
 use crate::observe::{Observation, Outcome};
@@ -331,7 +332,7 @@ async fn claimed(
 /// The answer to a refusal of the engine, logged and observed.
 fn refused(store: &Store, observation: Observation, refusal: &Refusal) -> Response {
     let outcome = match refusal {
-        Refusal::InUse => Outcome::Conflict,
+        Refusal::InUse | Refusal::Abandoning => Outcome::Conflict,
         Refusal::Mismatch => Outcome::Mismatch,
         Refusal::Unavailable(error) => {
             tracing::warn!(parent: observation.span(), %error, "idem: database unavailable");
@@ -464,7 +465,10 @@ impl Claimed {
                 return observation.answer(Outcome::RolledBack, problem);
             }
         };
-        match attempt.commit(&record).await {
+        store.failpoint(Point::BeforeCommit).await;
+        let committed = attempt.commit(&record).await;
+        store.failpoint(Point::AfterCommit).await;
+        match committed {
             Ok(Committed::Stored) => {}
             // Another attempt with this key committed first: its answer is the key's.
             Ok(Committed::Superseded(record)) => {

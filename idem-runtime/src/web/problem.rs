@@ -71,6 +71,10 @@ pub mod problem_type {
     /// and their compensations (a refund) ran; nothing was committed, and the key answers
     /// this for as long as it is kept. Do not retry it; send a new request with a new key.
     pub const REQUEST_ABANDONED: &str = "request-abandoned";
+    /// 409: the request with this key is being abandoned: the service is undoing what it
+    /// did elsewhere, and then answers `request-abandoned` (410). Retry after
+    /// `Retry-After` to read that answer; nothing will run.
+    pub const REQUEST_ABANDONING: &str = "request-abandoning";
 }
 
 /// An RFC 9457 problem: a status, a stable `type`, a `title` and a `detail`.
@@ -176,6 +180,7 @@ impl<'a> Problems<'a> {
         match refusal {
             Refusal::InUse => self.key_in_use(),
             Refusal::Mismatch => self.key_reused(),
+            Refusal::Abandoning => self.request_abandoning(),
             Refusal::Unavailable(_) => self.unavailable(),
             Refusal::Database(_) => {
                 self.internal("a database error occurred; nothing was committed")
@@ -339,15 +344,48 @@ impl<'a> Problems<'a> {
         ))
     }
 
-    pub(crate) fn request_abandoned(self) -> Problem {
+    /// The 410 of an abandoned request, naming the steps whose work elsewhere was undone
+    /// and those it was not (no undo was registered for them): the answer never claims
+    /// an undo that did not run.
+    pub(crate) fn request_abandoned(self, undone: &[String], not_undone: &[String]) -> Problem {
+        let list = |steps: &[String]| {
+            steps
+                .iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut detail = String::from(
+            "the request with this Idempotency-Key was abandoned for good and will not complete",
+        );
+        if !undone.is_empty() {
+            detail.push_str(&format!("; undone elsewhere: {}", list(undone)));
+        }
+        if !not_undone.is_empty() {
+            detail.push_str(&format!(
+                "; NOT undone (no undo registered): {}",
+                list(not_undone)
+            ));
+        }
+        detail.push_str("; send a new request with a new key");
         self.problem(
             StatusCode::GONE,
             problem_type::REQUEST_ABANDONED,
             "Request abandoned",
         )
-        .with_detail(
-            "the request with this Idempotency-Key was abandoned by an operator and what it did elsewhere was undone; send a new request with a new key",
+        .with_detail(detail)
+    }
+
+    pub(crate) fn request_abandoning(self) -> Problem {
+        self.problem(
+            StatusCode::CONFLICT,
+            problem_type::REQUEST_ABANDONING,
+            "Request being abandoned",
         )
+        .with_detail(
+            "the request with this Idempotency-Key is being abandoned: what it did elsewhere is being undone, and it will not run; retry later to read the final answer",
+        )
+        .with_retry_after(self.retry_after)
     }
 
     pub(crate) fn internal(self, detail: impl Into<String>) -> Problem {
