@@ -418,15 +418,35 @@ impl Service {
             if refunded == 1 && charges == 1 {
                 return Err(format!("{key}: both charged and refunded"));
             }
+            // A request that recorded its call is committed, abandoned or listed; a call
+            // whose record was lost (the one window left) has nothing to list.
+            let status: Option<i16> = sqlx::query_scalar(
+                "SELECT status FROM idempotency_keys WHERE scope = 'charges' AND key = $1",
+            )
+            .bind(&key)
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| e.to_string())?
+            .flatten();
+            if called > lost && charges == 0 && status != Some(410) && !listed.contains(&key) {
+                return Err(format!(
+                    "{key}: its processor's call was recorded, and it is neither charged, \
+                     abandoned, nor listed for an operator (its row's status: {status:?})"
+                ));
+            }
+            // Its client, once more: the key's answer is the one it gave before, and a
+            // retry never charges twice.
             if called > 0 {
                 let (status, body) = self.send(&key).await.map_err(|p| p.to_string())?;
                 self.answered(&key, status, body)?;
-                let visible = charges == 1 || status == 410 || listed.contains(&key);
-                if !visible {
-                    return Err(format!(
-                        "{key}: its processor was called, and it is neither charged, \
-                         abandoned, nor listed for an operator (it answers {status})"
-                    ));
+                let charges: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM charges WHERE key = $1")
+                        .bind(&key)
+                        .fetch_one(pool)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                if charges > 1 || (self.answered_2xx.contains(&key) && charges != 1) {
+                    return Err(format!("{key}: {charges} charges after its last retry"));
                 }
             }
         }
