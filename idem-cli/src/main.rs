@@ -383,9 +383,11 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
                     out.print_json(&json!({ "dry_run": true, "would": "abandon", "steps": steps }));
                 } else {
                     say!(
-                        "would abandon {what}: the service's completer would run the \
-                         compensations of its steps ({named}) and answer 410 to its key; \
-                         nothing done (--dry-run)"
+                        "would abandon {what}: the service's completer would undo each of its \
+                         steps ({named}) that has an undo registered, the last first (a step \
+                         without one is NOT undone, and the 410 and the completer's audit row \
+                         name it), answering 409 meanwhile and 410 after; nothing done \
+                         (--dry-run)"
                     );
                 }
                 return Ok(());
@@ -394,8 +396,10 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
                 yes,
                 &[],
                 &format!(
-                    "Abandon {what} for good? The service's completer will run the \
-                     compensations of its steps ({named}), and its key will answer 410."
+                    "Abandon {what} for good? The service's completer will undo each of its \
+                     steps ({named}) that has an undo registered, the last first; a step \
+                     without one is NOT undone (the 410 and the completer's audit row name \
+                     it). Its key will answer 409 meanwhile, then 410."
                 ),
             )?;
             if !audited.abandon_request(&scope, &principal, &key).await? {
@@ -405,8 +409,9 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
                 "abandoned",
                 1,
                 &format!(
-                    "abandoned {what}: the service's completer will run the compensations of \
-                     its steps and answer 410 to its key from then on"
+                    "abandoned {what}: the service's completer will undo its steps that have \
+                     an undo registered and answer 410 to its key from then on, naming any \
+                     step it did not undo"
                 ),
             );
         }

@@ -1149,8 +1149,8 @@ async fn an_abandoned_request_is_completed_or_abandoned() {
         assert!(done.status.success(), "{}", said(&done));
         assert!(
             String::from_utf8_lossy(&done.stdout).contains(
-                "the service's completer will run the compensations of its steps and answer \
-                 410 to its key from then on"
+                "the service's completer will undo its steps that have an undo registered and \
+                 answer 410 to its key from then on, naming any step it did not undo"
             ),
             "{}",
             said(&done)

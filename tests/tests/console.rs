@@ -1300,7 +1300,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
             "<code>acct_1</code>",
             "<code>k-failed</code>",
             "<code>processor</code>",
-            "The compensations of its 1 step will run, and the key will answer 410.",
+            "Each of its 1 step that has an undo registered will be undone; a step without one is NOT undone. The key will answer 409 meanwhile, then 410.",
             ">Abandon for good</button>",
             "href=\"/ops/abandoned?idle=0s\">Cancel</a>",
         ] {
@@ -1335,13 +1335,14 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
         assert!(
             page.contains(
                 "Abandoned key &quot;k-failed&quot; in scope &quot;charges&quot; of principal \
-                 &quot;acct_1&quot;: the service's completer runs the compensations of its \
-                 steps, then answers 410 to its key from then on."
+                 &quot;acct_1&quot;: the service's completer undoes its steps that have an undo \
+                 registered, then answers 410 to its key from then on, naming any step it did \
+                 not undo."
             ),
             "{page}"
         );
         assert!(
-            page.contains("abandoning <span class=\"muted\">(its compensations run, then 410)"),
+            page.contains("abandoning <span class=\"muted\">(its registered undos run, then 410)"),
             "back on the list, as it was (no step for 0s): {page}"
         );
         assert_eq!(

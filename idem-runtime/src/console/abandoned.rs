@@ -226,8 +226,9 @@ pub(super) async fn abandon(
         &viewer.base,
         &named.list(),
         &format!(
-            "Abandoned {}: the service's completer runs the compensations of its steps, then \
-             answers 410 to its key from then on.",
+            "Abandoned {}: the service's completer undoes its steps that have an undo \
+             registered, then answers 410 to its key from then on, naming any step it did not \
+             undo.",
             named.described()
         ),
     )

@@ -698,7 +698,7 @@ fn completion_cells(completion: Option<&CompletionState>) -> Markup {
     let state = match c.state.as_str() {
         "pending" => "the completer runs it",
         "failed" => "parked: too many runs failed",
-        "abandoning" => "its compensations run, then 410",
+        "abandoning" => "its registered undos run, then 410",
         _ => "",
     };
     html! {
@@ -797,10 +797,11 @@ pub(crate) fn abandon(
         }
         section.warn {
             p {
-                strong { "The compensations of its " (counted(steps.len() as u64, "step")) " will run, and the key will answer 410. " }
+                strong { "Each of its " (counted(steps.len() as u64, "step")) " that has an undo registered will be undone; a step without one is NOT undone. The key will answer 409 meanwhile, then 410. " }
                 "The service's completer claims the key, runs the compensation the service "
-                "registered for each step (a refund for a charge; a step without one is left "
-                "as it is), once each, as a step of its own, then commits a 410 for the key: "
+                "registered for each step (a refund for a charge), the last step first, once "
+                "each, as a step of its own, then commits a 410 for the key that names every "
+                "step left as it was (no undo registered), as its audit row does: "
                 "the client's retry, however late, gets 410 from then on, and the request never "
                 "runs again."
             }
