@@ -78,8 +78,8 @@ impl Undo {
 pub enum Completed {
     /// The request committed: its answer is stored, and its client's retry replays it.
     Completed,
-    /// The request was abandoned for good: its compensations ran and the key answers
-    /// 410.
+    /// The request was abandoned for good: the undos registered for its steps ran, and
+    /// the key answers 410, naming any step that had none.
     Abandoned,
     /// The run failed; the request is tried again later. The error says why.
     Retrying(String),

@@ -67,9 +67,11 @@ pub mod problem_type {
     /// stored bodies (`StoreBuilder::max_response_bytes`): it could not be stored to be
     /// completed; nothing ran.
     pub const REQUEST_TOO_LARGE: &str = "request-too-large";
-    /// 410: an operator abandoned the request with this key for good after its steps ran,
-    /// and their compensations (a refund) ran; nothing was committed, and the key answers
-    /// this for as long as it is kept. Do not retry it; send a new request with a new key.
+    /// 410: the request with this key was abandoned for good after its steps ran (by an
+    /// operator, or by a completer that abandons what it parks); the undo registered for
+    /// each step (a refund) ran, and the detail names any step that had none, whose work
+    /// elsewhere stands. Nothing was committed, and the key answers this for as long as
+    /// it is kept. Do not retry it; send a new request with a new key.
     pub const REQUEST_ABANDONED: &str = "request-abandoned";
     /// 409: the request with this key is being abandoned: the service is undoing what it
     /// did elsewhere, and then answers `request-abandoned` (410). Retry after
