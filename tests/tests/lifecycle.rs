@@ -388,9 +388,10 @@ impl Service {
             .into_iter()
             .map(|a| a.key)
             .collect();
-        let world = self.state.world.lock().unwrap();
-        let (calls, refunds) = (world.calls.clone(), world.refunds.clone());
-        drop(world);
+        let (calls, refunds) = {
+            let world = self.state.world.lock().unwrap();
+            (world.calls.clone(), world.refunds.clone())
+        };
         for n in 0..KEYS {
             let key = format!("k{n}");
             let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges WHERE key = $1")
