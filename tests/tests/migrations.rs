@@ -70,9 +70,10 @@ async fn idems_file_in_a_users_migrations_directory() {
             .await
             .expect("count");
         assert_eq!(
-            applied, 8,
+            applied, 9,
             "the user's, idem's table, idem's outbox, idem's steps, the outbox's walk index, \
-             idem's audit trail, the outbox's attempt history and idem's stored requests"
+             idem's audit trail, the outbox's attempt history, idem's stored requests and \
+             the steps' and requests' field hashes"
         );
         for table in [
             "idem_outbox",
