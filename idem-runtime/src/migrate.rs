@@ -679,11 +679,18 @@ mod tests {
         // file's column.
         for (schema, first, table) in [
             (crate::STEPS_SCHEMA_SQL, steps, "\"idempotency_steps\""),
-            (crate::REQUESTS_SCHEMA_SQL, requests, "\"idempotency_requests\""),
+            (
+                crate::REQUESTS_SCHEMA_SQL,
+                requests,
+                "\"idempotency_requests\"",
+            ),
         ] {
             assert!(schema.starts_with(first), "{table}");
             let alter = format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS field_hashes bytea;");
-            assert!(hashes.contains(&alter) && schema.trim_end().ends_with(&alter), "{table}");
+            assert!(
+                hashes.contains(&alter) && schema.trim_end().ends_with(&alter),
+                "{table}"
+            );
         }
         assert_eq!(*audit, crate::AUDIT_SCHEMA_SQL);
         // The outbox's schema is its first file with the later one's index in place of

@@ -58,7 +58,10 @@ SELECT CAST(CASE WHEN random() >= 0 THEN $refused$";
 /// PostgreSQL skips the `COMMIT`.
 fn guarded(sql: &str) -> String {
     let head = sql.strip_suffix("COMMIT");
-    debug_assert!(head.is_some(), "a finishing message ends with COMMIT: {sql}");
+    debug_assert!(
+        head.is_some(),
+        "a finishing message ends with COMMIT: {sql}"
+    );
     format!("{}CLOSE idem_guard;\nCOMMIT", head.unwrap_or(sql))
 }
 

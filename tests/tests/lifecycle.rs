@@ -250,7 +250,10 @@ impl Service {
             .body(Body::from(self.body(key).to_string()))
             .unwrap();
         let router = self.router();
-        let response = self.run(router.oneshot(request)).await?.expect("infallible");
+        let response = self
+            .run(router.oneshot(request))
+            .await?
+            .expect("infallible");
         let status = response.status().as_u16();
         let body = axum::body::to_bytes(response.into_body(), 1 << 20)
             .await
@@ -374,7 +377,11 @@ impl Service {
         *self.state.failing.lock().unwrap() = false;
         for _ in 0..6 {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            let ran = self.completer().run_due().await.map_err(|e| e.to_string())?;
+            let ran = self
+                .completer()
+                .run_due()
+                .await
+                .map_err(|e| e.to_string())?;
             if ran.is_empty() {
                 break;
             }

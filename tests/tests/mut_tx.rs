@@ -148,7 +148,11 @@ async fn a_nested_unit_of_work_never_commits_the_requests_transaction() {
         let s = TestApp::serve(pool, app).await;
         for _ in 0..3 {
             let answer = s
-                .post("/nested", Some("n1"), &json!({ "body": "a", "fail": false }))
+                .post(
+                    "/nested",
+                    Some("n1"),
+                    &json!({ "body": "a", "fail": false }),
+                )
                 .await;
             assert_eq!(answer.status, 500);
             let text = String::from_utf8_lossy(&answer.body).into_owned();
@@ -157,7 +161,11 @@ async fn a_nested_unit_of_work_never_commits_the_requests_transaction() {
                 "{text}"
             );
         }
-        assert_eq!(s.count("notes").await, 0, "no write committed, once or thrice");
+        assert_eq!(
+            s.count("notes").await,
+            0,
+            "no write committed, once or thrice"
+        );
         assert_eq!(s.keys().await, 0);
     })
     .await;

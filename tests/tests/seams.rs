@@ -157,7 +157,11 @@ async fn a_deploy_that_reorders_or_adds_fields_resumes_a_request_with_a_recorded
         // After it: the client's identical retry resumes after the step.
         let retry = v2.post("/charges", Some("k1"), &body).await;
         assert_eq!(retry.status, 201, "{retry:?}");
-        assert_eq!(state.calls().len(), 2, "the step replayed, not called again");
+        assert_eq!(
+            state.calls().len(),
+            2,
+            "the step replayed, not called again"
+        );
         // Another payload under the key is still another request: its step refuses it
         // (`StepError::Mismatch`, which this handler answers 502), and calls nobody.
         let other = json!({ "amount": 6, "currency": "eur" });
@@ -243,7 +247,11 @@ async fn an_abandon_is_decided_before_its_first_undo_and_a_late_retry_never_wins
             late.assert_problem(409, "request-abandoning");
             assert!(late.header("retry-after").is_some());
         }
-        assert_eq!(served.count("charges").await, 0, "the late retry wrote nothing");
+        assert_eq!(
+            served.count("charges").await,
+            0,
+            "the late retry wrote nothing"
+        );
         assert_eq!(state.calls().len(), 2, "and called nobody");
 
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -293,7 +301,10 @@ async fn an_abandon_names_every_step_it_did_not_undo() {
 
         let late = served.post("/orders", Some("k1"), &body).await;
         late.assert_problem(410, "request-abandoned");
-        let detail = late.json()["detail"].as_str().unwrap_or_default().to_owned();
+        let detail = late.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(
             detail.contains("undone elsewhere: \"processor\"")
                 && detail.contains("NOT undone (no undo registered): \"reserve\""),
@@ -305,11 +316,16 @@ async fn an_abandon_names_every_step_it_did_not_undo() {
             .find(|row| row.action == "abandoned")
             .expect("the completer's row");
         assert!(
-            abandoned.filter.contains("not undone (no undo registered): [\"reserve\"]")
+            abandoned
+                .filter
+                .contains("not undone (no undo registered): [\"reserve\"]")
                 && abandoned.filter.contains("undone: [\"processor\"]"),
             "{abandoned:?}"
         );
-        assert!(audit.iter().any(|row| row.action == "abandon"), "the operator's row");
+        assert!(
+            audit.iter().any(|row| row.action == "abandon"),
+            "the operator's row"
+        );
     })
     .await;
 }

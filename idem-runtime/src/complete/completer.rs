@@ -22,8 +22,8 @@ use crate::engine::{self, Begun, Claim, Committed, Refusal};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{KeyInScope, Place};
 use crate::store::Store;
-use crate::table::requests::{Due, Failure, Leased, StoredRequest};
 use crate::table::audit::AuditWrite;
+use crate::table::requests::{Due, Failure, Leased, StoredRequest};
 use crate::table::{Isolation, Record, ABANDONING};
 use crate::web::problem::Problems;
 use crate::web::response::{self, IDEMPOTENT_REPLAYED};
@@ -475,7 +475,9 @@ impl Completer {
                     Ok(Committed::Superseded(_)) => {
                         return forgotten(store.inner.requests.forget(store.outside(), key).await)
                     }
-                    Err(error) => return retry(format!("the abandon could not be decided: {error:?}")),
+                    Err(error) => {
+                        return retry(format!("the abandon could not be decided: {error:?}"))
+                    }
                 }
             }
             // Its client's retry, or a completion, committed it first: its answer
@@ -497,7 +499,9 @@ impl Completer {
             Ok(Some(attempt)) => attempt,
             // Another run ended it.
             Ok(None) => return forgotten(store.inner.requests.forget(store.outside(), key).await),
-            Err(refusal) => return retry(format!("its key cannot be held: {}", describe(&refusal))),
+            Err(refusal) => {
+                return retry(format!("its key cannot be held: {}", describe(&refusal)))
+            }
         };
         let recorded = match store.steps().read(store.outside(), key).await {
             Ok(recorded) => recorded,

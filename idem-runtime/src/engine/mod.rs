@@ -611,7 +611,11 @@ impl Attempt {
     /// ([`hold_abandoning`]), with what rides the COMMIT.
     pub(crate) async fn commit_abandoned(self, record: &Record) -> Result<(), CommitError> {
         let Self {
-            store, tx, claim, state, ..
+            store,
+            tx,
+            claim,
+            state,
+            ..
         } = self;
         let Some(claim) = claim else {
             return Err(CommitError::Escaped);

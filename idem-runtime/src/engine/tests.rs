@@ -763,7 +763,9 @@ async fn a_commit_the_work_sends_is_refused_and_a_rollback_caught() {
         .await
         .unwrap_err();
     assert!(
-        refused.to_string().contains(crate::transaction::REFUSED_COMMIT),
+        refused
+            .to_string()
+            .contains(crate::transaction::REFUSED_COMMIT),
         "{refused}"
     );
     assert_eq!(db.notes().await, 0, "nothing committed");
