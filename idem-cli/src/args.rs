@@ -79,7 +79,7 @@ pub(crate) enum CompletionArg {
     Pending,
     /// Parked after too many failed runs.
     Failed,
-    /// Given up: its compensations run.
+    /// Given up: the undos registered for its steps run, then 410.
     Abandoning,
     /// Its endpoint stored no request: it can only be abandoned.
     NotCompletable,
@@ -167,7 +167,7 @@ pub(crate) enum KeyCommand {
     /// Requests that made an outside call (recorded a step) and never committed: their
     /// clients went away. Oldest first step first, a page at a time (--after), each with
     /// where its completion stands: pending (the service's completer runs it), failed
-    /// (parked after too many failed runs), abandoning (given up: its compensations run),
+    /// (parked after too many failed runs), abandoning (given up: its registered undos run),
     /// or not completable (its endpoint stores no request).
     Abandoned {
         /// Only requests whose newest step is at least this old: 90s, 30m, 24h, 7d.
@@ -209,9 +209,9 @@ pub(crate) enum KeyCommand {
         #[arg(long)]
         yes: bool,
     },
-    /// Give up an abandoned request for good: the service's completer runs the
-    /// compensation of each of its steps (a refund for a charge), then answers 410 to its
-    /// key from then on.
+    /// Give up an abandoned request for good: the service's completer undoes each of its
+    /// steps that has an undo registered (a refund for a charge), the last first, then
+    /// answers 410 to its key from then on, naming any step it did not undo.
     Abandon {
         /// The endpoint's scope, as `#[idempotent(scope = ..)]` names it.
         scope: String,

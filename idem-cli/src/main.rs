@@ -335,7 +335,8 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             filter.principal = principal;
             filter.key_prefix = prefix;
             filter.completion = completion.map(Into::into);
-            out.abandoned(&store.abandoned_page(&filter, after.as_ref(), limit).await?);
+            let page = store.abandoned_page(&filter, after.as_ref(), limit).await?;
+            out.abandoned(&page, idle_for, after.is_none());
         }
         KeyCommand::Counts { expiring_within } => {
             out.counts(&store.key_counts(expiring_within).await?);

@@ -282,10 +282,24 @@ impl Out {
     }
 
     /// A page of abandoned requests: in JSON, each with its `cursor`; in a table, the
-    /// next page's `--after` under it, when there is one.
-    pub(crate) fn abandoned(&self, page: &Page<Abandoned, AbandonedCursor>) {
+    /// next page's `--after` under it, when there is one. An empty first page names the
+    /// idle time it was filtered by (`idle_for`), which hides requests still making steps.
+    pub(crate) fn abandoned(
+        &self,
+        page: &Page<Abandoned, AbandonedCursor>,
+        idle_for: Duration,
+        first: bool,
+    ) {
         if self.json {
             return self.print_json(&page.rows);
+        }
+        if page.rows.is_empty() && first && !idle_for.is_zero() {
+            say!(
+                "None with no step for {} or more (parked and abandoning ones are listed \
+                 whatever their idle time); --idle-for 0s lists every request with a step.",
+                idem::operate::format_age(idle_for)
+            );
+            return;
         }
         let rows: Vec<Vec<String>> = page
             .rows

@@ -73,6 +73,8 @@ struct Entries {
     order: VecDeque<(Slot, u64)>,
     bytes: usize,
     serial: u64,
+    /// How many times the entries were cleared ([`Answers::clear`]).
+    cleared: u64,
 }
 
 /// Committed answers kept in memory (see the module's docs).
@@ -109,8 +111,17 @@ impl Answers {
             .then(|| entry.record.clone())
     }
 
+    /// Where the entries stand, for a later [`Answers::keep`]: read before the database
+    /// is asked for what will be kept.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().cleared
+    }
+
     /// Keeps `record`, committed for `key` with `fingerprint`, until `until` (its key's
-    /// expiry, when known) or `max_stale` from now, whichever comes first.
+    /// expiry, when known) or `max_stale` from now, whichever comes first; unless the
+    /// entries were cleared since `since` ([`Answers::generation`]): the record was read
+    /// (or committed) before a purge, which may have deleted it since, and a replay from
+    /// memory must not bring it back.
     pub(crate) fn keep(
         &self,
         key: &KeyInScope,
@@ -118,6 +129,7 @@ impl Answers {
         parts: Vec<u8>,
         record: &Record,
         until: Option<Instant>,
+        since: u64,
     ) {
         let stale = Instant::now() + self.max_stale;
         let until = until.map_or(stale, |until| until.min(stale));
@@ -129,6 +141,9 @@ impl Answers {
             + combined.len()
             + parts.len();
         let mut entries = self.lock();
+        if entries.cleared != since {
+            return;
+        }
         if bytes > self.max_bytes {
             // Not kept; nor is what was kept for the key before (a purge elsewhere and a
             // new answer since): it must not be replayed in its place.
@@ -175,7 +190,11 @@ impl Answers {
 
     /// Drops every entry: a purge through this store.
     pub(crate) fn clear(&self) {
-        *self.lock() = Entries::default();
+        let mut entries = self.lock();
+        *entries = Entries {
+            cleared: entries.cleared + 1,
+            ..Entries::default()
+        };
     }
 
     /// The bytes held, as counted against `max_bytes`.
@@ -230,7 +249,14 @@ mod tests {
     fn an_answer_is_replayed_for_its_fingerprint_only() {
         let answers = Answers::new(1 << 20, Duration::from_secs(60));
         let mine = fingerprint("a");
-        answers.keep(&key(1), mine.combined(), mine.parts(), &record("{}"), None);
+        answers.keep(
+            &key(1),
+            mine.combined(),
+            mine.parts(),
+            &record("{}"),
+            None,
+            0,
+        );
         assert_eq!(answers.get(&key(1), &mine), Some(record("{}")));
         assert_eq!(
             answers.get(&key(1), &fingerprint("b")),
@@ -244,9 +270,16 @@ mod tests {
     fn an_entry_ends_at_its_expiry_or_max_stale() {
         let answers = Answers::new(1 << 20, Duration::from_millis(50));
         let f = fingerprint("a");
-        answers.keep(&key(1), f.combined(), f.parts(), &record("{}"), None);
+        answers.keep(&key(1), f.combined(), f.parts(), &record("{}"), None, 0);
         let soon = Instant::now() + Duration::from_millis(10);
-        answers.keep(&key(2), f.combined(), f.parts(), &record("{}"), Some(soon));
+        answers.keep(
+            &key(2),
+            f.combined(),
+            f.parts(),
+            &record("{}"),
+            Some(soon),
+            0,
+        );
         std::thread::sleep(Duration::from_millis(20));
         assert!(answers.get(&key(1), &f).is_some());
         assert_eq!(answers.get(&key(2), &f), None, "past its expiry");
@@ -268,6 +301,7 @@ mod tests {
                 f.parts(),
                 &record(&body),
                 None,
+                0,
             );
             assert!(
                 answers.bytes() <= max,
@@ -292,9 +326,39 @@ mod tests {
             f.parts(),
             &record(&"y".repeat(max)),
             None,
+            0,
         );
         assert_eq!(answers.get(&key(9_999 % 3_000), &f), None);
         answers.clear();
         assert_eq!(answers.bytes(), 0);
+    }
+
+    /// Issue 48: a replay that read a record just before a purge through the same store
+    /// put the purged answer back into memory, for `max_stale`.
+    #[test]
+    fn a_record_read_before_a_purge_is_not_kept_after_it() {
+        let answers = Answers::new(1 << 20, Duration::from_secs(60));
+        let f = fingerprint("a");
+        let since = answers.generation();
+        // The replay reads the row; the purge deletes it and clears; the replay keeps.
+        answers.clear();
+        answers.keep(&key(1), f.combined(), f.parts(), &record("{}"), None, since);
+        assert_eq!(
+            answers.get(&key(1), &f),
+            None,
+            "the purged answer stays gone"
+        );
+        answers.keep(
+            &key(1),
+            f.combined(),
+            f.parts(),
+            &record("{}"),
+            None,
+            answers.generation(),
+        );
+        assert!(
+            answers.get(&key(1), &f).is_some(),
+            "read after the purge: kept"
+        );
     }
 }

@@ -71,16 +71,28 @@ impl Store {
             }
             tokio::task::yield_now().await;
         }
-        // The stored requests of those that never committed, which expire with them.
+        // The stored requests of those that never committed, which expire with them: each
+        // a request whose outside calls happened and whose key never answered. Said, one
+        // line each, before nothing lists them any more.
         let mut reached = None;
         loop {
             let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let mut unresolved = Vec::new();
             let deleted = self
                 .inner
                 .requests
-                .purge(&mut conn, batch_size, &mut reached)
+                .purge(&mut conn, batch_size, &mut reached, &mut unresolved)
                 .await?;
             conn.finish().await?;
+            for gone in &unresolved {
+                tracing::error!(
+                    scope = %gone.scope,
+                    key = %gone.key,
+                    state = %gone.state,
+                    "idem: a request that made a step expired unresolved (never committed, completed \
+                     or abandoned): its outside calls stand and its key answers as new from now on"
+                );
+            }
             metrics::swept(deleted);
             if deleted < batch_size as u64 {
                 return Ok(());
@@ -120,6 +132,16 @@ impl Store {
                         tracing::warn!(%error, "idem: sweeping expired records failed; retrying at the next tick")
                     }
                 }
+                match store.outbox_lag().await {
+                    Ok(lag) => {
+                        if let Some(warning) = unrelayed(lag) {
+                            tracing::warn!("{warning}");
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "idem: reading the outbox's lag failed; retrying at the next tick")
+                    }
+                }
                 if cfg!(feature = "metrics") {
                     match store.abandoned_count().await {
                         Ok(n) => crate::observe::metrics::abandoned(n),
@@ -132,6 +154,24 @@ impl Store {
         });
         Ok(Sweeper { task, removed })
     }
+}
+
+/// How old the oldest pending event may be before the sweeper says that the outbox is
+/// not being relayed: a relay publishes within seconds, so minutes mean none runs (or
+/// none keeps up).
+const UNRELAYED_AFTER: Duration = Duration::from_secs(300);
+
+/// What the sweeper says, at each tick, when the oldest pending event is `lag` old and
+/// that is past [`UNRELAYED_AFTER`]: events written by requests that no relay publishes
+/// pile up unseen otherwise (issue 48).
+fn unrelayed(lag: Option<Duration>) -> Option<String> {
+    let lag = lag.filter(|lag| *lag >= UNRELAYED_AFTER)?;
+    Some(format!(
+        "idem: the outbox's oldest pending event has waited {}: is a relay running? \
+         Events are published only by a relay (`idem::outbox::Relay`); \
+         `idem outbox pending` lists them",
+        crate::operate::format_age(lag)
+    ))
 }
 
 /// Why [`Store::spawn_sweeper`] did not start.
@@ -157,6 +197,17 @@ impl std::error::Error for SweeperError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outbox_left_unrelayed_is_named_after_minutes() {
+        assert_eq!(unrelayed(None), None);
+        assert_eq!(unrelayed(Some(Duration::from_secs(30))), None);
+        let said = unrelayed(Some(Duration::from_secs(600))).expect("a warning");
+        assert!(
+            said.contains("10m") && said.contains("is a relay running?"),
+            "{said}"
+        );
+    }
 
     /// Regression: a zero interval used to panic inside the sweeper's task
     /// (`tokio::time::interval` refuses a zero period), leaving no sweeper and no error.

@@ -47,9 +47,12 @@ connection it is given, without begin() and commit()";
 /// and `conn.begin()` on the request's connection sends `BEGIN` (a warning inside a
 /// transaction) and then a real `COMMIT`, not `SAVEPOINT` and `RELEASE`. Making sqlx count
 /// idem's transaction would cost a round trip per request ([`crate::engine`]'s budget).
-/// The cursor costs none: it rides the two messages the transaction sends anyway, in
-/// every mode (a transaction pooler keeps it with the transaction; Citus plans it on the
-/// coordinator, which no table is read from).
+/// The cursor costs none: it rides the two messages the transaction sends anyway (a
+/// transaction pooler keeps it with the transaction). Not in the portable mode: Citus
+/// may send a message's statements on to a worker, whose transaction then ends without
+/// idem's `CLOSE` and keeps the cursor for the session's next one ("cursor already
+/// exists"); there a `COMMIT` the handler sends is caught after it (invariant 6), as
+/// before.
 const GUARD: &str = "DECLARE idem_guard CURSOR WITH HOLD FOR \
 SELECT CAST(CASE WHEN random() >= 0 THEN $refused$";
 
@@ -256,12 +259,15 @@ const INVALID_CURSOR: &str = "34000";
 /// An open transaction on a connection of the pool; rolled back unless it ends.
 pub(crate) struct OpenTransaction {
     conn: Option<PoolConnection<Postgres>>,
+    /// Whether its first message declared the guard ([`GUARD`]), which its finishing
+    /// message closes.
+    guarded: bool,
 }
 
 impl OpenTransaction {
     /// Sends `sql`, which begins a transaction and may go on with more statements, in one
     /// message on `conn`, with the guard against a `COMMIT` idem did not send after them
-    /// ([`GUARD`]), and returns the rows they return. When `sql` executes
+    /// where `guard` ([`GUARD`]), and returns the rows they return. When `sql` executes
     /// statements of `prepared` and the connection lacks them, they are prepared and
     /// `sql` is sent again (once per connection). On an error the transaction is rolled
     /// back (by the drop).
@@ -269,10 +275,14 @@ impl OpenTransaction {
         conn: PoolConnection<Postgres>,
         sql: String,
         prepared: Option<&Prepared>,
+        guard: bool,
     ) -> Result<(Self, Vec<PgRow>), sqlx::Error> {
-        let mut open = Self { conn: Some(conn) };
+        let mut open = Self {
+            conn: Some(conn),
+            guarded: guard,
+        };
         // Shared, not copied: sent again only when the connection lacked the statements.
-        let sql = Arc::new(with_guard(sql));
+        let sql = Arc::new(if guard { with_guard(sql) } else { sql });
         let rows = match sqlx::raw_sql(AssertSqlSafe(Arc::clone(&sql)))
             .fetch_all(&mut *open)
             .await
@@ -304,9 +314,8 @@ impl OpenTransaction {
         sql: String,
         prepared: Option<&Prepared>,
     ) -> Result<(), sqlx::Error> {
-        let result = sqlx::raw_sql(AssertSqlSafe(guarded(&sql)))
-            .execute(&mut *self)
-            .await;
+        let sql = if self.guarded { guarded(&sql) } else { sql };
+        let result = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self).await;
         match &result {
             // Committed: the connection goes back to the pool as it is.
             Ok(_) => drop(self.conn.take()),

@@ -668,9 +668,33 @@ async fn abandoned_pages(app: &TestApp, pool: &PgPool) {
         assert_eq!(status, 200, "{path}: {page}");
         assert_eq!(abandoned_keys(&page), expected, "{path}: {page}");
         if expected.is_empty() {
-            assert!(page.contains("None."), "{path}: {page}");
+            // Issue 48: an empty list names the idle time it was filtered by.
+            assert!(
+                page.contains("None with no step for 10m or more")
+                    && page.contains("abandoned?idle=0s"),
+                "{path}: {page}"
+            );
         }
     }
+    // Issue 48: the console's address with a slash after it was 404.
+    let direct = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let slashed = direct
+        .get(app.url("/admin/idem/"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(slashed.status().as_u16(), 308);
+    assert_eq!(
+        slashed
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok()),
+        Some("/admin/idem")
+    );
     // The form shows the filter it listed with.
     let (_, page) = get(
         app,

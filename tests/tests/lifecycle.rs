@@ -1,27 +1,32 @@
-//! Every actor on a few keys, checked against a model (issue 48; ARCHITECTURE.md,
-//! invariants 14 and 15; RELIABILITY.md, "The lifecycle of a key").
+//! Every actor on a few keys, checked against a model (issue 48; RELIABILITY.md, "The
+//! lifecycle of a key").
 //!
 //! A generated history (proptest: seeded, shrinking) drives three keys of one service
 //! through interleavings of its actors: clients sending, retrying and sending twice at
 //! once, their handler failing after its step (the client gone); the process dying at
 //! each durable boundary ([`idem::failpoint::Point`]: after a step's call, after its
 //! record, before and after COMMIT, before an undo), then restarted; the completer of
-//! a restarted instance; an operator's complete and abandon; a deploy that reorders and
-//! adds `fields`. The service calls a stand-in processor in a step (it honours
-//! `Idempotency-Key`, and counts every call) and writes a charge; a compensation refunds.
+//! a restarted instance; an operator's complete, abandon and purge; a deploy that
+//! reorders and adds `fields` and adds a step; the database unreachable while a client
+//! sends (a TCP gate shut in front of it). The service calls a stand-in processor in a
+//! step (it honours `Idempotency-Key`, and counts every call) and writes a charge; a
+//! compensation refunds.
 //!
 //! After each history, and after a final drain (handlers healed, the completer run until
 //! nothing is due), the model checks, per key:
 //!
-//! - the charge is written at most once, and exactly once where the key answered 2xx;
-//! - the processor is called at most once, plus once more for each death between a
-//!   call and its record (the one window left, where the same key is sent again);
+//! - the charge is written at most once (once more after each purge, by the operator's
+//!   decision), and at least once where the key answered 2xx;
+//! - the processor (and the added step's service) is called at most once, plus once more
+//!   for each death between a call and its record (the one window left, where the same
+//!   key is sent again) and each purge;
+//! - with the database unreachable, the answer is 503 and nothing runs;
 //! - a refund only where the processor was called, at most once, and never beside a
 //!   charge (one decision per key);
 //! - every final answer (not a 409, not a 5xx) after the key's first is that one, byte
-//!   for byte;
-//! - nothing is invisible: a key whose processor was called ends charged, answering
-//!   410, or listed by `Store::abandoned` for an operator.
+//!   for byte (until a purge);
+//! - nothing is invisible: a key whose processor's call was recorded ends charged,
+//!   answering 410, or listed by `Store::abandoned` for an operator.
 //!
 //! A failure prints the shrunk history and the seed. CI runs `IDEM_MODEL_CASES` histories
 //! (default 16) from a seed of the day's date unless `IDEM_MODEL_SEED` is set; long runs
@@ -40,11 +45,12 @@ use idem::complete::Completer;
 use idem::failpoint::{Failpoints, Point};
 use idem::operate::Operator;
 use idem::{idempotent, Store, Tx};
-use idem_tests::with_test_db;
+use idem_tests::{with_test_db, Gate};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
 use tower::ServiceExt;
 
 const KEYS: u8 = 3;
@@ -58,6 +64,8 @@ struct World {
     charged: HashSet<String>,
     /// Every refund, by the request's key, with the key it was sent.
     refunds: HashMap<String, HashSet<String>>,
+    /// Every receipt sent (the step the new version adds), by the request's key.
+    receipts: HashMap<String, u32>,
 }
 
 #[derive(Clone, FromRef)]
@@ -80,6 +88,7 @@ async fn charge(
     tx: &mut Tx<'_>,
     state: &AppState,
     req: &NewCharge,
+    receipt: bool,
 ) -> Result<(StatusCode, Json<Value>), StatusCode> {
     let world = Arc::clone(&state.world);
     let key = req.key.clone();
@@ -92,6 +101,16 @@ async fn charge(
         })
         .await
         .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    if receipt {
+        let world = Arc::clone(&state.world);
+        let key = req.key.clone();
+        tx.step("receipt", |_derived| async move {
+            *world.lock().unwrap().receipts.entry(key).or_default() += 1;
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .await
+        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    }
     if *state.failing.lock().unwrap() {
         return Err(StatusCode::INTERNAL_SERVER_ERROR);
     }
@@ -113,17 +132,18 @@ async fn charge_v1(
     mut tx: Tx,
     Json(req): Json<NewCharge>,
 ) -> Result<(StatusCode, Json<Value>), StatusCode> {
-    charge(&mut tx, &state, &req).await
+    charge(&mut tx, &state, &req, false).await
 }
 
-/// After the deploy: `fields` reordered, and one added.
+/// After the deploy: `fields` reordered and one added, and a step added after the
+/// processor's.
 #[idempotent(scope = "charges", fields = [amount, note, key], completable = true)]
 async fn charge_v2(
     State(state): State<AppState>,
     mut tx: Tx,
     Json(req): Json<NewCharge>,
 ) -> Result<(StatusCode, Json<Value>), StatusCode> {
-    charge(&mut tx, &state, &req).await
+    charge(&mut tx, &state, &req, true).await
 }
 
 /// One actor's move.
@@ -147,6 +167,10 @@ enum Action {
     CompleteNow { key: u8 },
     /// The new version is deployed.
     Deploy,
+    /// An operator purges `key`'s record: its next request runs again, by that decision.
+    Purge { key: u8 },
+    /// The database is unreachable while `key`'s client sends.
+    Outage { key: u8 },
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -166,6 +190,8 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (0..KEYS).prop_map(|key| Action::Abandon { key }),
         1 => (0..KEYS).prop_map(|key| Action::CompleteNow { key }),
         1 => Just(Action::Deploy),
+        1 => (0..KEYS).prop_map(|key| Action::Purge { key }),
+        1 => (0..KEYS).prop_map(|key| Action::Outage { key }),
     ]
 }
 
@@ -180,6 +206,10 @@ struct Service {
     answered_2xx: HashSet<String>,
     /// Deaths between a processor call and its record, by key.
     lost_calls: HashMap<String, u32>,
+    /// Records an operator purged, by key: each lets the key run once more.
+    purges: HashMap<String, u32>,
+    /// Between the store and PostgreSQL: shut for an outage.
+    gate: Gate,
     history: Vec<String>,
 }
 
@@ -350,6 +380,38 @@ impl Service {
                 self.deployed = true;
                 self.history.push(format!("{action:?}"));
             }
+            Action::Purge { key } => {
+                let key = format!("k{key}");
+                let operator = self.store.audited(Operator::new("ops", "model"));
+                let purged = operator
+                    .purge_key("charges", "", &key)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.history.push(format!("{action:?} -> {purged}"));
+                if purged > 0 {
+                    *self.purges.entry(key.clone()).or_default() += 1;
+                    self.finals.remove(&key);
+                    self.answered_2xx.remove(&key);
+                }
+            }
+            Action::Outage { key } => {
+                let key = format!("k{key}");
+                *self.state.failing.lock().unwrap() = false;
+                self.gate.shut().await;
+                let answer = self.send(&key).await;
+                self.gate.open().await;
+                self.history.push(format!("{action:?} -> {answer:?}"));
+                match answer {
+                    Ok((503, _)) => {}
+                    Ok((status, body)) => {
+                        return Err(format!(
+                            "{key} answered {status} {} with the database unreachable",
+                            String::from_utf8_lossy(&body)
+                        ))
+                    }
+                    Err(point) => return Err(format!("{key} died at {point} unarmed")),
+                }
+            }
         }
         Ok(())
     }
@@ -395,9 +457,13 @@ impl Service {
             .into_iter()
             .map(|a| a.key)
             .collect();
-        let (calls, refunds) = {
+        let (calls, refunds, receipts) = {
             let world = self.state.world.lock().unwrap();
-            (world.calls.clone(), world.refunds.clone())
+            (
+                world.calls.clone(),
+                world.refunds.clone(),
+                world.receipts.clone(),
+            )
         };
         for n in 0..KEYS {
             let key = format!("k{n}");
@@ -408,22 +474,31 @@ impl Service {
                 .map_err(|e| e.to_string())?;
             let called = calls.get(&key).copied().unwrap_or(0);
             let lost = self.lost_calls.get(&key).copied().unwrap_or(0);
+            let purges = self.purges.get(&key).copied().unwrap_or(0);
             let refunded = refunds.get(&key).map_or(0, HashSet::len);
-            if charges > 1 {
-                return Err(format!("{key}: charged {charges} times"));
-            }
-            if self.answered_2xx.contains(&key) && charges != 1 {
-                return Err(format!("{key}: answered 2xx with {charges} charges"));
-            }
-            if called > 1 + lost {
+            let receipted = receipts.get(&key).copied().unwrap_or(0);
+            // Each purge lets the key run once more, by the operator's decision.
+            let runs = 1 + i64::from(purges);
+            if charges > runs {
                 return Err(format!(
-                    "{key}: the processor was called {called} times, with {lost} deaths between a call and its record"
+                    "{key}: charged {charges} times, with {purges} purges"
                 ));
+            }
+            if self.answered_2xx.contains(&key) && charges == 0 {
+                return Err(format!("{key}: answered 2xx with no charge"));
+            }
+            if called > 1 + lost + purges {
+                return Err(format!(
+                    "{key}: the processor was called {called} times, with {lost} deaths between a call and its record and {purges} purges"
+                ));
+            }
+            if receipted > 1 + lost + purges {
+                return Err(format!("{key}: {receipted} receipts sent"));
             }
             if refunded > 1 || (refunded == 1 && called == 0) {
                 return Err(format!("{key}: {refunded} refunds for {called} calls"));
             }
-            if refunded == 1 && charges == 1 {
+            if purges == 0 && refunded == 1 && charges == 1 {
                 return Err(format!("{key}: both charged and refunded"));
             }
             // A request that recorded its call is committed, abandoned or listed; a call
@@ -453,7 +528,7 @@ impl Service {
                         .fetch_one(pool)
                         .await
                         .map_err(|e| e.to_string())?;
-                if charges > 1 || (self.answered_2xx.contains(&key) && charges != 1) {
+                if charges > runs || (self.answered_2xx.contains(&key) && charges == 0) {
                     return Err(format!("{key}: {charges} charges after its last retry"));
                 }
             }
@@ -474,7 +549,12 @@ async fn history(actions: Vec<Action>) -> Result<(), String> {
         .await
         .unwrap();
         let failpoints = Arc::new(Failpoints::new());
-        let store = Store::builder(pool.clone())
+        let gate = Gate::start(&db.options).await;
+        let gated = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_lazy_with(gate.options(db.options.clone()));
+        let store = Store::builder(gated)
+            .acquire_timeout(Duration::from_millis(250))
             .failpoints(Arc::clone(&failpoints))
             .step_timeout(Duration::from_secs(5))
             .build()
@@ -492,6 +572,8 @@ async fn history(actions: Vec<Action>) -> Result<(), String> {
             finals: HashMap::new(),
             answered_2xx: HashSet::new(),
             lost_calls: HashMap::new(),
+            purges: HashMap::new(),
+            gate,
             history: Vec::new(),
         };
         let mut result = Ok(());

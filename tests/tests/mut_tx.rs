@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, TestApp};
+use idem_tests::{with_test_db, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::{Connection, PgConnection, Row};
@@ -75,6 +75,18 @@ async fn nested(mut tx: Tx, Json(note): Json<NewNote>) -> Result<StatusCode, (St
     Ok(StatusCode::CREATED)
 }
 
+/// `routes` on a store of their own, over a `notes` table.
+async fn serve_notes(db: &TestDb, routes: Router<Store>) -> TestApp {
+    let pool = db.pool(4).await;
+    sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    TestApp::serve(pool, routes.with_state(store)).await
+}
+
 fn failed(error: sqlx::Error) -> (StatusCode, String) {
     (StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
 }
@@ -82,17 +94,7 @@ fn failed(error: sqlx::Error) -> (StatusCode, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mut_tx_runs_in_the_requests_transaction() {
     with_test_db(async |db| {
-        let pool = db.pool(4).await;
-        sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        let app = Router::new()
-            .route("/notes", post(create_note))
-            .with_state(store);
-        let s = TestApp::serve(pool, app).await;
+        let s = serve_notes(db, Router::new().route("/notes", post(create_note))).await;
 
         let refused = s
             .post("/notes", Some("n1"), &json!({ "body": "a", "fail": true }))
@@ -135,17 +137,7 @@ async fn mut_tx_runs_in_the_requests_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_unit_of_work_never_commits_the_requests_transaction() {
     with_test_db(async |db| {
-        let pool = db.pool(4).await;
-        sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let store = Store::new(pool.clone());
-        store.migrate().await.unwrap();
-        let app = Router::new()
-            .route("/nested", post(nested))
-            .with_state(store);
-        let s = TestApp::serve(pool, app).await;
+        let s = serve_notes(db, Router::new().route("/nested", post(nested))).await;
         for _ in 0..3 {
             let answer = s
                 .post(

@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use idem::complete::{Completed, Completer};
 use idem::operate::Operator;
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, TestApp};
+use idem_tests::{with_test_db, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -182,6 +182,21 @@ async fn a_deploy_that_reorders_or_adds_fields_resumes_a_request_with_a_recorded
     .await;
 }
 
+/// The orders service, on a fresh store, and its request `k1`, failed after both steps:
+/// the store, the state, the router, the served app and the request's body.
+async fn a_failed_order(db: &TestDb) -> (Store, AppState, Router, TestApp, Value) {
+    let pool = db.pool(8).await;
+    let store = setup(&pool).await;
+    let state = AppState::new(store.clone());
+    let app = Router::new()
+        .route("/orders", post(order))
+        .with_state(state.clone());
+    let served = TestApp::serve(pool.clone(), app.clone()).await;
+    let body = json!({ "amount": 9, "currency": "eur" });
+    assert_eq!(served.post("/orders", Some("k1"), &body).await.status, 500);
+    (store, state, app, served, body)
+}
+
 /// A completer whose undo of `failing_once` fails the first time, recording each undo.
 fn completer(
     store: &Store,
@@ -214,15 +229,7 @@ fn completer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandon_is_decided_before_its_first_undo_and_a_late_retry_never_wins() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = setup(&pool).await;
-        let state = AppState::new(store.clone());
-        let app = Router::new()
-            .route("/orders", post(order))
-            .with_state(state.clone());
-        let served = TestApp::serve(pool.clone(), app.clone()).await;
-        let body = json!({ "amount": 9, "currency": "eur" });
-        assert_eq!(served.post("/orders", Some("k1"), &body).await.status, 500);
+        let (store, state, app, served, body) = a_failed_order(db).await;
         assert_eq!(state.calls(), ["reserve", "processor"]);
 
         let undos = Arc::default();
@@ -277,15 +284,7 @@ async fn an_abandon_is_decided_before_its_first_undo_and_a_late_retry_never_wins
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandon_names_every_step_it_did_not_undo() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = setup(&pool).await;
-        let state = AppState::new(store.clone());
-        let app = Router::new()
-            .route("/orders", post(order))
-            .with_state(state.clone());
-        let served = TestApp::serve(pool.clone(), app.clone()).await;
-        let body = json!({ "amount": 9, "currency": "eur" });
-        assert_eq!(served.post("/orders", Some("k1"), &body).await.status, 500);
+        let (store, _state, app, served, body) = a_failed_order(db).await;
 
         // Only the processor's step has an undo registered.
         let undos = Arc::default();
@@ -326,6 +325,32 @@ async fn an_abandon_names_every_step_it_did_not_undo() {
             audit.iter().any(|row| row.action == "abandon"),
             "the operator's row"
         );
+    })
+    .await;
+}
+
+/// Issue 48 (a new user's trial): "Complete now" (the console, `idem key complete`)
+/// waited for the completer's window (`Completer::after`), though the docs say "at the
+/// next look".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_now_runs_at_the_completers_next_look() {
+    with_test_db(async |db| {
+        let (store, state, app, served, body) = a_failed_order(db).await;
+        state.failing.store(false, Ordering::SeqCst);
+        // A window of an hour: the request is not due by age.
+        let completer = completer(&store, app, &Arc::default(), "", &[]);
+        assert_eq!(completer.run_due().await.expect("a look"), []);
+        let operator = store.audited(Operator::new("ops", "test"));
+        assert!(operator
+            .complete_request("orders", "", "k1")
+            .await
+            .expect("complete"));
+        let done = completer.run_due().await.expect("a look");
+        assert_eq!(done, [("k1".to_owned(), Completed::Completed)]);
+        assert_eq!(state.calls().len(), 2, "its steps replayed");
+        let late = served.post("/orders", Some("k1"), &body).await;
+        assert_eq!(late.status, 201);
+        assert!(late.replayed());
     })
     .await;
 }

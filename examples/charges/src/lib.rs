@@ -693,7 +693,12 @@ pub fn app(pool: PgPool, config: Config) -> Router {
         .route("/openapi.json", get(openapi::document))
         .with_state(state);
     match admin {
-        Some(admin) => app.nest("/admin/idem", admin),
+        // A nested router answers at its prefix, not at the prefix with a slash: the
+        // console's address as people type it is sent there.
+        Some(admin) => app.nest("/admin/idem", admin).route(
+            "/admin/idem/",
+            get(|| async { axum::response::Redirect::permanent("/admin/idem") }),
+        ),
         None => app,
     }
 }

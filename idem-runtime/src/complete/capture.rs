@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method};
 
-use super::{is_credential, Completion};
+use super::{is_credential, without_credentials, Completion};
 use crate::table::requests::StoredRequest;
 use crate::web::extract::HoldsStore;
 
@@ -94,7 +94,8 @@ impl Completable {
     }
 
     /// The request to store: the allowed headers (`allowed`, and `key_header`, the one
-    /// its key came from), never a credential; `None` for a completion.
+    /// its key came from), never a credential, in a header or in the target's query
+    /// ([`without_credentials`]); `None` for a completion.
     pub(crate) fn stored(
         self,
         allowed: &[HeaderName],
@@ -113,7 +114,7 @@ impl Completable {
             .collect();
         Some(StoredRequest {
             method: head.method.as_str().to_owned(),
-            target: head.target,
+            target: without_credentials(&head.target),
             headers,
             body: self.body.0.get().cloned().unwrap_or_default(),
         })

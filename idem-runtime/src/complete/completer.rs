@@ -297,6 +297,7 @@ impl Completer {
                         retry_in: self.retry_in(leased.tries),
                         limit: self.limit,
                         abandon_parked: self.abandon_parked,
+                        tries: leased.tries,
                     };
                     let left = requests.failed(pool, stored, &failure).await?;
                     // An abandon that failed is tried again: it is never parked.

@@ -129,3 +129,73 @@ impl Completion {
 pub(crate) fn is_credential(name: &HeaderName) -> bool {
     name == header::AUTHORIZATION || name == header::PROXY_AUTHORIZATION || name == header::COOKIE
 }
+
+/// Query parameters that carry a credential, by name (ASCII case aside): left out of a
+/// stored request's target, as the credential headers are ([`is_credential`]). OAuth's
+/// bearer in a query (RFC 6750 §2.3), API keys, passwords, and the signatures of
+/// pre-signed URLs.
+const CREDENTIAL_PARAMETERS: &[&str] = &[
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "token",
+    "api_key",
+    "apikey",
+    "password",
+    "passwd",
+    "secret",
+    "client_secret",
+    "auth",
+    "authorization",
+    "signature",
+    "sig",
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-amz-security-token",
+];
+
+/// `target` (a path and its query) without the query parameters that carry a credential
+/// ([`CREDENTIAL_PARAMETERS`]), the others kept as sent, in their order.
+pub(crate) fn without_credentials(target: &str) -> String {
+    let Some((path, query)) = target.split_once('?') else {
+        return target.to_owned();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
+            !CREDENTIAL_PARAMETERS
+                .iter()
+                .any(|credential| name.eq_ignore_ascii_case(credential))
+        })
+        .collect();
+    if kept.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    /// Issue 48: the stored target kept its whole query string, `?access_token=…`
+    /// included, though `Authorization` was never stored.
+    #[test]
+    fn a_stored_target_keeps_no_credential_of_its_query() {
+        for (sent, stored) in [
+            ("/charges", "/charges"),
+            ("/charges?currency=eur", "/charges?currency=eur"),
+            ("/charges?access_token=s3cr3t", "/charges"),
+            (
+                "/charges?currency=eur&Access_Token=s3cr3t&x=1&api_key=k&sig=z",
+                "/charges?currency=eur&x=1",
+            ),
+            ("/charges?token", "/charges"),
+            ("/charges?tokens=2&page=1", "/charges?tokens=2&page=1"),
+        ] {
+            assert_eq!(without_credentials(sent), stored, "{sent}");
+        }
+    }
+}

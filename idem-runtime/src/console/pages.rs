@@ -648,7 +648,17 @@ pub(crate) fn abandoned(
         section {
             (listed.form(base))
             @if page.rows.is_empty() {
-                p.muted { @if listed.after.is_some() { "No more." } @else { "None." } }
+                p.muted {
+                    @if listed.after.is_some() { "No more." }
+                    @else if listed.filter.idle_for.is_none_or(|idle| !idle.is_zero()) {
+                        "None with no step for "
+                        (listed.filter.idle_for.map_or_else(|| listed.default_idle.clone(), crate::operate::format_age))
+                        " or more (parked and abandoning ones are listed whatever their idle time). "
+                        a href=(format!("{base}/abandoned?idle=0s")) { "List every request with a step" }
+                        "."
+                    }
+                    @else { "None." }
+                }
             } @else {
                 table.abandoned {
                     tr {

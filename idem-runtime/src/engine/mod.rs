@@ -128,7 +128,25 @@ pub(crate) enum CommitError {
     Database(sqlx::Error),
 }
 
+/// Whether a finishing message failed because the work ended the transaction itself
+/// (invariant 6): its check found the transaction gone ([`table::ESCAPED`]), or idem's
+/// guard was gone with it ([`is_unguarded`]).
+fn ended_by_work(error: &sqlx::Error) -> bool {
+    is_unguarded(error)
+        || matches!(error, sqlx::Error::Database(e)
+            if e.code().as_deref() == Some("22P02") && e.message().contains(table::ESCAPED))
+}
+
 impl CommitError {
+    /// A finishing message's failure.
+    fn from_finish(error: sqlx::Error) -> Self {
+        if ended_by_work(&error) {
+            Self::Escaped
+        } else {
+            Self::from_database(error)
+        }
+    }
+
     fn from_database(error: sqlx::Error) -> Self {
         if is_unavailable(&error) {
             Self::Unavailable(error)
@@ -195,7 +213,7 @@ pub(crate) struct Attempt {
 /// A record just committed for `claim`: kept in the store's
 /// [`replay_cache`](crate::StoreBuilder::replay_cache), if it has one, until its key's
 /// expiry counted from `opened`.
-fn kept(store: &Store, claim: &Claim, record: &Record, opened: Instant) -> Committed {
+fn kept(store: &Store, claim: &Claim, record: &Record, opened: Instant, since: u64) -> Committed {
     // An abandon's marker is no answer: the 410 replaces it.
     if record.status == table::ABANDONING {
         return Committed::Stored;
@@ -207,9 +225,20 @@ fn kept(store: &Store, claim: &Claim, record: &Record, opened: Instant) -> Commi
             claim.fingerprint.parts(),
             record,
             opened.checked_add(claim.ttl),
+            since,
         );
     }
     Committed::Stored
+}
+
+/// Where the store's replay cache stands, read before the database is asked for what it
+/// may keep ([`crate::answers::Answers::generation`]).
+fn generation(store: &Store) -> u64 {
+    store
+        .inner
+        .answers
+        .as_ref()
+        .map_or(0, crate::answers::Answers::generation)
 }
 
 /// What is needed to claim a key again after its attempt was aborted.
@@ -261,11 +290,13 @@ pub(crate) async fn begin(
             return Ok(Begun::Replay(record));
         }
     }
+    // Before anything is read that the cache may keep.
+    let since = generation(store);
     if let Some(row) = earlier(store, &claim).await? {
-        return replay(store, row, &claim);
+        return replay(store, row, &claim, since);
     }
     if store.inner.table.portable() {
-        return begin_portable(store, claim, isolation, opened).await;
+        return begin_portable(store, claim, isolation, opened, since).await;
     }
     let request = &claim;
     let mut snapshots = 0;
@@ -285,7 +316,7 @@ pub(crate) async fn begin(
             }
             // Nothing was written, and no lock taken: the transaction's ROLLBACK goes out
             // after the answer.
-            Ok((_, Took::Stored(row))) => return replay(store, row, request),
+            Ok((_, Took::Stored(row))) => return replay(store, row, request, since),
             Err(ClaimError::InUse) => return Err(Refusal::InUse),
             // The request it waited for has ended; a new snapshot sees its record.
             Err(ClaimError::NewSnapshot) if snapshots < NEW_SNAPSHOTS => snapshots += 1,
@@ -343,7 +374,13 @@ async fn open_with(
     let settings = &store.inner;
     let begin = async {
         let conn = settings.pool.acquire().await?;
-        OpenTransaction::begin(conn, sql, settings.table.prepared()).await
+        OpenTransaction::begin(
+            conn,
+            sql,
+            settings.table.prepared(),
+            !settings.table.portable(),
+        )
+        .await
     };
     match tokio::time::timeout(settings.acquire_timeout + wait, begin).await {
         Ok(begun) => begun,
@@ -353,7 +390,7 @@ async fn open_with(
 
 /// A stored row: its record when the fingerprint matches, kept in the store's
 /// [`replay_cache`](crate::StoreBuilder::replay_cache) if it has one.
-fn replay(store: &Store, row: StoredRow, claim: &Claim) -> Result<Begun, Refusal> {
+fn replay(store: &Store, row: StoredRow, claim: &Claim, since: u64) -> Result<Begun, Refusal> {
     if !claim
         .fingerprint
         .matches(&row.fingerprint, &row.field_hashes)
@@ -380,6 +417,7 @@ fn replay(store: &Store, row: StoredRow, claim: &Claim) -> Result<Begun, Refusal
             row.field_hashes,
             &record,
             None,
+            since,
         );
     }
     Ok(Begun::Replay(record))
@@ -431,16 +469,12 @@ impl Attempt {
             return tx
                 .commit()
                 .await
-                .map_err(|e| {
-                    if is_unguarded(&e) {
-                        CommitError::Escaped
-                    } else {
-                        CommitError::from_database(e)
-                    }
-                })
+                .map_err(CommitError::from_finish)
                 .map(|()| Committed::Stored);
         };
         let table = &store.inner.table;
+        // Before the COMMIT: a purge after it may delete what it stores.
+        let since = generation(&store);
         if state.wakes_relays {
             if let Some(wake) = store.inner.outbox.wake() {
                 state.rides_commit.push(wake.to_owned());
@@ -465,21 +499,15 @@ impl Attempt {
                     )
                     .await
                 {
-                    Ok(()) => return Ok(kept(&store, &claim, record, opened)),
+                    Ok(()) => return Ok(kept(&store, &claim, record, opened, since)),
                     Err(sqlx::Error::Database(e))
                         if e.code().as_deref() == Some("22P02")
                             && e.message().contains(table::LOST) =>
                     {
                         Written::Lost
                     }
-                    Err(sqlx::Error::Database(e))
-                        if e.code().as_deref() == Some("22P02")
-                            && e.message().contains(table::ESCAPED) =>
-                    {
-                        Written::Escaped
-                    }
+                    Err(e) if ended_by_work(&e) => Written::Escaped,
                     Err(e) if table.is_key_conflict(&e) => Written::Lost,
-                    Err(e) if is_unguarded(&e) => Written::Escaped,
                     Err(e) => Written::Failed(e),
                 }
             }
@@ -491,14 +519,8 @@ impl Attempt {
                 )
                 .await
             {
-                Ok(()) => return Ok(kept(&store, &claim, record, opened)),
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some("22P02")
-                        && e.message().contains(table::ESCAPED) =>
-                {
-                    Written::Escaped
-                }
-                Err(e) if is_unguarded(&e) => Written::Escaped,
+                Ok(()) => return Ok(kept(&store, &claim, record, opened, since)),
+                Err(e) if ended_by_work(&e) => Written::Escaped,
                 Err(e) => Written::Failed(e),
             },
         };
@@ -554,8 +576,7 @@ impl Attempt {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
                 Err(CommitError::Aborted(None))
             }
-            Err(e) if is_unguarded(&e) => Err(CommitError::Escaped),
-            Err(e) => Err(CommitError::from_database(e)),
+            Err(e) => Err(CommitError::from_finish(e)),
         }
     }
 
@@ -584,7 +605,13 @@ pub(crate) async fn hold_abandoning(
         if let Some(prepared) = settings.table.prepared() {
             prepared.ensure(&mut conn).await?;
         }
-        OpenTransaction::begin(conn, sql, settings.table.prepared()).await
+        OpenTransaction::begin(
+            conn,
+            sql,
+            settings.table.prepared(),
+            !settings.table.portable(),
+        )
+        .await
     };
     let (tx, rows) = match tokio::time::timeout(settings.acquire_timeout, begin).await {
         Ok(begun) => begun,
@@ -624,16 +651,7 @@ impl Attempt {
             .inner
             .table
             .abandoned_commit(&claim.key, record, &state.rides_commit);
-        match tx.finish(sql, None).await {
-            Ok(()) => Ok(()),
-            Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("22P02") && e.message().contains(table::ESCAPED) =>
-            {
-                Err(CommitError::Escaped)
-            }
-            Err(e) if is_unguarded(&e) => Err(CommitError::Escaped),
-            Err(e) => Err(CommitError::from_database(e)),
-        }
+        tx.finish(sql, None).await.map_err(CommitError::from_finish)
     }
 }
 

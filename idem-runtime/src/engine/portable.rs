@@ -10,6 +10,7 @@ pub(super) async fn begin_portable(
     claim: Claim,
     isolation: Isolation,
     opened: Instant,
+    since: u64,
 ) -> Result<Begun, Refusal> {
     let settings = &store.inner;
     let mut wait = claim.conflict_wait.unwrap_or(settings.conflict_wait);
@@ -27,7 +28,7 @@ pub(super) async fn begin_portable(
         match claim_row(store, request, isolation, wait).await {
             Ok((tx, Found::Claimed, began)) => break (tx, began),
             // Nothing was written; the transaction's ROLLBACK goes out after the answer.
-            Ok((_, Found::Stored(row), _)) => return replay(store, row, request),
+            Ok((_, Found::Stored(row), _)) => return replay(store, row, request, since),
             Err(ClaimError::InUse) => {
                 // The row is locked, but what is committed is an expired row: a sweeper
                 // is deleting it, or a request is taking the expired key over. A sweep

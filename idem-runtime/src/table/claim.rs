@@ -671,8 +671,7 @@ impl Table {
 
     /// [`STORE`] and `COMMIT` in one message ([`crate::literal`]): the response rides
     /// the round trip COMMIT needs anyway. When nothing was stored (the handler ended
-    /// the transaction itself, invariant 6), a statement between the two fails with
-    /// [`ESCAPED`] in its message, so that PostgreSQL skips the COMMIT.
+    /// the transaction itself, invariant 6), nothing commits ([`Table::checked_commit`]).
     pub(crate) fn storing_commit(
         &self,
         key: &KeyInScope,
@@ -681,21 +680,39 @@ impl Table {
         riders: &[String],
     ) -> String {
         let scope = key.stored_scope();
+        let [a, b, c, d, e, f] = self.answer_values(&scope, key, record);
         let store = literal::render(
             self.store.as_str(),
-            &[
-                Literal::Text(&scope),
-                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
-                Literal::Text(key.key.as_str()),
-                Literal::Int(i64::from(record.status)),
-                Literal::Bytes(&record.headers),
-                Literal::Bytes(&record.body),
-                Literal::Float(ttl.as_secs_f64()),
-            ],
+            &[a, b, c, d, e, f, Literal::Float(ttl.as_secs_f64())],
         );
-        // As in `inserting_commit`: the CASE is cast, so that it is not folded.
+        self.checked_commit(&store, riders)
+    }
+
+    /// The key's and its answer's values, as [`STORE`] and [`ABANDONED`] take them: $1
+    /// scope (`scope`, as stored), $2 principal, $3 key, $4 status, $5 headers, $6 body.
+    fn answer_values<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a KeyInScope,
+        record: &'a Record,
+    ) -> [Literal<'a>; 6] {
+        [
+            Literal::Text(scope),
+            Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+            Literal::Text(key.key.as_str()),
+            Literal::Int(i64::from(record.status)),
+            Literal::Bytes(&record.headers),
+            Literal::Bytes(&record.body),
+        ]
+    }
+
+    /// `write`, an update of the key's row, and `COMMIT` in one message, with what rides
+    /// it. When `write` updated no row, a statement between the two fails with
+    /// [`ESCAPED`] in its message, so that PostgreSQL skips the COMMIT. As in
+    /// [`Table::inserting_commit`], the CASE is cast, so that it is not folded.
+    fn checked_commit(&self, write: &str, riders: &[String]) -> String {
         format!(
-            "{}WITH stored AS ({store}\n RETURNING 1)\n\
+            "{}WITH stored AS ({write}\n RETURNING 1)\n\
              SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM stored;\n{}COMMIT",
             self.path_again(),
             rides(riders)
@@ -722,7 +739,7 @@ impl Table {
     }
 
     /// [`ABANDONED`] and `COMMIT` in one message, with what rides it: nothing commits
-    /// when the marker was not replaced.
+    /// when the marker was not replaced ([`Table::checked_commit`]).
     pub(crate) fn abandoned_commit(
         &self,
         key: &KeyInScope,
@@ -732,21 +749,9 @@ impl Table {
         let scope = key.stored_scope();
         let update = literal::render(
             self.abandoned.as_str(),
-            &[
-                Literal::Text(&scope),
-                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
-                Literal::Text(key.key.as_str()),
-                Literal::Int(i64::from(record.status)),
-                Literal::Bytes(&record.headers),
-                Literal::Bytes(&record.body),
-            ],
+            &self.answer_values(&scope, key, record),
         );
-        format!(
-            "{}WITH done AS ({update}\n RETURNING 1)\n\
-             SELECT CAST(CASE WHEN count(*) = 0 THEN '{ESCAPED}' END AS integer) FROM done;\n{}COMMIT",
-            self.path_again(),
-            rides(riders)
-        )
+        self.checked_commit(&update, riders)
     }
 
     /// [`EXPIRED`]: `None` when no committed row exists.

@@ -102,15 +102,17 @@ const KEEP_LIVE: &str = ",
 const FORGET: &str = "DELETE FROM {table} WHERE scope = $1 AND principal = {p2} AND key = $3";
 
 /// Requests the completer may take now, oldest first, at most $2: not parked, not
-/// leased, due, and either given up by an operator or older than the window ($1
-/// seconds). The table holds only requests that have not committed.
+/// leased, due, and either given up by an operator, sent to be completed now by one
+/// ([`MARK`]), or older than the window ($1 seconds). The table holds only requests that
+/// have not committed.
 const DUE: &str = "\
 SELECT scope, principal::text AS principal, key,
        extract(epoch FROM expires_at - now())::float8 AS remaining
   FROM {table}
  WHERE state <> 'failed' AND expires_at > now() AND next_at <= now()
    AND (leased_until IS NULL OR leased_until <= now())
-   AND (state = 'abandoning' OR created_at <= now() - $1 * interval '1 second')
+   AND (state = 'abandoning' OR leased_until = '-infinity'
+        OR created_at <= now() - $1 * interval '1 second')
  ORDER BY created_at
  LIMIT $2";
 
@@ -132,6 +134,10 @@ RETURNING encode(fingerprint, 'hex') AS fingerprint, encode(field_hashes, 'hex')
 /// the limit ($7): as `failed`, or as `abandoning` at once where the completer abandons
 /// what it parks ($8). $5 the error. (`now()` stays out of the `CASE`s: a distributed
 /// engine refuses a function that is not immutable in one.)
+///
+/// Fenced (invariant 11): only while the run still holds its lease, $9 the `tries` its
+/// lease returned. Each lease counts a try, so a completer whose lease ran out, and was
+/// taken by another, writes nothing over the other's progress.
 const FAILED: &str = "\
 UPDATE {table}
    SET leased_until = NULL, last_error = $5, error_at = now(),
@@ -141,16 +147,19 @@ UPDATE {table}
        state = CASE WHEN $6 AND state = 'pending' AND failures + 1 >= $7
                     THEN CASE WHEN $8 THEN 'abandoning' ELSE 'failed' END
                     ELSE state END
- WHERE scope = $1 AND principal = {p2} AND key = $3
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND tries = $9
 RETURNING state, failures";
 
 /// Marks a request as given up by an operator ($4 true) or sends it back to be
 /// completed at once ($4 false), unless it is being abandoned: an abandon is for good.
-/// $1 scope, $2 principal, $3 key.
+/// A completion asked for now is due at the completer's next look, however young the
+/// request ([`DUE`]): its lease reads `-infinity` until a completer takes it. $1 scope,
+/// $2 principal, $3 key.
 const MARK: &str = "\
 UPDATE {table}
    SET state = CASE WHEN $4 THEN 'abandoning' ELSE 'pending' END, next_at = now(),
-       leased_until = NULL, failures = CASE WHEN $4 THEN failures ELSE 0 END
+       leased_until = CASE WHEN $4 THEN NULL ELSE timestamptz '-infinity' END,
+       failures = CASE WHEN $4 THEN failures ELSE 0 END
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND ($4 OR state <> 'abandoning')
 RETURNING true AS marked";
 
@@ -170,7 +179,9 @@ SELECT method IS NOT NULL AS stored FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3";
 
 /// Expired requests, oldest first, in a batch, as the steps' purge does: $1 the batch
-/// size, $2 where the previous batch stopped.
+/// size, $2 where the previous batch stopped. Each was a request that made a step and
+/// never committed, nor was completed or abandoned: `scopes`, `keys` and `states` name
+/// them, for the sweeper to say so ([`ExpiredRequest`]).
 const PURGE: &str = "\
 WITH gone AS (
 DELETE FROM {table}
@@ -180,13 +191,15 @@ DELETE FROM {table}
          ORDER BY expires_at
          LIMIT $1)
    AND expires_at <= now()
-RETURNING expires_at)
-SELECT count(*) AS deleted, {reaches} FROM gone";
+RETURNING expires_at, scope, key, state)
+SELECT count(*) AS deleted, {reaches}, coalesce(array_agg(scope), '{}') AS scopes,
+       coalesce(array_agg(key), '{}') AS keys, coalesce(array_agg(state), '{}') AS states
+  FROM gone";
 
 /// [`PURGE`] for a distributed engine: a read of a batch, then [`SWEEP_ONE_PORTABLE`]
 /// for each, on its own shard.
 const EXPIRED_PORTABLE: &str = "\
-SELECT scope, principal::text AS principal, key,
+SELECT scope, principal::text AS principal, key, state,
        (extract(epoch FROM expires_at) * 1000000)::bigint AS reached
   FROM {table}
  WHERE expires_at <= now() AND expires_at >= {reached}
@@ -233,6 +246,17 @@ pub(crate) struct Due {
     pub(crate) remaining: Duration,
 }
 
+/// A stored request that expired unresolved ([`RequestsTable::purge`]): it made a step,
+/// and its key's time passed before it committed, completed or was abandoned.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ExpiredRequest {
+    /// The scope as stored.
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    /// `pending`, `failed` (parked) or `abandoning`.
+    pub(crate) state: String,
+}
+
 /// A request a completer holds the lease of ([`RequestsTable::lease`]).
 pub(crate) struct Leased {
     pub(crate) fingerprint: Vec<u8>,
@@ -256,6 +280,8 @@ pub(crate) struct Failure<'a> {
     pub(crate) limit: u32,
     /// Whether a request parked at the limit is abandoned at once.
     pub(crate) abandon_parked: bool,
+    /// The `tries` its lease returned: the fence ([`FAILED`]).
+    pub(crate) tries: i32,
 }
 
 impl RequestsTable {
@@ -407,7 +433,8 @@ impl RequestsTable {
     }
 
     /// [`FAILED`]: the state the request was in and is left in (`failed`, or
-    /// `abandoning`, once parked).
+    /// `abandoning`, once parked); `None` when the run no longer holds its lease (or the
+    /// request is gone).
     pub(crate) async fn failed(
         &self,
         pool: &PgPool,
@@ -424,6 +451,7 @@ impl RequestsTable {
             .bind(failure.counted)
             .bind(i32::try_from(failure.limit).unwrap_or(i32::MAX))
             .bind(failure.abandon_parked)
+            .bind(failure.tries)
             .fetch_optional(pool)
             .await?;
         row.map(|row| row.try_get("state")).transpose()
@@ -496,31 +524,50 @@ impl RequestsTable {
         conn: &mut sqlx::PgConnection,
         batch_size: i64,
         reached: &mut Option<i64>,
+        unresolved: &mut Vec<ExpiredRequest>,
     ) -> Result<u64, sqlx::Error> {
         let query = sqlx::query(self.purge.clone())
             .persistent(self.persistent())
             .bind(batch_size)
             .bind(*reached);
         if !self.dialect.portable {
-            return super::purged(&query.fetch_one(conn).await?, reached);
+            let row = query.fetch_one(conn).await?;
+            let [scopes, keys, states]: [Vec<String>; 3] = [
+                row.try_get("scopes")?,
+                row.try_get("keys")?,
+                row.try_get("states")?,
+            ];
+            unresolved.extend(
+                scopes
+                    .into_iter()
+                    .zip(keys)
+                    .zip(states)
+                    .map(|((scope, key), state)| ExpiredRequest { scope, key, state }),
+            );
+            return super::purged(&row, reached);
         }
         let expired = query.fetch_all(&mut *conn).await?;
         let mut deleted = 0;
         for row in expired {
-            let [scope, principal, key]: [String; 3] = [
+            let [scope, principal, key, state]: [String; 4] = [
                 row.try_get("scope")?,
                 row.try_get("principal")?,
                 row.try_get("key")?,
+                row.try_get("state")?,
             ];
             *reached = Some(row.try_get("reached")?);
-            deleted += sqlx::query(self.sweep_one.clone())
+            let gone = sqlx::query(self.sweep_one.clone())
                 .persistent(self.persistent())
-                .bind(scope)
+                .bind(&scope)
                 .bind(principal)
-                .bind(key)
+                .bind(&key)
                 .execute(&mut *conn)
                 .await?
                 .rows_affected();
+            if gone > 0 {
+                unresolved.push(ExpiredRequest { scope, key, state });
+            }
+            deleted += gone;
         }
         Ok(deleted)
     }
@@ -606,5 +653,165 @@ mod tests {
             !sql.contains("now() WHERE") && !sql.contains("WHERE"),
             "{sql}"
         );
+    }
+
+    /// Invariant 11 (issue 48): a completer whose lease ran out, and was taken by
+    /// another, recorded its failure over the other's run (the update was not fenced).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failure_is_recorded_only_under_its_own_lease() {
+        use crate::table::cost::{drop_schema, pool, schema};
+        use sqlx::AssertSqlSafe;
+
+        let pool = pool().await;
+        let schema = schema("requests_fence");
+        let name = TableName::parse(&format!("{schema}.requests")).unwrap();
+        let table = RequestsTable::new(&name, Dialect::default());
+        crate::table::create(&pool, &statement(table.ddl().to_owned()))
+            .await
+            .expect("the requests table");
+        let key = KeyInScope {
+            scope: "charges".into(),
+            principal: String::new(),
+            key: crate::key::IdempotencyKey::from_text("k1").expect("a key"),
+            place: crate::identity::Place::Nobody,
+        };
+        let request = StoredRequest {
+            method: "POST".into(),
+            target: "/charges".into(),
+            headers: Vec::new(),
+            body: bytes::Bytes::new(),
+        };
+        let record = table.recording(&key, &[1], &[2], &request, Duration::from_secs(600));
+        sqlx::raw_sql(AssertSqlSafe(record))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let due = Due {
+            scope: "charges".into(),
+            principal: String::new(),
+            key: "k1".into(),
+            remaining: Duration::from_secs(600),
+        };
+        let first = table
+            .lease(&pool, &due, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let first = first.expect("leased");
+        // Its lease runs out; another completer leases the request.
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET leased_until = now() - interval '1 second'",
+            name.qualified()
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let second = table
+            .lease(&pool, &due, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let second = second.expect("leased again");
+        let failure = |tries| Failure {
+            error: "late",
+            counted: true,
+            retry_in: Duration::from_secs(1),
+            limit: 1,
+            abandon_parked: false,
+            tries,
+        };
+        let triple = ("charges", "", "k1");
+        let late = table
+            .failed(&pool, triple, &failure(first.tries))
+            .await
+            .unwrap();
+        assert_eq!(late, None, "the first run no longer holds the request");
+        let state: (String, i32, Option<String>) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT state, failures, last_error FROM {}",
+            name.qualified()
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            state,
+            ("pending".to_owned(), 0, None),
+            "left to the second run"
+        );
+        let own = table
+            .failed(&pool, triple, &failure(second.tries))
+            .await
+            .unwrap();
+        assert_eq!(
+            own.as_deref(),
+            Some("failed"),
+            "its own run parks it at the limit"
+        );
+        drop_schema(&pool, &schema).await;
+    }
+
+    /// Issue 48: a parked request vanished, unlisted and unsaid, when its key's ttl
+    /// passed. The purge now names each request it deletes: every one made a step and
+    /// never committed (the sweeper logs an ERROR line for each).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_purge_names_the_requests_that_expired_unresolved() {
+        use crate::table::cost::{drop_schema, pool, schema};
+        use sqlx::AssertSqlSafe;
+
+        let pool = pool().await;
+        for portable in [false, true] {
+            let schema = schema("requests_expired");
+            let name = TableName::parse(&format!("{schema}.requests")).unwrap();
+            let dialect = Dialect {
+                portable,
+                ..Dialect::default()
+            };
+            let table = RequestsTable::new(&name, dialect);
+            crate::table::create(&pool, &statement(table.ddl().to_owned()))
+                .await
+                .expect("the requests table");
+            let request = StoredRequest {
+                method: "POST".into(),
+                target: "/charges".into(),
+                headers: Vec::new(),
+                body: bytes::Bytes::new(),
+            };
+            for (key, ttl) in [("parked", 0), ("live", 600)] {
+                let key = KeyInScope {
+                    scope: "charges".into(),
+                    principal: String::new(),
+                    key: crate::key::IdempotencyKey::from_text(key).expect("a key"),
+                    place: crate::identity::Place::Nobody,
+                };
+                let record = table.recording(&key, &[1], &[2], &request, Duration::from_secs(ttl));
+                sqlx::raw_sql(AssertSqlSafe(record))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {} SET state = 'failed' WHERE key = 'parked'",
+                name.qualified()
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            let mut conn = pool.acquire().await.unwrap();
+            let (mut reached, mut unresolved) = (None, Vec::new());
+            let deleted = table
+                .purge(&mut conn, 100, &mut reached, &mut unresolved)
+                .await
+                .unwrap();
+            drop(conn);
+            assert_eq!(deleted, 1, "portable: {portable}");
+            assert_eq!(
+                unresolved,
+                [ExpiredRequest {
+                    scope: "charges".into(),
+                    key: "parked".into(),
+                    state: "failed".into(),
+                }],
+                "portable: {portable}"
+            );
+            drop_schema(&pool, &schema).await;
+        }
     }
 }
