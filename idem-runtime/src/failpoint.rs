@@ -5,7 +5,7 @@
 //! A process that dies mid-request leaves in PostgreSQL exactly what it had committed:
 //! its open transaction rolls back when its connection goes. A test gets the same by
 //! dropping the request's future at the boundary (the future's transaction rolls back,
-//! as [`crate::transaction`] guarantees for any drop), and by stopping the instance's
+//! as idem guarantees for any drop of a request), and by stopping the instance's
 //! completer. [`Failpoints::arm`] makes the next pass through a [`Point`] of the store's
 //! requests stop there for good and say so ([`Failpoints::died`]); the test then drops
 //! what was running, as the process's death would, and starts it again.
