@@ -48,11 +48,13 @@ connection it is given, without begin() and commit()";
 /// transaction) and then a real `COMMIT`, not `SAVEPOINT` and `RELEASE`. Making sqlx count
 /// idem's transaction would cost a round trip per request ([`crate::engine`]'s budget).
 /// The cursor costs none: it rides the two messages the transaction sends anyway (a
-/// transaction pooler keeps it with the transaction). Not in the portable mode: Citus
-/// may send a message's statements on to a worker, whose transaction then ends without
-/// idem's `CLOSE` and keeps the cursor for the session's next one ("cursor already
-/// exists"); there a `COMMIT` the handler sends is caught after it (invariant 6), as
-/// before.
+/// transaction pooler keeps it with the transaction). Not in the portable mode: there the
+/// claim's message sets its waits with `SET LOCAL`, which Citus propagates to the workers
+/// (`citus.propagate_set_commands = 'local'`) by sending them the message's whole text, so
+/// a worker would declare the cursor too, and end its transaction (Citus's own
+/// `COMMIT`) without idem's `CLOSE`: its session keeps the cursor, and the next message
+/// there fails ("cursor already exists"; seen on Citus 13). There a `COMMIT` the handler
+/// sends is caught after it (invariant 6), as before.
 const GUARD: &str = "DECLARE idem_guard CURSOR WITH HOLD FOR \
 SELECT CAST(CASE WHEN random() >= 0 THEN $refused$";
 
