@@ -48,13 +48,13 @@ connection it is given, without begin() and commit()";
 /// transaction) and then a real `COMMIT`, not `SAVEPOINT` and `RELEASE`. Making sqlx count
 /// idem's transaction would cost a round trip per request ([`crate::engine`]'s budget).
 /// The cursor costs none: it rides the two messages the transaction sends anyway (a
-/// transaction pooler keeps it with the transaction). Not in the portable mode: there the
-/// claim's message sets its waits with `SET LOCAL`, which Citus propagates to the workers
-/// (`citus.propagate_set_commands = 'local'`) by sending them the message's whole text, so
-/// a worker would declare the cursor too, and end its transaction (Citus's own
-/// `COMMIT`) without idem's `CLOSE`: its session keeps the cursor, and the next message
-/// there fails ("cursor already exists"; seen on Citus 13). There a `COMMIT` the handler
-/// sends is caught after it (invariant 6), as before.
+/// transaction pooler keeps it with the transaction). In the portable mode it rides the
+/// claim's message instead ([`crate::table::Table::claim_guarded`]), not the one that
+/// begins the transaction: that one sets its waits with `SET LOCAL`, which Citus
+/// propagates to the workers (`citus.propagate_set_commands = 'local'`) by sending them
+/// the message's whole text, so a worker would declare the cursor too and end its
+/// transaction (Citus's own `COMMIT`) without idem's `CLOSE`: its session kept the cursor,
+/// and its next message failed ("cursor already exists"; seen on Citus 13).
 const GUARD: &str = "DECLARE idem_guard CURSOR WITH HOLD FOR \
 SELECT CAST(CASE WHEN random() >= 0 THEN $refused$";
 
@@ -71,7 +71,7 @@ fn guarded(sql: &str) -> String {
 }
 
 /// `sql` with the guard's `DECLARE` after it, its message written in.
-fn with_guard(mut sql: String) -> String {
+pub(crate) fn with_guard(mut sql: String) -> String {
     for part in [";\n", GUARD, REFUSED_COMMIT, "$refused$ END AS integer)"] {
         sql.push_str(part);
     }
@@ -332,6 +332,13 @@ impl OpenTransaction {
             Err(_) => {}
         }
         result.map(drop)
+    }
+
+    /// Records that a later message of the transaction declared the guard (the portable
+    /// mode's claim, [`crate::table::Table::claim_guarded`]): its finishing message closes
+    /// it.
+    pub(crate) fn guarded_since_claim(&mut self) {
+        self.guarded = true;
     }
 
     /// `COMMIT`.

@@ -61,9 +61,8 @@ use crate::table::requests::StoredRequest;
 /// - A `COMMIT` idem did not send fails, and rolls everything back (its error says
 ///   "idem refused this COMMIT"): a raw `COMMIT` statement, and sqlx's nested unit of
 ///   work, `conn.begin()` … `commit()` on the request's connection (a helper taking
-///   `&mut PgConnection` given `&mut tx`). In the portable mode (Citus) it is caught
-///   after the handler instead, as a `ROLLBACK` is (below): write such helpers the same
-///   way there. sqlx does not see idem's `BEGIN`, so that
+///   `&mut PgConnection` given `&mut tx`). In every mode; a request without a key in
+///   the portable mode has no guard, and such a `COMMIT` is caught after the handler. sqlx does not see idem's `BEGIN`, so that
 ///   `begin()` is no `SAVEPOINT`: write the helper without `begin()` and `commit()`, its
 ///   statements on the connection it is given; the request's transaction is their unit
 ///   of work, and the handler's `Err` rolls them back. Where part of the work must be

@@ -77,12 +77,24 @@ async fn nested(mut tx: Tx, Json(note): Json<NewNote>) -> Result<StatusCode, (St
 
 /// `routes` on a store of their own, over a `notes` table.
 async fn serve_notes(db: &TestDb, routes: Router<Store>) -> TestApp {
+    serve_notes_on(db, routes, false).await
+}
+
+/// [`serve_notes`], the store `portable` or not.
+async fn serve_notes_on(db: &TestDb, routes: Router<Store>, portable: bool) -> TestApp {
     let pool = db.pool(4).await;
     sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text)")
         .execute(&pool)
         .await
         .unwrap();
-    let store = Store::new(pool.clone());
+    let builder = Store::builder(pool.clone());
+    let store = if portable {
+        builder.portable()
+    } else {
+        builder
+    }
+    .build()
+    .expect("a store");
     store.migrate().await.unwrap();
     TestApp::serve(pool, routes.with_state(store)).await
 }
@@ -136,29 +148,33 @@ async fn mut_tx_runs_in_the_requests_transaction() {
 /// before anything commits, and says what to write instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_unit_of_work_never_commits_the_requests_transaction() {
-    with_test_db(async |db| {
-        let s = serve_notes(db, Router::new().route("/nested", post(nested))).await;
-        for _ in 0..3 {
-            let answer = s
-                .post(
-                    "/nested",
-                    Some("n1"),
-                    &json!({ "body": "a", "fail": false }),
-                )
-                .await;
-            assert_eq!(answer.status, 500);
-            let text = String::from_utf8_lossy(&answer.body).into_owned();
-            assert!(
-                text.contains("idem refused this COMMIT") && text.contains("without begin()"),
-                "{text}"
+    // The default mode, and the portable one (whose guard rides its claim's message).
+    for portable in [false, true] {
+        with_test_db(async |db| {
+            let routes = Router::new().route("/nested", post(nested));
+            let s = serve_notes_on(db, routes, portable).await;
+            for _ in 0..3 {
+                let answer = s
+                    .post(
+                        "/nested",
+                        Some("n1"),
+                        &json!({ "body": "a", "fail": false }),
+                    )
+                    .await;
+                assert_eq!(answer.status, 500, "portable: {portable}");
+                let text = String::from_utf8_lossy(&answer.body).into_owned();
+                assert!(
+                    text.contains("idem refused this COMMIT") && text.contains("without begin()"),
+                    "portable: {portable}: {text}"
+                );
+            }
+            assert_eq!(
+                s.count("notes").await,
+                0,
+                "portable: {portable}: no write committed, once or thrice"
             );
-        }
-        assert_eq!(
-            s.count("notes").await,
-            0,
-            "no write committed, once or thrice"
-        );
-        assert_eq!(s.keys().await, 0);
-    })
-    .await;
+            assert_eq!(s.keys().await, 0, "portable: {portable}");
+        })
+        .await;
+    }
 }

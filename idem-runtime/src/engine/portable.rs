@@ -123,12 +123,18 @@ pub(super) async fn claim_row(
     // Claims go round at most a few times, and only under races with expiry: a row seen
     // expired is reclaimed by another request first, or deleted by a sweeper.
     let claimed = 'rounds: {
-        for _ in 0..4 {
-            let found = match table
-                .claim(&mut tx, key, fingerprint, timeouts)
-                .await
-                .map_err(classify)?
-            {
+        for round in 0..4 {
+            // The first claim declares idem's guard too (invariant 6).
+            let found = if round == 0 {
+                let found = table
+                    .claim_guarded(&mut tx, key, fingerprint, timeouts)
+                    .await;
+                tx.guarded_since_claim();
+                found
+            } else {
+                table.claim(&mut tx, key, fingerprint, timeouts).await
+            };
+            let found = match found.map_err(classify)? {
                 Some(found) => found,
                 // The conflicting row committed after the claim's snapshot began (the claim
                 // waited for it): a new statement sees it.

@@ -230,6 +230,26 @@ SELECT false, fingerprint, field_hashes, status, headers, body, expires_at <= no
   FROM {table}
  WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
 
+/// [`CLAIM_PORTABLE`] written whole, for a simple-query message of its own that also
+/// declares idem's guard ([`Table::claim_guarded`]): its bytea columns as hex (`encode`,
+/// whatever `bytea_output`: invariant 12).
+pub(super) const CLAIM_PORTABLE_TEXT: &str = "\
+WITH claimed AS (
+    INSERT INTO {table} (scope, principal, key, fingerprint, field_hashes, expires_at)
+    VALUES ($1, {p2}, $3, $4, $5, now() + $6::float8 * interval '1 second')
+    ON CONFLICT (scope, principal, key) DO NOTHING
+    RETURNING 1
+)
+SELECT true AS fresh, NULL::text AS fingerprint, NULL::text AS field_hashes,
+       NULL::smallint AS status, NULL::text AS headers, NULL::text AS body,
+       false AS expired
+  FROM claimed
+UNION ALL
+SELECT false, encode(fingerprint, 'hex'), encode(field_hashes, 'hex'), status,
+       encode(headers, 'hex'), encode(body, 'hex'), expires_at <= now()
+  FROM {table}
+ WHERE scope = $1 AND principal = {p2} AND key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)";
+
 /// Portable mode: the row a claim waited for, read by a new statement, which sees it
 /// committed.
 pub(super) const READ_PORTABLE: &str = "\
@@ -645,6 +665,42 @@ impl Table {
     ) -> Result<Option<Found>, sqlx::Error> {
         let query = self.claiming(&self.claim, key, fingerprint, timeouts.ttl);
         decode_found(query.fetch_optional(conn).await?)
+    }
+
+    /// [`CLAIM_PORTABLE_TEXT`], its values written in, with idem's guard declared after
+    /// it in the same message ([`crate::transaction::with_guard`]): the portable mode's
+    /// first claim. The message that begins the transaction cannot carry the guard there
+    /// (its `SET LOCAL`s reach Citus's workers with the message's whole text); this one
+    /// sets nothing. One message, as the bound claim is.
+    pub(crate) async fn claim_guarded(
+        &self,
+        conn: &mut PgConnection,
+        key: &KeyInScope,
+        fingerprint: &Fingerprint,
+        timeouts: Timeouts,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let scope = key.stored_scope();
+        let parts = fingerprint.parts();
+        let claim = literal::render(
+            self.claim_text.as_str(),
+            &[
+                Literal::Text(&scope),
+                Literal::Text(self.dialect.principal_type.bound(&key.principal)),
+                Literal::Text(key.key.as_str()),
+                Literal::Bytes(fingerprint.combined().as_slice()),
+                Literal::Bytes(&parts),
+                Literal::Float(timeouts.ttl.as_secs_f64()),
+            ],
+        );
+        let sql = crate::transaction::with_guard(claim);
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if row.try_get::<bool, _>("fresh")? {
+            return Ok(Some(Found::Claimed));
+        }
+        Ok(Some(Found::Stored(stored(row)?)))
     }
 
     /// [`READ_PORTABLE`].
