@@ -9,8 +9,8 @@
 //! a restarted instance; an operator's complete, abandon and purge; a deploy that
 //! reorders and adds `fields` and adds a step; the database unreachable while a client
 //! sends (a TCP gate shut in front of it). The service calls a stand-in processor in a
-//! step (it honours `Idempotency-Key`, and counts every call) and writes a charge; a
-//! compensation refunds.
+//! step (it honours `Idempotency-Key`, and counts every call), writes a charge and emits
+//! its event to the outbox; a compensation refunds.
 //!
 //! After each history, and after a final drain (handlers healed, the completer run until
 //! nothing is due), the model checks, per key:
@@ -21,6 +21,8 @@
 //!   for each death between a call and its record (the one window left, where the same
 //!   key is sent again) and each purge;
 //! - with the database unreachable, the answer is 503 and nothing runs;
+//! - each charge's event is in the outbox once, and no request that did not commit
+//!   wrote one;
 //! - a refund only where the processor was called, at most once, and never beside a
 //!   charge (one decision per key);
 //! - every final answer (not a 409, not a 5xx) after the key's first is that one, byte
@@ -44,6 +46,7 @@ use axum::{Json, Router};
 use idem::complete::Completer;
 use idem::failpoint::{Failpoints, Point};
 use idem::operate::Operator;
+use idem::outbox::Event;
 use idem::{idempotent, Store, Tx};
 use idem_tests::{with_test_db, Gate};
 use proptest::prelude::*;
@@ -120,10 +123,11 @@ async fn charge(
         .execute(&mut **tx)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "key": req.key, "processor_id": processor_id })),
-    ))
+    let created = json!({ "key": req.key, "processor_id": processor_id });
+    tx.emit(Event::new("charge.created", &created).ordering_key(req.key.clone()))
+        .await
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 #[idempotent(scope = "charges", fields = [key, amount], completable = true)]
@@ -500,6 +504,16 @@ impl Service {
             }
             if purges == 0 && refunded == 1 && charges == 1 {
                 return Err(format!("{key}: both charged and refunded"));
+            }
+            // Each committed charge wrote its event with it, and nothing else did.
+            let events: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE ordering_key = $1")
+                    .bind(&key)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            if events != charges {
+                return Err(format!("{key}: {events} events for {charges} charges"));
             }
             // A request that recorded its call is committed, abandoned or listed; a call
             // whose record was lost (the one window left) has nothing to list.
