@@ -356,7 +356,7 @@ async fn earlier(store: &Store, claim: &Claim) -> Result<Option<StoredRow>, Refu
 /// A transaction of the store's pool at `isolation`, waited for no longer than the
 /// store's acquire timeout.
 async fn open(store: &Store, isolation: Isolation) -> Result<OpenTransaction, Refusal> {
-    open_with(store, isolation.begin().to_owned(), Duration::ZERO)
+    open_with(store, isolation.begin().to_owned(), Duration::ZERO, false)
         .await
         .map(|(tx, _)| tx)
         .map_err(Refusal::from_database)
@@ -365,15 +365,21 @@ async fn open(store: &Store, isolation: Isolation) -> Result<OpenTransaction, Re
 /// A transaction of the store's pool, begun by `sql` (BEGIN and what rides it), and the
 /// rows `sql` returned. Waiting for a connection and for the message's answer is bounded
 /// by the store's acquire timeout, as sqlx's own BEGIN was, plus `wait`, how long a claim
-/// riding BEGIN may wait for another request (its `lock_timeout`).
+/// riding BEGIN may wait for another request (its `lock_timeout`). With `prepare_first`,
+/// the connection prepares the store's statements before `sql` is sent, for a
+/// transaction whose first message executes none of them but whose later ones may.
 async fn open_with(
     store: &Store,
     sql: String,
     wait: Duration,
+    prepare_first: bool,
 ) -> Result<(OpenTransaction, Vec<sqlx::postgres::PgRow>), sqlx::Error> {
     let settings = &store.inner;
     let begin = async {
-        let conn = settings.pool.acquire().await?;
+        let mut conn = settings.pool.acquire().await?;
+        if let Some(prepared) = settings.table.prepared().filter(|_| prepare_first) {
+            prepared.ensure(&mut conn).await?;
+        }
         OpenTransaction::begin(
             conn,
             sql,
@@ -596,28 +602,12 @@ pub(crate) async fn hold_abandoning(
     claim: Claim,
 ) -> Result<Option<Attempt>, Refusal> {
     let opened = Instant::now();
-    let settings = &store.inner;
-    let sql = settings.table.holding_abandoning(&claim.key);
+    let sql = store.inner.table.holding_abandoning(&claim.key);
     // The undos' steps ride statements executed by name: the connection prepares them
     // first, as no statement of this message would make it.
-    let begin = async {
-        let mut conn = settings.pool.acquire().await?;
-        if let Some(prepared) = settings.table.prepared() {
-            prepared.ensure(&mut conn).await?;
-        }
-        OpenTransaction::begin(
-            conn,
-            sql,
-            settings.table.prepared(),
-            !settings.table.portable(),
-        )
+    let (tx, rows) = open_with(store, sql, Duration::ZERO, true)
         .await
-    };
-    let (tx, rows) = match tokio::time::timeout(settings.acquire_timeout, begin).await {
-        Ok(begun) => begun,
-        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
-    }
-    .map_err(Refusal::from_database)?;
+        .map_err(Refusal::from_database)?;
     if rows.is_empty() {
         return Ok(None);
     }

@@ -108,7 +108,7 @@ pub(super) async fn claim_row(
     };
     // BEGIN and the waits by `SET LOCAL` for the whole claim: one message.
     let sql = crate::table::Table::begin_waiting(isolation.begin(), timeouts);
-    let (mut tx, rows) = open_with(store, sql, wait).await.map_err(classify)?;
+    let (mut tx, rows) = open_with(store, sql, wait, false).await.map_err(classify)?;
     let settings = rows.first().ok_or_else(|| {
         ClaimError::Database(sqlx::Error::Protocol(
             "the claim's settings were not read".into(),

@@ -36,7 +36,7 @@ pub(super) async fn take(
     let statement_timeout = claim.statement_timeout.or(settings.statement_timeout);
     let sql = table.begin_taking(isolation.begin(), &claim.key, lock, statement_timeout);
     // The claim tries the key's lock; it does not wait for it.
-    let (mut tx, rows) = open_with(store, sql, Duration::ZERO)
+    let (mut tx, rows) = open_with(store, sql, Duration::ZERO, false)
         .await
         .map_err(ClaimError::Database)?;
     let (tried, stored) = match &rows[..] {
