@@ -12,8 +12,8 @@
 //!
 //! The points are kept on the store ([`crate::StoreBuilder::failpoints`]), not in the
 //! process: two tests with two stores run in parallel. `tests/tests/lifecycle.rs` (the
-//! model of every actor on a key) is their first user; the same machinery is what a test
-//! kit for users' own handlers stands on.
+//! model of every actor on a key) and the test kit for users' own handlers
+//! ([`crate::testing`], feature `testing`) are their users.
 
 // Without the feature only `Point` and the no-op pass are used.
 #![cfg_attr(not(feature = "failpoints"), allow(dead_code))]
@@ -73,8 +73,11 @@ impl fmt::Display for Point {
 /// The failpoints of one store: which are armed, and which was hit.
 #[derive(Default)]
 pub struct Failpoints {
-    armed: Mutex<Vec<Point>>,
+    /// Each armed point, with how many passes through it go on before the one that dies.
+    armed: Mutex<Vec<(Point, u32)>>,
     died: Mutex<Vec<Point>>,
+    /// The passes through each point, in [`Point::ALL`]'s order.
+    passes: Mutex<[u32; Point::ALL.len()]>,
     hit: Notify,
 }
 
@@ -85,6 +88,13 @@ impl fmt::Debug for Failpoints {
             .field("died", &*lock(&self.died))
             .finish()
     }
+}
+
+fn index(point: Point) -> usize {
+    Point::ALL
+        .iter()
+        .position(|p| *p == point)
+        .unwrap_or_default()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -101,7 +111,17 @@ impl Failpoints {
     /// stops there for good, as if its process had died: it never returns, and
     /// [`Failpoints::died`] says so. Arming a point twice stops two passes.
     pub fn arm(&self, point: Point) {
-        lock(&self.armed).push(point);
+        self.arm_at(point, 1);
+    }
+
+    /// Arms `point` at its `pass`th pass from now (1: the next one).
+    pub(crate) fn arm_at(&self, point: Point, pass: u32) {
+        lock(&self.armed).push((point, pass.saturating_sub(1)));
+    }
+
+    /// The passes through `point` so far, the one that died included.
+    pub(crate) fn passes(&self, point: Point) -> u32 {
+        lock(&self.passes)[index(point)]
     }
 
     /// Disarms every point that has not been hit.
@@ -130,10 +150,15 @@ impl Failpoints {
 
     /// Whether a pass through `point` dies, disarming it if so.
     fn take(&self, point: Point) -> bool {
+        lock(&self.passes)[index(point)] += 1;
         let mut armed = lock(&self.armed);
-        let Some(at) = armed.iter().position(|p| *p == point) else {
+        let Some(at) = armed.iter().position(|(p, _)| *p == point) else {
             return false;
         };
+        if armed[at].1 > 0 {
+            armed[at].1 -= 1;
+            return false;
+        }
         armed.remove(at);
         drop(armed);
         lock(&self.died).push(point);

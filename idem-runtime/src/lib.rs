@@ -193,6 +193,7 @@ mod distribution;
 mod engine;
 mod expiry;
 #[cfg(feature = "failpoints")]
+#[cfg_attr(docsrs, doc(cfg(feature = "failpoints")))]
 pub mod failpoint;
 #[cfg(not(feature = "failpoints"))]
 mod failpoint;
@@ -215,6 +216,9 @@ mod spread;
 mod steps;
 mod store;
 mod table;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod transaction;
 mod tx;
 mod web;

@@ -15,7 +15,7 @@ use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
 use idem::{OnceError, Store};
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
-use idem_tests::{amqp_url, count, unique, with_test_db, Gate, TestApp};
+use idem_tests::{amqp_url, count, gated_store, unique, with_test_db, Gate, TestApp};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -379,7 +379,7 @@ async fn a_database_outage_dead_letters_nothing() {
             .await
             .unwrap();
         let mut gate = Gate::start(&db.options).await;
-        let gated = gate.store(db);
+        let gated = gated_store(&gate, db);
         let attempts = Arc::new(AtomicU64::new(0));
         let tried = Arc::clone(&attempts);
         let consumer = AmqpConsumer::new(channel.clone(), &name).max_deliver(Some(3));

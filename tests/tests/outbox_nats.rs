@@ -21,7 +21,7 @@ use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
 use idem::Store;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{
-    count, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats, TestDb,
+    count, gated_store, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats, TestDb,
 };
 use sqlx::PgPool;
 use tracing_subscriber::prelude::*;
@@ -986,7 +986,7 @@ async fn a_database_outage_dead_letters_nothing() {
         // other would be sent it again once its ack wait ran out.
         let tasks: Vec<_> = (0..2)
             .map(|_| {
-                let store = gate.store(db);
+                let store = gated_store(&gate, db);
                 let tried = Arc::clone(&attempts);
                 tokio::spawn(
                     JetStreamConsumer::new(broker.js.clone(), consumer.clone())

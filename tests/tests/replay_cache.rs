@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::{idempotent, Store, Tx};
-use idem_tests::{with_test_db, Gate, TestApp, TestDb};
+use idem_tests::{gated_store, with_test_db, Gate, TestApp, TestDb};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
@@ -113,7 +113,7 @@ async fn a_retry_of_a_kept_answer_asks_the_database_nothing() {
         migrate(db).await;
         let mut gate = Gate::start(&db.options).await;
         let (app, calls) = serve(db, cached(&gate, db, Duration::from_secs(60))).await;
-        let (plain, _) = serve(db, gate.store(db)).await;
+        let (plain, _) = serve(db, gated_store(&gate, db)).await;
         let first = app
             .post("/notes", Some("k1"), &json!({ "text": "a" }))
             .await;
