@@ -169,6 +169,10 @@
 //! - `amqp`: `outbox::amqp`, an AMQP 0.9.1 (RabbitMQ) publisher and consumer.
 //! - `console`: `idem::console`, an operator's console (an axum router) to mount behind the
 //!   service's authentication.
+//! - `testing` (for `[dev-dependencies]`): `idem::testing`, a test kit that proves a
+//!   service's own handlers exactly-once, crashing them at every durable point.
+//! - `failpoints` (for tests; `testing` turns it on): `idem::failpoint`, the durable points
+//!   where a test makes a process die.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where the code lives. `engine` runs one idempotent attempt in PostgreSQL terms and

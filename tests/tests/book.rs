@@ -418,3 +418,89 @@ mod console {
         app.nest("/admin/idem", console)
     }
 }
+
+/// "Testing your handlers": the complete test, as written (it runs, on a database of its
+/// own).
+#[rustfmt::skip]
+mod testing_chapter {
+use axum::body::Body;
+use axum::extract::{FromRef, State};
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem::testing::{Effect, Kit, StandIn};
+use idem::{idempotent, Store, Tx};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    store: Store,
+    processor: String,
+    http: reqwest::Client,
+}
+
+#[derive(Deserialize)]
+struct NewCharge {
+    amount: i64,
+}
+
+type Failure = (StatusCode, String);
+
+#[idempotent(scope = "charges", fields = [amount], completable = true)]
+async fn create_charge(
+    State(state): State<AppState>,
+    mut tx: Tx,
+    Json(req): Json<NewCharge>,
+) -> Result<(StatusCode, Json<Value>), Failure> {
+    let (http, url) = (state.http.clone(), format!("{}/v1/charges", state.processor));
+    let charged: Value = tx
+        .step("processor", |key| async move {
+            let sent = http.post(url).header("Idempotency-Key", key);
+            let answer = sent.json(&json!({ "amount": req.amount })).send().await?;
+            answer.error_for_status()?.json::<Value>().await
+        })
+        .await
+        .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let id = charged["id"].as_str().unwrap_or_default().to_owned();
+    sqlx::query("INSERT INTO charges (processor_id, amount) VALUES ($1, $2)")
+        .bind(&id)
+        .bind(req.amount)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+/// The service's router on `store`, calling the processor at `processor`.
+fn app(store: Store, processor: String) -> Router {
+    let http = reqwest::Client::new();
+    let state = AppState { store, processor, http };
+    Router::new().route("/charges", post(create_charge)).with_state(state)
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_charge_is_made_exactly_once(pool: PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE charges (id bigserial PRIMARY KEY, processor_id text NOT NULL, amount bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let processor = StandIn::honouring_keys("processor").await.unwrap();
+    let url = processor.url();
+    let report = Kit::new(pool, move |store| app(store, url.clone()))
+        .request(|| {
+            Request::post("/charges")
+                .header("content-type", "application/json")
+                .body(Body::from(r#"{"amount": 1250}"#))
+                .unwrap()
+        })
+        .effect(Effect::rows("charges"))
+        .outside(&processor)
+        .run()
+        .await;
+    report.assert_exactly_once();
+}
+}

@@ -24,6 +24,8 @@ struct App {
 #[derive(Deserialize)]
 struct NewCharge {
     amount: i64,
+    #[serde(default)]
+    note: String,
 }
 
 type Answer = Result<(StatusCode, Json<Value>), (StatusCode, String)>;
@@ -70,6 +72,28 @@ async fn correct(State(app): State<App>, mut tx: Tx, Json(req): Json<NewCharge>)
         .map_err(bad)?;
     insert(&mut tx, &id, req.amount).await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+/// `correct`'s next version: its `fields` reordered and one added, and a step added
+/// after the processor's (a receipt, sent by the same service).
+#[idempotent(scope = "charges", fields = [note, amount], completable = true)]
+async fn correct_next(State(app): State<App>, mut tx: Tx, Json(req): Json<NewCharge>) -> Answer {
+    let id: String = tx
+        .step("processor", |key| {
+            let app = app.clone();
+            async move { charge_at(&app, Some(&key), req.amount).await }
+        })
+        .await
+        .map_err(bad)?;
+    let _receipt: String = tx
+        .step("receipt", |key| {
+            let app = app.clone();
+            async move { charge_at(&app, Some(&key), 0).await }
+        })
+        .await
+        .map_err(bad)?;
+    insert(&mut tx, &id, req.amount).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id, "note": req.note }))))
 }
 
 /// Wrong: the processor called outside a step.
@@ -204,6 +228,32 @@ async fn a_correct_handler_keeps_every_property() {
         // request with one step makes (its call, its record, COMMIT twice), the outage.
         assert!(report.histories() >= 12, "{report}");
         assert!(processor.calls() >= 10, "{processor:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_deploy_that_reorders_fields_and_adds_a_step_keeps_every_property() {
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let processor = StandIn::honouring_keys("processor").await.unwrap();
+        let url = processor.url();
+        let report = kit_for(&pool, &processor, correct)
+            .await
+            .deploy(move |store| {
+                Router::new()
+                    .route("/charges", post(correct_next))
+                    .with_state(App {
+                        store,
+                        processor: url.clone(),
+                        http: reqwest::Client::new(),
+                    })
+            })
+            .run()
+            .await;
+        report.assert_exactly_once();
+        // Both versions sent once, and each point of the first died at before a deploy.
+        assert!(report.histories() >= 20, "{report}");
     })
     .await;
 }

@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
-use idem::{Pooler, Problem, StepError, Store};
+use idem::{Pooler, Problem, StepError, Store, StoreBuilder};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -611,7 +611,15 @@ pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
 /// past its timeout, so that the client's own timeout ends a slow call first (idem's
 /// default bound, 30 s, would cut a longer `PROCESSOR_TIMEOUT_MS` short).
 pub fn store(pool: PgPool, config: &Config) -> Store {
-    let store = Store::builder(pool)
+    configure(Store::builder(pool), config)
+        .build()
+        .expect("the service's store settings are valid")
+}
+
+/// [`store`]'s settings on `builder` (idem's test kit builds a store per process of the
+/// service with them: `tests/exactly_once.rs`).
+pub fn configure(builder: StoreBuilder, config: &Config) -> StoreBuilder {
+    let store = builder
         .principal(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .pooler(config.pooler)
         .outbox_notify(config.events_notify);
@@ -623,14 +631,11 @@ pub fn store(pool: PgPool, config: &Config) -> Store {
         Some(processor) => store.step_timeout(processor.timeout() + Duration::from_secs(1)),
         None => store,
     };
-    let store = if config.portable {
+    if config.portable {
         store.portable()
     } else {
         store
-    };
-    store
-        .build()
-        .expect("the service's store settings are valid")
+    }
 }
 
 /// The completer of charges whose clients went away ([`idem::complete`]): through `app`,
@@ -663,7 +668,13 @@ pub fn completer(
 
 /// The service's router: the store keys requests per account.
 pub fn app(pool: PgPool, config: Config) -> Router {
-    let idempotency = store(pool.clone(), &config);
+    router(store(pool, &config), config)
+}
+
+/// The service's router on `idempotency`, a store with [`configure`]'s settings, whose
+/// pool the service's own queries share.
+pub fn router(idempotency: Store, config: Config) -> Router {
+    let pool = idempotency.pool().clone();
     let operators = Operators {
         admin: config.admin_token.clone(),
         readonly: config.admin_readonly_token.clone(),

@@ -10,7 +10,7 @@ pub const README: &str = include_str!("../../../README.md");
 
 /// The guide's chapters (`docs/book/src`), by file name, in the order of its summary.
 /// `book.rs` fails when a chapter on disk is not listed here.
-pub const CHAPTERS: [(&str, &str); 15] = [
+pub const CHAPTERS: [(&str, &str); 16] = [
     (
         "introduction.md",
         include_str!("../../../docs/book/src/introduction.md"),
@@ -44,6 +44,10 @@ pub const CHAPTERS: [(&str, &str); 15] = [
     (
         "completion.md",
         include_str!("../../../docs/book/src/completion.md"),
+    ),
+    (
+        "testing.md",
+        include_str!("../../../docs/book/src/testing.md"),
     ),
     (
         "topologies.md",
