@@ -155,10 +155,9 @@ impl fmt::Display for Broke {
             Broke::NotCompleted { answer } => {
                 write!(f, "the client's last retry answered {answer}")
             }
-            Broke::Invisible { service } => write!(
-                f,
-                "`{service}` was called and nothing records the request"
-            ),
+            Broke::Invisible { service } => {
+                write!(f, "`{service}` was called and nothing records the request")
+            }
             Broke::RanWithoutDatabase { what } => {
                 write!(f, "with the database unreachable, {what}")
             }
