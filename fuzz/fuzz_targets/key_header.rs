@@ -3,7 +3,7 @@
 //! key means the same key as its sf-string spelling.
 #![no_main]
 
-use idem::{IdempotencyKey, MAX_KEY_LEN};
+use idem::header::{IdempotencyKey, MAX_KEY_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

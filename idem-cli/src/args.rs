@@ -24,7 +24,7 @@ pub(crate) struct Cli {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// The idempotency table, `name` or `schema.name`.
-    #[arg(long, default_value = idem::DEFAULT_TABLE, global = true)]
+    #[arg(long, default_value = idem::schema::DEFAULT.keys_table, global = true)]
     pub(crate) table: String,
     /// The outbox table (default: `idem_outbox` in the idempotency table's schema).
     #[arg(long, global = true)]

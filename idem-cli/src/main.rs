@@ -25,7 +25,8 @@ use idem::operate::{
     format_age, format_time, AbandonedFilter, Audited, ConfirmError, Confirmed, DeadPreview,
     DeadSelection, EventFilter, KeyFilter, Operator,
 };
-use idem::{PrincipalType, Store, VerifyError};
+use idem::{Store, VerifyError};
+use idem::schema::PrincipalType;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -135,7 +136,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             cli.audit_table
                 .as_deref()
                 .and_then(|name| name.rsplit('.').next())
-                .unwrap_or(idem::DEFAULT_AUDIT_TABLE)
+                .unwrap_or(idem::schema::DEFAULT.audit_table)
                 .to_owned(),
             audit_privileges(&cli.command),
         ),
@@ -184,11 +185,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         let store = store(lazy)?;
         say!(
             "{}\n{}\n{}\n{}\n{}",
-            store.schema_sql(),
-            store.outbox_schema_sql(),
-            store.steps_schema_sql(),
-            store.requests_schema_sql(),
-            store.audit_schema_sql()
+            store.schema().keys_sql,
+            store.schema().outbox_sql,
+            store.schema().steps_sql,
+            store.schema().requests_sql,
+            store.schema().audit_sql
         );
         return Ok(());
     }
@@ -953,7 +954,7 @@ fn database(error: &sqlx::Error, target: &Target) -> Failure {
         privileges,
         audit,
     } = target;
-    if idem::is_unavailable(error) {
+    if idem::sqlstate::is_unavailable(error) {
         return Failure::new(
             exit::UNREACHABLE,
             format!("cannot reach PostgreSQL at {server}: {error}"),

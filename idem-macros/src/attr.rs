@@ -329,7 +329,7 @@ pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
             Arg::Principal(k, Ok(ty)) => set_once(&mut principal, k, Some(ty), errors),
             Arg::Principal(_, Err(literal)) => errors.at(
                 literal.span(),
-                "`principal` takes an extractor type that implements `idem::Principal`, such as `principal = Tenant`",
+                "`principal` takes an extractor type that implements `idem::extract::Principal`, such as `principal = Tenant`",
             ),
             Arg::Required(k, value) => {
                 set_once(&mut required, k, parse_required(&value, errors), errors);

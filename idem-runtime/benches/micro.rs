@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use idem::__private::Fingerprint;
-use idem::IdempotencyKey;
+use idem::header::IdempotencyKey;
 use serde::Serialize;
 
 #[derive(Serialize)]

@@ -7,6 +7,7 @@
 //! [`Pooler::Transaction`]: crate::Pooler::Transaction
 //! [`StoreBuilder::portable`]: crate::StoreBuilder::portable
 
+use crate::sqlstate;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, Row};
 
@@ -58,7 +59,7 @@ async fn backend(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
 /// that is another client's statement on a shared server connection, or a statement
 /// prepared on a server connection this client no longer has.
 pub(crate) fn is_prepared_statement_clash(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("42P05" | "26000")))
+    matches!(error, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some(sqlstate::DUPLICATE_PREPARED_STATEMENT | sqlstate::INVALID_SQL_STATEMENT_NAME)))
 }
 
 /// The distributed engine this connection reaches, if any: Citus, found by its

@@ -35,7 +35,7 @@ impl Store {
     /// under a hash of the key (a [portable](crate::StoreBuilder::portable) store's
     /// default, or `spread = key`) or under the nobody value (the other modes' default,
     /// and earlier versions'); a live record before an expired one. A key spread by a
-    /// tenant (`spread = tenant_fn`, [`RunOnce::spread_by`](crate::RunOnce::spread_by))
+    /// tenant (`spread = tenant_fn`, [`RunOnce::spread_by`](crate::jobs::RunOnce::spread_by))
     /// is kept under that tenant, apart from the tenant's own keys: pass the tenant as
     /// `principal`, and the principal's own record is found first, else the spread
     /// one's. A principal is found in any spelling the principal column's type takes

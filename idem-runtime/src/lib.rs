@@ -216,6 +216,8 @@ pub mod openapi;
 pub mod operate;
 pub mod outbox;
 mod probe;
+pub mod schema;
+pub mod sqlstate;
 mod spread;
 mod steps;
 mod store;
@@ -230,25 +232,47 @@ mod web;
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
 
-pub use distribution::Distribution;
-pub use expiry::{Sweeper, SweeperError};
-pub use fingerprint::FingerprintError;
 #[doc(inline)]
 pub use idem_macros::idempotent;
-pub use inspect::KeyRecord;
-pub use key::{
-    IdempotencyKey, KeyError, KeyOrigin, HASHED_KEY_PREFIX, IDEMPOTENCY_KEY, MAX_KEY_LEN,
-};
-pub use migrate::{VerifyError, MIGRATIONS};
+pub use fingerprint::FingerprintError;
+pub use key::KeyError;
+pub use migrate::VerifyError;
 pub use observe::Outcome;
-pub use once::{OnceError, RunOnce};
-pub use steps::{StepError, STEPS_SCHEMA_SQL};
-pub use store::{is_serialization_failure, is_unavailable, BuildError, Store, StoreBuilder};
-pub use table::audit::{AUDIT_SCHEMA_SQL, DEFAULT_AUDIT_TABLE};
-pub use table::requests::{DEFAULT_REQUESTS_TABLE, REQUESTS_SCHEMA_SQL};
-pub use table::{Pooler, PrincipalType, DEFAULT_STEPS_TABLE, DEFAULT_TABLE, SCHEMA_SQL};
+pub use steps::StepError;
+pub use store::{BuildError, Store, StoreBuilder};
+pub use table::Pooler;
 pub use tx::Tx;
-pub use web::escape::warn_on_escaping_writes;
-pub use web::extract::{FingerprintBody, Principal};
-pub use web::problem::{problem_type, Problem, DEFAULT_PROBLEM_BASE, PROBLEM_JSON};
-pub use web::response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};
+pub use web::problem::Problem;
+
+/// The headers idem reads and writes, and the key as it reads it.
+pub mod header {
+    pub use crate::key::{
+        IdempotencyKey, KeyOrigin, HASHED_KEY_PREFIX, IDEMPOTENCY_KEY, MAX_KEY_LEN,
+    };
+    pub use crate::web::response::{IDEMPOTENT_RECORDED, IDEMPOTENT_REPLAYED};
+}
+
+/// idem's problem responses (RFC 9457): their media type, the base of their `type` URIs,
+/// and each type's last segment. [`Problem`] is the response itself.
+pub mod problem {
+    pub use crate::web::problem::{problem_type, DEFAULT_PROBLEM_BASE, PROBLEM_JSON};
+}
+
+/// What a handler's arguments are read with: the body a fingerprint reads, and the
+/// principal the key is kept under; and a check that writes go through `Tx`.
+pub mod extract {
+    pub use crate::web::escape::warn_on_escaping_writes;
+    pub use crate::web::extract::{FingerprintBody, Principal};
+}
+
+/// Exactly-once work outside a handler: a queue consumer's message, a scheduled job
+/// ([`Store::run_once`]).
+pub mod jobs {
+    pub use crate::once::{OnceError, RunOnce};
+}
+
+/// The deletion of expired records: a background task ([`Store::spawn_sweeper`]).
+pub mod sweep {
+    pub use crate::expiry::{Sweeper, SweeperError};
+}
+

@@ -11,7 +11,7 @@
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
-//! - Your own tool: the same SQL is [`SCHEMA_SQL`](crate::SCHEMA_SQL).
+//! - Your own tool: the same SQL is [`schema::DEFAULT`](crate::schema::DEFAULT)'s, or a store's [`Store::schema`].
 //!
 //! sqlx records every migrator's versions in one table, `_sqlx_migrations`, and a migrator
 //! that finds a version it does not know stops with `VersionMissing`. Two migrators, yours
@@ -176,7 +176,7 @@ pub enum VerifyError {
 }
 
 const FIX: &str = "run `Store::migrate()` at startup, or add idem's migrations \
-                   (`idem::MIGRATIONS`, idem-runtime/migrations/) to your own";
+                   (`idem::schema::MIGRATIONS`, idem-runtime/migrations/) to your own";
 
 /// Where the guide explains the production settings.
 const PRODUCTION: &str = "the guide's \"Topologies\"";
@@ -287,10 +287,8 @@ impl From<sqlx::Error> for VerifyError {
 }
 
 impl Store {
-    /// Creates the idempotency table and its index, the outbox table and its indexes,
-    /// the steps table and its index, and the audit table, if they do not exist
-    /// ([`Store::schema_sql`], [`Store::outbox_schema_sql`], [`Store::steps_schema_sql`],
-    /// [`Store::audit_schema_sql`]). Safe to call from several processes starting at
+    /// Creates idem's tables and their indexes, if they do not exist, and brings them up
+    /// to date ([`Store::schema`]). Safe to call from several processes starting at
     /// once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         let pool = &self.inner.pool;
@@ -674,13 +672,13 @@ mod tests {
         else {
             panic!("eight migrations so far")
         };
-        assert_eq!(*keys, crate::SCHEMA_SQL);
+        assert_eq!(*keys, crate::schema::DEFAULT.keys_sql);
         // The steps' and the requests' schemas are their first files, then the later
         // file's column.
         for (schema, first, table) in [
-            (crate::STEPS_SCHEMA_SQL, steps, "\"idempotency_steps\""),
+            (crate::schema::DEFAULT.steps_sql, steps, "\"idempotency_steps\""),
             (
-                crate::REQUESTS_SCHEMA_SQL,
+                crate::schema::DEFAULT.requests_sql,
                 requests,
                 "\"idempotency_requests\"",
             ),
@@ -692,17 +690,17 @@ mod tests {
                 "{table}"
             );
         }
-        assert_eq!(*audit, crate::AUDIT_SCHEMA_SQL);
+        assert_eq!(*audit, crate::schema::DEFAULT.audit_sql);
         // The outbox's schema is its first file with the later one's index in place of
         // the index it replaced.
         let first_index = outbox
             .find("-- The relay's scan")
             .expect("the first file's indexes");
         let upgrade = heads.find("CREATE INDEX").expect("the later file's index");
-        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.starts_with(&outbox[..first_index]));
-        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.contains(&heads[upgrade..]));
+        assert!(crate::schema::DEFAULT.outbox_sql.starts_with(&outbox[..first_index]));
+        assert!(crate::schema::DEFAULT.outbox_sql.contains(&heads[upgrade..]));
         let history = errors.find("ALTER TABLE").expect("the history's columns");
-        assert!(crate::outbox::OUTBOX_SCHEMA_SQL.ends_with(&errors[history..]));
+        assert!(crate::schema::DEFAULT.outbox_sql.ends_with(&errors[history..]));
     }
 
     #[test]

@@ -78,7 +78,7 @@ impl PartialSchema for Problem {
         ObjectBuilder::new()
             .description(Some(
                 "RFC 9457 problem details. Branch on `type`: idem's own problems end in one of \
-                 `idem::problem_type` (missing-key, malformed-key, key-in-use, key-reused, \
+                 `idem::problem::problem_type` (missing-key, malformed-key, key-in-use, key-reused, \
                  unavailable, serialization-failure, invalid-request, ...).",
             ))
             .property(

@@ -26,7 +26,7 @@ pub fn assert_send<F: std::future::Future + Send>(future: F) -> F {
 }
 
 /// Runs the handler's future inside the request's span, and, in debug builds, with its
-/// name where [`crate::warn_on_escaping_writes`] finds it.
+/// name where [`crate::extract::warn_on_escaping_writes`] finds it.
 pub fn in_span<F: std::future::Future>(
     future: F,
     span: tracing::Span,
@@ -282,7 +282,7 @@ impl<T> OtherLevel for Probe<T> {}
 #[diagnostic::on_unimplemented(
     message = "`{T}` reads the request body, but idem cannot fingerprint it",
     label = "without `fields = [...]`, the whole body identifies the request",
-    note = "implement `idem::FingerprintBody` for `{T}`, whatever state its `FromRequest` is written for, so that idem fingerprints its value; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
+    note = "implement `idem::extract::FingerprintBody` for `{T}`, whatever state its `FromRequest` is written for, so that idem fingerprints its value; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
 )]
 pub trait ExtractsLast<T, M> {}
 

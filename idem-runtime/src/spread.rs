@@ -7,7 +7,7 @@
 //! many workers there are. So:
 //!
 //! - an endpoint may name the tenant the event concerns (`#[idempotent(spread =
-//!   account_of)]`, [`RunOnce::spread_by`](crate::RunOnce::spread_by)): the key then
+//!   account_of)]`, [`RunOnce::spread_by`](crate::jobs::RunOnce::spread_by)): the key then
 //!   lives on that tenant's shard, beside the rows the handler writes for that tenant,
 //!   and the request commits on one worker;
 //! - otherwise, in the [portable mode](crate::StoreBuilder::portable) (the mode that
@@ -17,7 +17,7 @@
 //!   with every other by construction;
 //! - outside the portable mode (one PostgreSQL node, where there are no shards), such
 //!   keys keep the nobody value unless the endpoint asks for the hash
-//!   (`spread = key`, [`RunOnce::spread_by_key`](crate::RunOnce::spread_by_key)).
+//!   (`spread = key`, [`RunOnce::spread_by_key`](crate::jobs::RunOnce::spread_by_key)).
 //!
 //! The spread value takes the principal's place in the lookup, (scope, spread, key). A
 //! hash of the key is a function of the key, so keys stay global to their scope, as

@@ -22,7 +22,7 @@ use crate::table::{
 };
 
 /// How long [`Store::run_once`] keeps a result by default
-/// ([`RunOnce::ttl`](crate::RunOnce::ttl)): one day. [`StoreBuilder::redrive_max_age`]
+/// ([`RunOnce::ttl`](crate::jobs::RunOnce::ttl)): one day. [`StoreBuilder::redrive_max_age`]
 /// defaults to it.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -75,7 +75,7 @@ pub(crate) struct Settings {
     pub(crate) retry_after: Duration,
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
-    /// `None` for [`DEFAULT_PROBLEM_BASE`](crate::DEFAULT_PROBLEM_BASE).
+    /// `None` for [`DEFAULT_PROBLEM_BASE`](crate::problem::DEFAULT_PROBLEM_BASE).
     pub(crate) problem_base: Option<String>,
     pub(crate) dialect: Dialect,
     pub(crate) outbox: OutboxTable,
@@ -83,6 +83,10 @@ pub(crate) struct Settings {
     pub(crate) earlier: Earlier,
     /// Where steps are recorded (`Tx::step`).
     pub(crate) steps_table: TableName,
+    /// Its statements, rendered.
+    pub(crate) steps: StepsTable,
+    /// Where events are written ([`StoreBuilder::outbox_table`]).
+    pub(crate) outbox_table: TableName,
     /// Where completable requests are stored with their first step
     /// ([`StoreBuilder::requests_table`]).
     pub(crate) requests_table: TableName,
@@ -190,10 +194,22 @@ impl Store {
         self.inner.redrive_max_age
     }
 
-    /// The DDL of this store's table: [`SCHEMA_SQL`](crate::SCHEMA_SQL) with its
-    /// configured name.
-    pub fn schema_sql(&self) -> &str {
-        self.inner.table.ddl()
+    /// This store's tables: their names and the SQL that creates them, with the names
+    /// and the principal type it was built with. [`Store::migrate`] runs that SQL.
+    pub fn schema(&self) -> crate::schema::Schema<'_> {
+        let settings = &self.inner;
+        crate::schema::Schema {
+            keys_table: settings.table_name.as_str(),
+            keys_sql: settings.table.ddl(),
+            steps_table: settings.steps_table.as_str(),
+            steps_sql: settings.steps.ddl(),
+            requests_table: settings.requests_table.as_str(),
+            requests_sql: settings.requests.ddl(),
+            outbox_table: settings.outbox_table.as_str(),
+            outbox_sql: settings.outbox.ddl().as_str(),
+            audit_table: settings.audit_table.as_str(),
+            audit_sql: settings.audit.ddl().as_str(),
+        }
     }
 
     /// The pool for writes that must commit outside a request's transaction (a step's
@@ -338,7 +354,7 @@ impl StoreBuilder {
     /// sets the claim's `lock_timeout` (and `statement_timeout`) with `SET LOCAL` (one
     /// more statement per request, and one more after a fresh claim to give the handler
     /// the session's default `lock_timeout` back), and sweeps without row locks.
-    /// [`Store::schema_sql`] then ends with the distribution statement, as a comment;
+    /// [`Store::schema`] then ends with the distribution statement, as a comment;
     /// [`Store::distribute`] runs it. The claim's `SET LOCAL` batch also sets
     /// `citus.propagate_set_commands = 'local'`, so that on Citus its wait bound reaches
     /// the worker holding the key (without it, duplicates wait for the request in flight
@@ -418,7 +434,7 @@ impl StoreBuilder {
     /// that holds one, and moves nothing.
     ///
     /// Set it to the ttl of the records your consumers deduplicate deliveries on
-    /// ([`RunOnce::ttl`](crate::RunOnce::ttl), which `Received::once` uses), less the
+    /// ([`RunOnce::ttl`](crate::jobs::RunOnce::ttl), which `Received::once` uses), less the
     /// time a re-driven event may take to reach them (its retries, the consumers' lag):
     /// the default leaves no such margin, as it cannot know your consumers. A dead event may have reached its consumers even though its publish failed (the
     /// broker took it, its acknowledgement was lost). A consumer recorded that delivery
@@ -505,7 +521,7 @@ impl StoreBuilder {
 
     /// The base of the `type` URI of idem's own problems (default `urn:idem:problem:`):
     /// with `https://example.com/problems/`, a 409 has the type
-    /// `https://example.com/problems/key-in-use`. See [`crate::problem_type`].
+    /// `https://example.com/problems/key-in-use`. See [`crate::problem::problem_type`].
     pub fn problem_base(mut self, base: impl Into<String>) -> Self {
         self.problem_base = Some(base.into());
         self
@@ -668,6 +684,7 @@ impl StoreBuilder {
             .map(|name| name.qualified())
             .collect();
         let steps = StepsTable::new(&steps_table, self.dialect);
+        let outbox_table = outbox.clone();
         let outbox = OutboxTable::new(
             outbox,
             self.dialect,
@@ -697,6 +714,8 @@ impl StoreBuilder {
                 outbox,
                 earlier: Earlier::default(),
                 steps_table,
+                steps,
+                outbox_table,
                 requests: RequestsTable::new(&requests_table, self.dialect),
                 requests_table,
                 stored_headers: self.stored_headers,
@@ -760,33 +779,6 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
-/// Whether a database error means "the database cannot be reached right now" (I/O, TLS,
-/// pool timeout or closed, SQLSTATE class 08, 57P01–57P03), as opposed to a fault in
-/// the request or the code. idem answers these 503 with `Retry-After`; handlers that
-/// map `sqlx::Error` to responses can use this to do the same.
-pub fn is_unavailable(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")
-        }),
-        _ => false,
-    }
-}
-
-/// Whether a database error is a serialization failure (SQLSTATE 40001) or a deadlock
-/// (40P01): the transaction conflicted with a concurrent one and can simply run again.
-/// idem answers these at commit with 503 and `Retry-After`; a handler of an endpoint
-/// with `isolation = repeatable_read` or `serializable` should answer its own
-/// statements' such errors the same way (an `Err`, so nothing is stored).
-pub fn is_serialization_failure(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("40001" | "40P01")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -819,11 +811,11 @@ mod tests {
             .table("ops.keys")
             .build()
             .unwrap();
-        assert!(store.schema_sql().contains("\"ops\".\"keys\""));
+        assert!(store.schema().keys_sql.contains("\"ops\".\"keys\""));
         assert!(format!("{store:?}").contains("ops.keys"));
         // The audit table sits beside the idempotency table unless named.
         assert!(store
-            .audit_schema_sql()
+            .schema().audit_sql
             .contains("CREATE TABLE IF NOT EXISTS \"ops\".\"idem_audit\""));
         let error = Store::builder(lazy_pool())
             .audit_table("ops.Audit")
@@ -835,12 +827,12 @@ mod tests {
             .build()
             .unwrap();
         assert!(store
-            .audit_schema_sql()
+            .schema().audit_sql
             .contains("CREATE TABLE IF NOT EXISTS \"trail\".\"actions\""));
     }
 
     #[tokio::test]
     async fn the_default_store_uses_the_shipped_sql() {
-        assert_eq!(Store::new(lazy_pool()).schema_sql(), crate::SCHEMA_SQL);
+        assert_eq!(Store::new(lazy_pool()).schema().keys_sql, crate::schema::DEFAULT.keys_sql);
     }
 }

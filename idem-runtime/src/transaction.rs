@@ -17,6 +17,7 @@
 //! no drop waits; the connection returns to the pool only after its `ROLLBACK`, and is
 //! closed instead when that fails or no runtime is left to send it.
 
+use crate::sqlstate;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 
 /// SQLSTATE of an `EXECUTE` of a statement the connection has not prepared.
-const NOT_PREPARED: &str = "26000";
+const NOT_PREPARED: &str = sqlstate::INVALID_SQL_STATEMENT_NAME;
 
 /// What a `COMMIT` that idem did not send answers, in the message of its error: one line
 /// that says what to write instead.
@@ -256,7 +257,7 @@ pub(crate) fn is_unguarded(error: &sqlx::Error) -> bool {
 }
 
 /// SQLSTATE of a `CLOSE` of a cursor the session does not have.
-const INVALID_CURSOR: &str = "34000";
+const INVALID_CURSOR: &str = sqlstate::INVALID_CURSOR_NAME;
 
 /// An open transaction on a connection of the pool; rolled back unless it ends.
 pub(crate) struct OpenTransaction {

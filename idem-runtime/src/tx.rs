@@ -195,7 +195,7 @@ impl<'t> Tx<'t> {
 
     /// The value this request's key is kept under, and on a distributed engine
     /// distributed by: its principal, or for a key without one the endpoint's spread
-    /// (`spread = ..`, [`crate::RunOnce::spread_by`]; without either, a hash of the key in
+    /// (`spread = ..`, [`crate::jobs::RunOnce::spread_by`]; without either, a hash of the key in
     /// the portable mode and `""` in the others). Write it into
     /// the distribution column of the rows the handler inserts, so that they live on the
     /// key's shard and the request commits on one node. `None` without a key.

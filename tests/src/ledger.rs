@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::outbox::Received;
-use idem::{OnceError, Pooler, Store};
+use idem::{Pooler, Store};
+use idem::jobs::OnceError;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

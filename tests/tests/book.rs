@@ -20,7 +20,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use idem::webhook::{GitHub, Signed, StandardWebhooks, Verifier};
-use idem::{idempotent, Pooler, PrincipalType, Problem, Store, Tx};
+use idem::{idempotent, Pooler, Problem, Store, Tx};
+use idem::schema::PrincipalType;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -102,7 +103,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
-impl idem::Principal for Tenant {
+impl idem::extract::Principal for Tenant {
     fn principal_id(&self) -> String {
         self.0.clone()
     }

@@ -67,7 +67,9 @@ use axum::{Json, Router};
 use futures::future::join_all;
 use futures::FutureExt;
 use idem::webhook::{GitHub, Signed, StandardWebhooks, Stripe, Verifier};
-use idem::{idempotent, OnceError, Pooler, Principal, Problem, Store, Tx};
+use idem::{idempotent, Pooler, Problem, Store, Tx};
+use idem::extract::Principal;
+use idem::jobs::OnceError;
 use idem_tests::axis;
 use idem_tests::pairwise::{self, Axis, Choice, Cover};
 use idem_tests::{with_test_db, Answer, Citus, Pgbouncer, TestApp};
@@ -735,7 +737,7 @@ async fn start(
         Mode::Pooler => site.service.clone().statement_cache_capacity(0),
         Mode::Default | Mode::Portable => site.service.clone(),
     };
-    let pool = idem::warn_on_escaping_writes(PgPoolOptions::new())
+    let pool = idem::extract::warn_on_escaping_writes(PgPoolOptions::new())
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(3))
         .connect_with(options)

@@ -1,6 +1,6 @@
 //! Regression: writes that escape the transaction went unnoticed. A handler that wrote
 //! through `State<PgPool>` compiled silently, and after two rolled-back attempts two rows
-//! were left. Now (debug builds) a pool built with `idem::warn_on_escaping_writes` logs
+//! were left. Now (debug builds) a pool built with `idem::extract::warn_on_escaping_writes` logs
 //! a warning naming the handler. One test in its own binary: it installs the
 //! process-wide subscriber.
 
@@ -83,7 +83,7 @@ async fn a_write_around_tx_is_flagged_with_the_handlers_name() {
     let warnings = Warnings::default();
     tracing_subscriber::registry().with(warnings.clone()).init();
     with_test_db(async |db| {
-        let pool = idem::warn_on_escaping_writes(sqlx::postgres::PgPoolOptions::new())
+        let pool = idem::extract::warn_on_escaping_writes(sqlx::postgres::PgPoolOptions::new())
             .max_connections(5)
             .connect_with(db.options.clone())
             .await

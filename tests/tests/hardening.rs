@@ -9,7 +9,8 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, OnceError, Store, Tx};
+use idem::{idempotent, Store, Tx};
+use idem::jobs::OnceError;
 use idem_tests::{with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -435,7 +436,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
     }
 }
 
-impl idem::Principal for Tenant {
+impl idem::extract::Principal for Tenant {
     fn principal_id(&self) -> String {
         self.0.clone()
     }

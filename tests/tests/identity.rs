@@ -12,7 +12,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use futures::future::join_all;
 use idem::webhook::{Signed, StandardWebhooks, Verifier};
-use idem::{idempotent, PrincipalType, Store, StoreBuilder, Tx};
+use idem::{idempotent, Store, StoreBuilder, Tx};
+use idem::schema::PrincipalType;
 use idem_tests::{count, migrated_store, send, with_test_db, Answer, TestApp, TestDb};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -361,7 +362,7 @@ async fn a_consumer_that_gains_a_spread_keeps_answering_earlier_records() {
             .run_once("ledger\u{1f}key", "m")
             .run(async |_tx| Ok::<_, sqlx::Error>(()))
             .await;
-        assert!(matches!(refused, Err(idem::OnceError::Scope(_))));
+        assert!(matches!(refused, Err(idem::jobs::OnceError::Scope(_))));
     })
     .await;
 }

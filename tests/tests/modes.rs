@@ -11,7 +11,8 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Pooler, PrincipalType, Store, StoreBuilder, Tx};
+use idem::{idempotent, Pooler, Store, StoreBuilder, Tx};
+use idem::schema::PrincipalType;
 use idem_tests::{with_test_db, TestApp, TestDb};
 use serde_json::{json, Value};
 

@@ -223,7 +223,7 @@ async fn run_once_work_that_fails_emits_nothing_and_bad_events_are_refused() {
         store.migrate().await.unwrap();
         store.migrate().await.expect("migrate is safe to run again");
         assert!(store
-            .outbox_schema_sql()
+            .schema().outbox_sql
             .contains("\"ops\".\"idem_outbox\""));
         let failed = store
             .run_once("ledger", "m")
@@ -232,7 +232,7 @@ async fn run_once_work_that_fails_emits_nothing_and_bad_events_are_refused() {
                 Err::<(), sqlx::Error>(sqlx::Error::RowNotFound)
             })
             .await;
-        assert!(matches!(failed, Err(idem::OnceError::Work(_))));
+        assert!(matches!(failed, Err(idem::jobs::OnceError::Work(_))));
         assert_eq!(count(&pool, "ops.idem_outbox").await, 0);
         let refused = store
             .run_once("ledger", "m")
@@ -1115,7 +1115,7 @@ async fn without_notify_the_relay_polls() {
             .build()
             .unwrap();
         store.migrate().await.unwrap();
-        assert!(!store.outbox_schema_sql().is_empty());
+        assert!(!store.schema().outbox_sql.is_empty());
         let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
             .await
             .unwrap();

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
-use idem::{OnceError, Store};
+use idem::Store;
+use idem::jobs::OnceError;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{amqp_url, count, gated_store, unique, with_test_db, Gate, TestApp};
 use lapin::options::{

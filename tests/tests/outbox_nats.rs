@@ -21,7 +21,8 @@ use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
 use idem::Store;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{
-    count, gated_store, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats, TestDb,
+    count, gated_store, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats,
+    TestDb,
 };
 use sqlx::PgPool;
 use tracing_subscriber::prelude::*;

@@ -14,7 +14,8 @@ use charges::consumer::{self, Credit};
 use charges::Config;
 use futures::future::join_all;
 use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
-use idem::{idempotent, PrincipalType, Store, Tx};
+use idem::{idempotent, Store, Tx};
+use idem::schema::PrincipalType;
 use idem_tests::{send, with_test_db, Answer, TestApp};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -280,7 +281,7 @@ async fn run_once_spreads_by_tenant_or_key() {
             .unwrap();
         store.migrate().await.unwrap();
         let tenant = "6f1c8a52-3b7e-4a59-9a1d-2f0c5e9b7d41";
-        let seen = async |once: idem::RunOnce<'_>| -> String {
+        let seen = async |once: idem::jobs::RunOnce<'_>| -> String {
             once.run(async |tx| Ok::<_, sqlx::Error>(tx.principal().unwrap().to_owned()))
                 .await
                 .unwrap()
@@ -379,7 +380,7 @@ async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
         assert!(
             matches!(
                 once(&after, "m1", 2, 60).await,
-                Err(idem::OnceError::Mismatch)
+                Err(idem::jobs::OnceError::Mismatch)
             ),
             "and its payload still decides"
         );
@@ -419,7 +420,7 @@ async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
             .run_once("jobs", "m5")
             .run(async |tx| Err::<(), _>(tx.derived_key("processor").unwrap()))
             .await;
-        let Err(idem::OnceError::Work(derived)) = failed else {
+        let Err(idem::jobs::OnceError::Work(derived)) = failed else {
             panic!("the work failed");
         };
         let after_upgrade = after

@@ -50,7 +50,11 @@ async fn charge_at(app: &App, key: Option<&str>, amount: i64) -> Result<String, 
     Ok(answer["id"].as_str().unwrap_or_default().to_owned())
 }
 
-async fn insert(tx: &mut Tx<'_>, processor_id: &str, amount: i64) -> Result<(), (StatusCode, String)> {
+async fn insert(
+    tx: &mut Tx<'_>,
+    processor_id: &str,
+    amount: i64,
+) -> Result<(), (StatusCode, String)> {
     sqlx::query("INSERT INTO charges (processor_id, amount) VALUES ($1, $2)")
         .bind(processor_id)
         .bind(amount)
@@ -93,7 +97,10 @@ async fn correct_next(State(app): State<App>, mut tx: Tx, Json(req): Json<NewCha
         .await
         .map_err(bad)?;
     insert(&mut tx, &id, req.amount).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": id, "note": req.note }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "note": req.note })),
+    ))
 }
 
 /// Wrong: the processor called outside a step.
@@ -214,7 +221,10 @@ fn assert_reports(report: &Report, what: impl Fn(&Broke) -> bool, advice: &str) 
     assert!(!found.history().is_empty(), "{report}");
     let printed = report.to_string();
     println!("{printed}");
-    assert!(printed.contains(&format!("IDEM_KIT_SEED={}", report.seed())), "{printed}");
+    assert!(
+        printed.contains(&format!("IDEM_KIT_SEED={}", report.seed())),
+        "{printed}"
+    );
 }
 
 #[tokio::test]
@@ -263,7 +273,10 @@ async fn an_outside_call_without_a_step_is_reported() {
     with_test_db(async |db| {
         let pool = db.pool(8).await;
         let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, call_outside_a_step).await.run().await;
+        let report = kit_for(&pool, &processor, call_outside_a_step)
+            .await
+            .run()
+            .await;
         assert_reports(
             &report,
             |b| matches!(b, Broke::OutsideCalledAgain { service, .. } if service == "processor"),
@@ -283,7 +296,10 @@ async fn a_write_through_the_pool_is_reported() {
     with_test_db(async |db| {
         let pool = db.pool(8).await;
         let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, write_through_the_pool).await.run().await;
+        let report = kit_for(&pool, &processor, write_through_the_pool)
+            .await
+            .run()
+            .await;
         assert_reports(
             &report,
             |b| matches!(b, Broke::EffectTwice { effect, .. } if effect == "charges"),
@@ -298,7 +314,10 @@ async fn a_step_that_sends_its_own_key_is_reported() {
     with_test_db(async |db| {
         let pool = db.pool(8).await;
         let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, step_with_its_own_key).await.run().await;
+        let report = kit_for(&pool, &processor, step_with_its_own_key)
+            .await
+            .run()
+            .await;
         assert_reports(
             &report,
             |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
@@ -313,7 +332,10 @@ async fn a_write_left_to_a_spawned_task_is_reported() {
     with_test_db(async |db| {
         let pool = db.pool(8).await;
         let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, write_in_a_spawned_task).await.run().await;
+        let report = kit_for(&pool, &processor, write_in_a_spawned_task)
+            .await
+            .run()
+            .await;
         // The task's write is not rolled back with the request that died before its
         // COMMIT, and the retry's task writes again.
         assert_reports(

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use idem::{OnceError, Store};
+use idem::Store;
+use idem::jobs::OnceError;
 use serde::{Deserialize, Serialize};
 
 use crate::persistent;

@@ -16,7 +16,8 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher};
 use idem::outbox::{Event, Received, Relay};
-use idem::{OnceError, Store};
+use idem::Store;
+use idem::jobs::OnceError;
 use serde::{Deserialize, Serialize};
 
 use crate::persistent;

@@ -282,7 +282,7 @@ pub async fn connect_with(
         _ => options,
     };
     // Debug builds warn when a handler writes around its `Tx`.
-    idem::warn_on_escaping_writes(PgPoolOptions::new())
+    idem::extract::warn_on_escaping_writes(PgPoolOptions::new())
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(2))
         .connect_with(options)
@@ -573,7 +573,7 @@ pub async fn distribute(store: &Store) -> Result<(), idem::VerifyError> {
         ("webhook_events", "tenant"),
         ("ledger_entries", "account"),
     ];
-    if store.distribute(None).await? == idem::Distribution::SingleNode {
+    if store.distribute(None).await? == idem::schema::Distribution::SingleNode {
         return Ok(());
     }
     let named = persistent(store.pooler());
@@ -879,7 +879,7 @@ impl From<sqlx::Error> for ApiError {
             tracing::info!(%error, "request text refused by the database");
             return Self::invalid("text must not contain NUL characters (U+0000)");
         }
-        if idem::is_unavailable(&error) {
+        if idem::sqlstate::is_unavailable(&error) {
             tracing::warn!(%error, "database unavailable");
             Self(
                 Problem::new(

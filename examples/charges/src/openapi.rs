@@ -51,7 +51,7 @@ impl Modify for Bearer {
 /// A problem+json response with `status` and `description`.
 fn problem(description: &str) -> ResponseBuilder {
     ResponseBuilder::new().description(description).content(
-        idem::PROBLEM_JSON,
+        idem::problem::PROBLEM_JSON,
         ContentBuilder::new()
             .schema(Some(Ref::from_schema_name("Problem")))
             .build(),

@@ -44,7 +44,7 @@
 //!   claims its key, runs the undo of each of its
 //!   recorded steps as a step of its own (`compensate:<step>`: once, however often it is
 //!   retried), and commits a 410 for the key
-//!   ([`problem_type::REQUEST_ABANDONED`](crate::problem_type::REQUEST_ABANDONED)), which
+//!   ([`problem_type::REQUEST_ABANDONED`](crate::problem::problem_type::REQUEST_ABANDONED)), which
 //!   every later retry replays. An undo that fails is retried with the backoff.
 //!
 //! Each run is a span (`idem.complete`, with the scope, the key and what was done) and a

@@ -626,7 +626,7 @@ async fn framed_errors(
 /// A database error as a page, logged.
 fn failed(error: sqlx::Error) -> Response {
     tracing::warn!(target: "idem::console", %error, "idem console: a query failed");
-    let status = if crate::is_unavailable(&error) {
+    let status = if crate::sqlstate::is_unavailable(&error) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::INTERNAL_SERVER_ERROR

@@ -42,9 +42,11 @@ use take::{take, Held, Took};
 
 use std::time::{Duration, Instant};
 
+use crate::sqlstate;
 use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
-use crate::store::{is_serialization_failure, is_unavailable, Store};
+use crate::sqlstate::{is_serialization_failure, is_unavailable};
+use crate::store::Store;
 use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Timeouts};
 use crate::transaction::{is_unguarded, OpenTransaction};
 use crate::tx::{AttemptState, Request, Tx};
@@ -134,7 +136,7 @@ pub(crate) enum CommitError {
 fn ended_by_work(error: &sqlx::Error) -> bool {
     is_unguarded(error)
         || matches!(error, sqlx::Error::Database(e)
-            if e.code().as_deref() == Some("22P02") && e.message().contains(table::ESCAPED))
+            if e.code().as_deref() == Some(sqlstate::INVALID_TEXT_REPRESENTATION) && e.message().contains(table::ESCAPED))
 }
 
 impl CommitError {
@@ -507,7 +509,7 @@ impl Attempt {
                 {
                     Ok(()) => return Ok(kept(&store, &claim, record, opened, since)),
                     Err(sqlx::Error::Database(e))
-                        if e.code().as_deref() == Some("22P02")
+                        if e.code().as_deref() == Some(sqlstate::INVALID_TEXT_REPRESENTATION)
                             && e.message().contains(table::LOST) =>
                     {
                         Written::Lost
@@ -551,7 +553,7 @@ impl Attempt {
                 }
             }
             // 25P02: a statement of the work failed, and it answered all the same.
-            Written::Failed(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+            Written::Failed(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) => {
                 Err(CommitError::Aborted(Some(Retake {
                     store,
                     claim,
@@ -579,7 +581,7 @@ impl Attempt {
         };
         match self.tx.finish(sql.to_owned(), None).await {
             Ok(()) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02") => {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) => {
                 Err(CommitError::Aborted(None))
             }
             Err(e) => Err(CommitError::from_finish(e)),

@@ -57,7 +57,7 @@ impl Db {
             key: KeyInScope {
                 scope: "notes".into(),
                 principal: String::new(),
-                key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+                key: crate::header::IdempotencyKey::parse(key.as_bytes()).unwrap(),
                 place: crate::identity::Place::Principal,
             },
             ttl: Duration::from_secs(60),

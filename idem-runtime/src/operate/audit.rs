@@ -109,12 +109,6 @@ impl Store {
         }
     }
 
-    /// The DDL of this store's audit table: [`AUDIT_SCHEMA_SQL`](crate::AUDIT_SCHEMA_SQL)
-    /// with its configured name.
-    pub fn audit_schema_sql(&self) -> &str {
-        self.inner.audit.ddl().as_str()
-    }
-
     /// The audit trail, newest first: at most `limit` rows, those older than the row
     /// `before` (an [`AuditEntry::id`]; `None`: from the newest). The next page starts
     /// before the last row's id.

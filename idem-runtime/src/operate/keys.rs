@@ -12,7 +12,8 @@ use sqlx::{PgConnection, Row, SqlStr};
 
 use super::{instant, rfc3339, Page};
 use crate::table::{statement, PrincipalType};
-use crate::{IdempotencyKey, Store};
+use crate::Store;
+use crate::header::IdempotencyKey;
 
 /// A committed record. $1 its stored scope, $2 its principal, $3 the key, $4 whether to
 /// read the body.

@@ -71,6 +71,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use abandoned::{
     Abandoned, AbandonedCursor, AbandonedFilter, AbandonedStep, CompletionStage, CompletionState,
 };
+pub use crate::inspect::KeyRecord;
 pub use audit::{AuditEntry, Audited, Operator};
 pub use errors::FailedPublish;
 pub use events::{

@@ -31,8 +31,10 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::sqlstate;
 use crate::once::{OnceError, RunOnce};
-use crate::store::{is_unavailable, Store};
+use crate::sqlstate::is_unavailable;
+use crate::store::Store;
 
 /// An event a consumer received: its id (the broker's deduplication id), where it came
 /// from, its decoded payload, and how many times it has been delivered.
@@ -156,7 +158,7 @@ pub(crate) fn passes(error: &sqlx::Error) -> bool {
     };
     e.code().is_some_and(|code| {
         matches!(code.get(..2), Some("40" | "53" | "58"))
-            || matches!(&*code, "55P03" | "55006" | "25006")
+            || matches!(&*code, sqlstate::LOCK_NOT_AVAILABLE | sqlstate::OBJECT_IN_USE | sqlstate::READ_ONLY_SQL_TRANSACTION)
     })
 }
 

@@ -8,7 +8,7 @@
 //! one emits nothing at all, and a process that dies after its commit loses nothing: the
 //! row is there for the next relay.
 //!
-//! - the table (its DDL is [`OUTBOX_SCHEMA_SQL`]): written by [`Tx::emit`];
+//! - the table (its DDL is in [`Store::schema`]): written by [`Tx::emit`];
 //! - the [`Relay`]: takes committed events, hands them to a [`Publisher`], deletes
 //!   them once the broker acknowledged them, retries with backoff, parks what fails too
 //!   often ([`Store::dead_events`], [`Store::redrive_dead_events`]);
@@ -40,7 +40,7 @@ pub use relay::{
     RelayStats,
 };
 
-pub use crate::table::outbox::{DeadEvent, DEFAULT_OUTBOX_TABLE, OUTBOX_SCHEMA_SQL};
+pub use crate::table::outbox::DeadEvent;
 
 use crate::operate::{DeadSelection, RedriveError};
 use crate::store::Store;
@@ -256,12 +256,6 @@ impl From<EmitError> for sqlx::Error {
 }
 
 impl Store {
-    /// The DDL of this store's outbox table: [`OUTBOX_SCHEMA_SQL`] with its configured
-    /// name. [`Store::migrate`] runs it.
-    pub fn outbox_schema_sql(&self) -> &str {
-        self.inner.outbox.ddl().as_str()
-    }
-
     /// Events the relay parked after too many failed attempts, oldest first, at most
     /// `limit`. They stay until re-driven ([`Store::redrive_dead_events`]) or deleted by
     /// hand.

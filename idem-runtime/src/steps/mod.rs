@@ -44,7 +44,6 @@ use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-pub use crate::table::steps::STEPS_SCHEMA_SQL;
 
 use crate::failpoint::Point;
 use crate::fingerprint::hex;
@@ -54,21 +53,9 @@ use crate::table::steps::{StepWrite, StepsTable};
 use crate::tx::Tx;
 
 impl Store {
-    /// The DDL of this store's steps table: [`STEPS_SCHEMA_SQL`](crate::STEPS_SCHEMA_SQL)
-    /// with its configured name.
-    pub fn steps_schema_sql(&self) -> String {
-        self.steps().ddl().to_owned()
-    }
-
-    /// The DDL of this store's requests table ([`crate::complete`]):
-    /// [`REQUESTS_SCHEMA_SQL`](crate::REQUESTS_SCHEMA_SQL) with its configured name.
-    pub fn requests_schema_sql(&self) -> String {
-        self.inner.requests.ddl().to_owned()
-    }
-
     /// The store's steps table, its statements rendered.
-    pub(crate) fn steps(&self) -> StepsTable {
-        StepsTable::new(&self.inner.steps_table, self.inner.dialect)
+    pub(crate) fn steps(&self) -> &StepsTable {
+        &self.inner.steps
     }
 }
 
@@ -343,7 +330,7 @@ pub enum StepError<E> {
     /// back as the step's type (it changed between two versions of the service).
     Json(serde_json::Error),
     /// Reading or recording the step failed: the call's result, if it ran, was not
-    /// recorded. See [`is_unavailable`](crate::is_unavailable).
+    /// recorded. See [`is_unavailable`](crate::sqlstate::is_unavailable).
     Database(sqlx::Error),
 }
 

@@ -47,6 +47,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
+use crate::sqlstate;
 use crate::fingerprint::Fingerprint;
 use crate::identity::{stored_scope, KeyInScope, Place};
 use crate::literal::{self, Literal};
@@ -76,7 +77,7 @@ pub const DEFAULT_STEPS_TABLE: &str = "idempotency_steps";
 /// The SQL that creates idem's table (under its default name) and its expiry index, for
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs exactly this for a store with the default table;
-/// [`Store::schema_sql`](crate::Store::schema_sql) gives it for any.
+/// [`Store::schema`](crate::Store::schema_sql) gives it for any.
 pub const SCHEMA_SQL: &str = include_str!("../../sql/idempotency_keys.sql");
 
 /// The DDL, with `{create_schema}`, `{table}`, `{name}`, `{principal_type}` to fill in.
@@ -160,6 +161,8 @@ const DISTRIBUTION: &str = "
 pub(crate) struct TableName {
     schema: Option<String>,
     name: String,
+    /// As given: `name` or `schema.name`.
+    text: String,
 }
 
 impl TableName {
@@ -182,7 +185,13 @@ impl TableName {
         Some(Self {
             schema: schema.map(str::to_owned),
             name: name.to_owned(),
+            text: text.to_owned(),
         })
+    }
+
+    /// The name as given: `name` or `schema.name`.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
     }
 
     /// The table's own name, without its schema.
@@ -206,9 +215,14 @@ impl TableName {
 
     /// `name` in the same schema as this table.
     pub(crate) fn sibling(&self, name: &str) -> Self {
+        let text = match &self.schema {
+            Some(schema) => format!("{schema}.{name}"),
+            None => name.to_owned(),
+        };
         Self {
             schema: self.schema.clone(),
             name: name.to_owned(),
+            text,
         }
     }
 
@@ -230,6 +244,7 @@ impl Default for TableName {
         Self {
             schema: None,
             name: DEFAULT_TABLE.to_owned(),
+            text: DEFAULT_TABLE.to_owned(),
         }
     }
 }
@@ -669,7 +684,7 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
                 if attempt < 5
                     && matches!(
                         e.code().as_deref(),
-                        Some("23505" | "42P07" | "42710" | "40P01")
+                        Some(sqlstate::UNIQUE_VIOLATION | sqlstate::DUPLICATE_TABLE | sqlstate::DUPLICATE_OBJECT | sqlstate::DEADLOCK_DETECTED)
                     ) =>
             {
                 attempt += 1;

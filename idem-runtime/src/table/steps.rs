@@ -15,6 +15,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row, SqlStr};
 
 use super::{statement, Dialect, Pooler, TableName};
+use crate::sqlstate;
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
 use crate::transaction::Prepared;
@@ -265,7 +266,7 @@ impl StepsTable {
                 .iter()
                 .any(|row| row.try_get::<bool, _>("recorded").unwrap_or(false))),
             Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("22P02") && e.message().contains(LOST) =>
+                if e.code().as_deref() == Some(sqlstate::INVALID_TEXT_REPRESENTATION) && e.message().contains(LOST) =>
             {
                 Ok(false)
             }

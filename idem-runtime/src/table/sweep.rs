@@ -1,6 +1,7 @@
 //! The sweeper's statements: expired rows deleted in batches, each from where the last
 //! stopped, in the default mode in one statement, in the portable mode one row at a time.
 
+use crate::sqlstate;
 use super::*;
 
 /// Expired rows, oldest first, skipping rows a request is reclaiming. The outer
@@ -121,7 +122,7 @@ impl Table {
                     deleted += done.rows_affected();
                 }
                 // 55P03: a request holds the row; it is left for a later sweep.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {}
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => {}
                 Err(e) => return Err(e),
             }
         }

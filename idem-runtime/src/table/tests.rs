@@ -154,7 +154,7 @@ fn keys_lock_by_their_hash() {
     let key = |scope: &'static str, principal: &str, key: &str| KeyInScope {
         scope: scope.into(),
         principal: principal.into(),
-        key: crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+        key: crate::header::IdempotencyKey::parse(key.as_bytes()).unwrap(),
         place: crate::identity::Place::Principal,
     };
     let table = Table::new(

@@ -44,7 +44,7 @@ fn warn(handler: &'static str) {
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), sqlx::Error> {
-/// let pool = idem::warn_on_escaping_writes(sqlx::postgres::PgPoolOptions::new())
+/// let pool = idem::extract::warn_on_escaping_writes(sqlx::postgres::PgPoolOptions::new())
 ///     .connect("postgres://postgres@127.0.0.1/postgres")
 ///     .await?;
 /// # Ok(()) }

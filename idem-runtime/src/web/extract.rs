@@ -37,7 +37,7 @@ use crate::web::problem::Problems;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a request body idem can fingerprint",
     label = "idem fingerprints this parameter, to tell a retry from another request under the same key",
-    note = "implement `idem::FingerprintBody` for it, then name `fields = [...]` or let its whole value identify the request; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
+    note = "implement `idem::extract::FingerprintBody` for it, then name `fields = [...]` or let its whole value identify the request; or make it a `Json<T>`, `Form<T>`, `Query<T>`, `String` or `Bytes`"
 )]
 pub trait FingerprintBody {
     /// The value whose fields are fingerprinted.
@@ -91,7 +91,7 @@ impl FingerprintBody for Bytes {
 /// handler's `principal = Type` option, which overrides the store's resolver.
 ///
 /// ```
-/// use idem::Principal;
+/// use idem::extract::Principal;
 ///
 /// struct Tenant(u64);
 ///
@@ -103,7 +103,7 @@ impl FingerprintBody for Bytes {
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot name the principal of an idempotent request",
-    note = "`principal = Type` needs an extractor that implements `idem::Principal`"
+    note = "`principal = Type` needs an extractor that implements `idem::extract::Principal`"
 )]
 pub trait Principal {
     /// The principal's identifier: keys are looked up per (scope, principal, key).
@@ -160,7 +160,7 @@ integer_keys!(u32, u64, i32, i64, u128, i128);
 /// The key of `key = field`: a body field's value, as an idempotency key. The value is
 /// plain text, not a header: it is not unquoted, and an id that is too long or not
 /// visible ASCII is hashed rather than refused
-/// ([`IdempotencyKey::from_text`](crate::IdempotencyKey::from_text)).
+/// ([`IdempotencyKey::from_text`](crate::header::IdempotencyKey::from_text)).
 pub fn key_of<K: KeySource + ?Sized>(value: &K) -> KeyRead {
     KeyRead::field(value.key_text().as_deref())
 }

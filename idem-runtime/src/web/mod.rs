@@ -426,7 +426,7 @@ impl Claimed {
                 Ok(()) => observation.answer(Outcome::RolledBack, answer.response),
                 // The handler's error may be the symptom (its query failed because the
                 // connection died); the failed rollback tells us the database is gone.
-                Err(e) if crate::is_unavailable(&e) => {
+                Err(e) if crate::sqlstate::is_unavailable(&e) => {
                     observation.answer(Outcome::Unavailable, problems.unavailable().into_response())
                 }
                 Err(e) => {

@@ -88,7 +88,8 @@ use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
 use crate::web::problem::{problem_type, Problem, Problems};
-use crate::{FingerprintBody, Store};
+use crate::Store;
+use crate::extract::FingerprintBody;
 
 mod custom;
 mod github;

@@ -1,7 +1,8 @@
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::Json;
-use idem::{idempotent, Principal, Tx};
+use idem::{idempotent, Tx};
+use idem::extract::Principal;
 
 struct Tenant(String);
 

@@ -9,7 +9,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Form, Json, Router};
-use idem::{idempotent, FingerprintBody, Store, Tx};
+use idem::{idempotent, Store, Tx};
+use idem::extract::FingerprintBody;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

@@ -5,7 +5,8 @@ use axum::extract::{FromRef, FromRequest, Request};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, FingerprintBody, Store, Tx};
+use idem::{idempotent, Store, Tx};
+use idem::extract::FingerprintBody;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, FromRef)]

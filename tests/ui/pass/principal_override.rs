@@ -4,7 +4,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Store, Principal, Tx};
+use idem::{idempotent, Store, Tx};
+use idem::extract::Principal;
 use serde_json::Value;
 
 #[derive(Clone, FromRef)]
