@@ -1116,7 +1116,12 @@ async fn growth(client: &reqwest::Client, base: &str, pool: &PgPool, options: &O
             .unwrap_or(0);
     let store = idem::Store::new(pool.clone());
     let started = Instant::now();
-    let removed = store.purge_expired(1_000).await.expect("purge");
+    let removed = store
+        .operate()
+        .audited(idem::operate::Operator::new("tests", "test"))
+        .purge_expired(1_000)
+        .await
+        .expect("purge");
     let secs = started.elapsed().as_secs_f64();
     println!(
         "\nSweeper: {removed} of {expired} expired rows deleted in {secs:.1} s, {:.0} rows/s (batches of 1000).\n",

@@ -25,8 +25,8 @@ use idem::operate::{
     format_age, format_time, AbandonedFilter, Audited, ConfirmError, Confirmed, DeadPreview,
     DeadSelection, EventFilter, KeyFilter, Operator,
 };
-use idem::{Store, VerifyError};
 use idem::schema::PrincipalType;
+use idem::{Store, VerifyError};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -205,7 +205,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     // A blank name names nobody: the OS user's stands in.
     let named = cli.operator.clone().filter(|name| !name.trim().is_empty());
     let operator = Operator::new(named.unwrap_or_else(os_user), "cli");
-    let audited = store.audited(operator);
+    let audited = store.operate().audited(operator);
     match cli.command {
         Command::Migrate { colocate_with, .. } => {
             store.migrate().await.map_err(failed)?;
@@ -231,7 +231,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             .await
             .map_err(|f| f.or(&target))?,
         Command::Audit { limit, before } => {
-            out.audit(&store.audit_log(limit, before).await.map_err(failed)?);
+            out.audit(
+                &store
+                    .operate()
+                    .audit_log(limit, before)
+                    .await
+                    .map_err(failed)?,
+            );
         }
     }
     Ok(())
@@ -239,12 +245,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// Whether the outbox holds the event `id`, pending or dead.
 async fn in_outbox(store: &Store, id: &str) -> Result<bool, sqlx::Error> {
-    if store.dead_event(id, false).await?.is_some() {
+    if store.operate().dead_event(id, false).await?.is_some() {
         return Ok(true);
     }
     let mut filter = EventFilter::default();
     filter.ids = Some(vec![id.to_owned()]);
     Ok(!store
+        .operate()
         .pending_events(&filter, None, 1)
         .await?
         .rows
@@ -292,8 +299,11 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             principal,
             body,
         } => {
-            let found = store.key(&scope, &principal, &key, body).await?;
-            let steps = store.key_steps(&scope, &principal, &key, body).await?;
+            let found = store.operate().key(&scope, &principal, &key, body).await?;
+            let steps = store
+                .operate()
+                .key_steps(&scope, &principal, &key, body)
+                .await?;
             if found.is_none() && steps.is_empty() {
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
@@ -319,7 +329,7 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             filter.older_than = older_than;
             filter.include_expired = expired;
             filter.limit = limit;
-            out.keys(&store.keys(&filter).await?);
+            out.keys(&store.operate().keys(&filter).await?);
         }
         KeyCommand::Abandoned {
             idle_for,
@@ -336,11 +346,14 @@ async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<()
             filter.principal = principal;
             filter.key_prefix = prefix;
             filter.completion = completion.map(Into::into);
-            let page = store.abandoned_page(&filter, after.as_ref(), limit).await?;
+            let page = store
+                .operate()
+                .abandoned_page(&filter, after.as_ref(), limit)
+                .await?;
             out.abandoned(&page, idle_for, after.is_none());
         }
         KeyCommand::Counts { expiring_within } => {
-            out.counts(&store.key_counts(expiring_within).await?);
+            out.counts(&store.operate().key_counts(expiring_within).await?);
         }
         KeyCommand::Purge {
             scope,
@@ -460,7 +473,10 @@ async fn live_steps(
     principal: &str,
     key: &str,
 ) -> Result<Vec<String>, Fault> {
-    let steps = store.key_steps(scope, principal, key, false).await?;
+    let steps = store
+        .operate()
+        .key_steps(scope, principal, key, false)
+        .await?;
     Ok(steps
         .into_iter()
         .filter(|s| !s.expired)
@@ -485,12 +501,14 @@ fn no_live_steps(what: &str, done: &str, hint: &str) -> Fault {
 async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Result<(), Fault> {
     let store = audited.store();
     match command {
-        OutboxCommand::Pending => out.pending(&store.outbox_pending().await?),
-        OutboxCommand::Lag => out.lag(store.outbox_lag().await?),
-        OutboxCommand::Leases { limit } => out.leases(&store.outbox_leases(limit).await?),
-        OutboxCommand::Blocked { limit } => out.blocked(&store.outbox_blocked(limit).await?),
+        OutboxCommand::Pending => out.pending(&store.operate().outbox_pending().await?),
+        OutboxCommand::Lag => out.lag(store.operate().outbox_lag().await?),
+        OutboxCommand::Leases { limit } => out.leases(&store.operate().outbox_leases(limit).await?),
+        OutboxCommand::Blocked { limit } => {
+            out.blocked(&store.operate().outbox_blocked(limit).await?)
+        }
         OutboxCommand::Errors { id } => {
-            let errors = store.event_errors(&id).await?;
+            let errors = store.operate().event_errors(&id).await?;
             if errors.is_empty() && !in_outbox(store, &id).await? {
                 return Err(Fault::Own(Failure::new(
                     exit::NOT_FOUND,
@@ -502,7 +520,7 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
             }
             out.errors(&errors);
         }
-        OutboxCommand::Relays => out.relays(&store.outbox_relays().await?),
+        OutboxCommand::Relays => out.relays(&store.operate().outbox_relays().await?),
         OutboxCommand::Dead {
             list,
             reason,
@@ -510,10 +528,10 @@ async fn outbox(audited: &Audited<'_>, out: &Out, command: OutboxCommand) -> Res
         } => {
             if list || reason.is_some() {
                 let selection = reason.map_or(DeadSelection::All, DeadSelection::Reason);
-                let events = store.dead_events_in(&selection, limit).await?;
-                out.dead(&events, Some(store.redrive_max_age()));
+                let events = store.operate().dead_events_in(&selection, limit).await?;
+                out.dead(&events, Some(store.operate().redrive_max_age()));
             } else {
-                out.reasons(&store.dead_reasons().await?);
+                out.reasons(&store.operate().dead_reasons().await?);
             }
         }
         OutboxCommand::Redrive {
@@ -586,8 +604,8 @@ async fn bulk(
 ) -> Result<(), Fault> {
     let store = audited.store();
     let filter = EventFilter::from(selection);
-    let preview = store.dead_preview(&filter, PREVIEW_ROWS).await?;
-    let max_age = store.redrive_max_age();
+    let preview = store.operate().dead_preview(&filter, PREVIEW_ROWS).await?;
+    let max_age = store.operate().redrive_max_age();
     if dry_run {
         dry(out, action, &preview, max_age);
         return Ok(());
@@ -777,7 +795,10 @@ async fn holders(store: &Store, scope: &str, principal: &str, key: &str) -> Resu
     if !principal.is_empty() {
         return Ok(String::new());
     }
-    let (named, holders) = store.key_principals(scope, key, HOLDERS_NAMED).await?;
+    let (named, holders) = store
+        .operate()
+        .key_principals(scope, key, HOLDERS_NAMED)
+        .await?;
     if named.is_empty() {
         return Ok(String::new());
     }

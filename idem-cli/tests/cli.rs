@@ -765,7 +765,12 @@ async fn a_redrive_past_the_window_needs_force() {
             &["outbox", "redrive", "--all", "--force", "--yes"],
         );
         assert_eq!(forced["redriven"], 1, "{forced}");
-        assert!(store.dead_events(10).await.unwrap().is_empty());
+        assert!(store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .is_empty());
         // The refused re-drive moved nothing and recorded nothing; the dry runs neither.
         let trail = json(&url, &[], &["audit"]);
         let actions: Vec<(&str, &str, u64)> = trail
@@ -1390,7 +1395,7 @@ async fn an_action_whose_audit_row_cannot_be_written_does_nothing() {
             store.inspect("jobs", "", "job-1").await.unwrap().is_some(),
             "the purge rolled back with its audit row"
         );
-        assert!(store.audit_log(10, None).await.unwrap().is_empty());
+        assert!(store.operate().audit_log(10, None).await.unwrap().is_empty());
     })
     .await;
 }

@@ -1,4 +1,4 @@
-//! The opt-in cache of committed answers ([`StoreBuilder::replay_cache`]): a replay that
+//! The opt-in cache of committed answers ([`StoreBuilder::replay_cache`](crate::StoreBuilder::replay_cache)): a replay that
 //! finds its key's answer here asks PostgreSQL nothing.
 //!
 //! A committed answer does not change: the key's row is written once, with its response,
@@ -17,7 +17,7 @@
 //! database, which decides (422, or a fresh run after a purge). The cache holds at most
 //! `max_bytes` of keys and answers, and drops the oldest entries first.
 //!
-//! [`StoreBuilder::replay_cache`]: crate::StoreBuilder::replay_cache
+//! [`StoreBuilder::replay_cache`](crate::StoreBuilder::replay_cache): crate::StoreBuilder::replay_cache
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

@@ -1,11 +1,11 @@
-//! What sits between a store and its data, found at [`Store::verify`]: a pooler in
+//! What sits between a store and its data, found at [`Store::verify`](crate::Store::verify): a pooler in
 //! transaction mode, a distributed engine. Either one needs a setting of the store
-//! ([`Pooler::Transaction`], [`StoreBuilder::portable`]); without it, the service
+//! ([`Pooler::Transaction`], [`StoreBuilder::portable`](crate::StoreBuilder::portable)); without it, the service
 //! answers 500 to ordinary requests instead of refusing to start.
 //!
-//! [`Store::verify`]: crate::Store::verify
+//! [`Store::verify`](crate::Store::verify): crate::Store::verify
 //! [`Pooler::Transaction`]: crate::Pooler::Transaction
-//! [`StoreBuilder::portable`]: crate::StoreBuilder::portable
+//! [`StoreBuilder::portable`](crate::StoreBuilder::portable): crate::StoreBuilder::portable
 
 use crate::sqlstate;
 use sqlx::postgres::PgConnectOptions;

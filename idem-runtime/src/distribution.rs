@@ -1,4 +1,4 @@
-//! Distribution as code: [`Store::distribute`] spreads idem's table over a distributed
+//! Distribution as code: [`Store::distribute`](crate::Store::distribute) spreads idem's table over a distributed
 //! engine's nodes (Citus), so that a portable service starts on a fresh distributed
 //! database with no SQL run by hand.
 
@@ -6,7 +6,7 @@ use crate::deployment;
 use crate::migrate::VerifyError;
 use crate::store::Store;
 
-/// What [`Store::distribute`] found, or did.
+/// What [`Store::distribute`](crate::Store::distribute) found, or did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Distribution {
@@ -27,7 +27,7 @@ impl Store {
     /// type](crate::StoreBuilder::principal_type); `None`: Citus's default group for that
     /// type, which tables of one type and shard count share), so that a request's claim
     /// and its business writes keyed by the same value are one node's transaction. Run it
-    /// after [`Store::migrate`]; on plain PostgreSQL it does nothing
+    /// after [`Store::migrate`](crate::Store::migrate); on plain PostgreSQL it does nothing
     /// ([`Distribution::SingleNode`]).
     ///
     /// Idempotent and safe from several instances starting at once: a transaction takes

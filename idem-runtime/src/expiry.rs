@@ -18,16 +18,16 @@ impl Store {
     /// returns how many it deleted; then the expired steps of requests that never
     /// committed ([`Tx::step`](crate::Tx::step)), which the count leaves out. A request for a key whose row a batch is deleting
     /// waits for that batch, up to a second, so keep batches well under a second (1 000
-    /// rows take milliseconds). For a cron job; [`Store::spawn_sweeper`] runs
-    /// it periodically.
-    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
+    /// rows take milliseconds). [`Store::spawn_sweeper`](crate::Store::spawn_sweeper) runs it periodically; an
+    /// operator, through [`Audited::purge_expired`](crate::operate::Audited::purge_expired).
+    pub(crate) async fn purge_expired(&self, batch_size: u32) -> Result<u64, sqlx::Error> {
         let mut removed = 0;
         self.purge_expired_counting(batch_size, &mut removed)
             .await?;
         Ok(removed)
     }
 
-    /// [`Store::purge_expired`], adding to `removed` the records each batch deleted as it
+    /// [`Audited::purge_expired`](crate::operate::Audited::purge_expired), adding to `removed` the records each batch deleted as it
     /// commits, so that a sweep that fails part way still knows what it did
     /// ([`Audited::purge_expired`](crate::operate::Audited::purge_expired) records it).
     pub(crate) async fn purge_expired_counting(
@@ -106,10 +106,10 @@ impl Store {
     /// Failures (the database restarting, say) are logged and retried at the next tick.
     /// A zero interval is refused: it would sweep in a busy loop. With the `metrics`
     /// feature, each tick also counts the requests abandoned after their steps
-    /// ([`Store::abandoned`], [`StoreBuilder::abandoned_after`]) into the gauge
+    /// ([`Operate::abandoned`](crate::operate::Operate::abandoned), [`StoreBuilder::abandoned_after`](crate::StoreBuilder::abandoned_after)) into the gauge
     /// `idem_abandoned_requests`.
     ///
-    /// [`StoreBuilder::abandoned_after`]: crate::StoreBuilder::abandoned_after
+    /// [`StoreBuilder::abandoned_after`](crate::StoreBuilder::abandoned_after): crate::StoreBuilder::abandoned_after
     pub fn spawn_sweeper(&self, every: Duration, batch_size: u32) -> Result<Sweeper, SweeperError> {
         if every.is_zero() {
             return Err(SweeperError::ZeroInterval);
@@ -132,7 +132,7 @@ impl Store {
                         tracing::warn!(%error, "idem: sweeping expired records failed; retrying at the next tick")
                     }
                 }
-                match store.outbox_lag().await {
+                match store.operate().outbox_lag().await {
                     Ok(lag) => {
                         if let Some(warning) = unrelayed(lag) {
                             tracing::warn!("{warning}");
@@ -143,7 +143,7 @@ impl Store {
                     }
                 }
                 if cfg!(feature = "metrics") {
-                    match store.abandoned_count().await {
+                    match store.operate().abandoned_count().await {
                         Ok(n) => crate::observe::metrics::abandoned(n),
                         Err(error) => {
                             tracing::warn!(%error, "idem: counting abandoned requests failed; retrying at the next tick")
@@ -174,7 +174,7 @@ fn unrelayed(lag: Option<Duration>) -> Option<String> {
     ))
 }
 
-/// Why [`Store::spawn_sweeper`] did not start.
+/// Why [`Store::spawn_sweeper`](crate::Store::spawn_sweeper) did not start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SweeperError {
@@ -226,7 +226,7 @@ mod tests {
     }
 }
 
-/// A running sweeper; see [`Store::spawn_sweeper`].
+/// A running sweeper; see [`Store::spawn_sweeper`](crate::Store::spawn_sweeper).
 #[derive(Debug)]
 pub struct Sweeper {
     task: tokio::task::JoinHandle<()>,

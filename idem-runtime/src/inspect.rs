@@ -10,7 +10,7 @@ use crate::identity::{stored_scope, Place};
 use crate::spread::Spread;
 use crate::Store;
 
-/// A committed idempotency record, as [`Store::inspect`] finds it. Requests still
+/// A committed idempotency record, as [`Store::inspect`](crate::Store::inspect) finds it. Requests still
 /// in flight are invisible: their record commits with them, or never exists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -87,7 +87,7 @@ impl Store {
     }
 
     /// Where the record of `key` for `principal` in `scope` may be kept, as (stored
-    /// scope, principal column value), in the order [`Store::inspect`] looks (see its
+    /// scope, principal column value), in the order [`Store::inspect`](crate::Store::inspect) looks (see its
     /// docs); `None` when `principal` is not of the principal column's type.
     pub(crate) fn places<'a>(
         &self,

@@ -127,7 +127,7 @@
 //!
 //! # Queue consumers and jobs
 //!
-//! The same guarantee without HTTP: [`Store::run_once`] runs a message's work once per
+//! The same guarantee without HTTP: [`Store::run_once`](crate::Store::run_once) runs a message's work once per
 //! message id, in a transaction that also stores its result.
 //!
 //! # Observability
@@ -147,7 +147,7 @@
 //! | `idem_swept_rows_total` | counter | | expired rows deleted by purges and sweepers |
 //! | `idem_steps_total` | counter | `scope`, `step`, `outcome` | steps ([`Tx::step`]) by outcome: `recorded`, `replayed`, `failed`, `timed_out`, `mismatch`, `lost`, `unrecorded`, `unkeyed` |
 //! | `idem_step_duration_seconds` | histogram | `scope`, `step`, `outcome` | a step's time, its call and its record included |
-//! | `idem_abandoned_requests` | gauge | | requests idle after their steps, uncommitted ([`StoreBuilder::abandoned_after`]), as the sweeper last counted |
+//! | `idem_abandoned_requests` | gauge | | requests idle after their steps, uncommitted ([`StoreBuilder::abandoned_after`](crate::StoreBuilder::abandoned_after)), as the sweeper last counted |
 //! | `idem_outbox_published_total` | counter | | outbox events published and deleted |
 //! | `idem_outbox_retried_total` | counter | | failed publishes that will be tried again |
 //! | `idem_outbox_dead_total` | counter | | outbox events parked as dead |
@@ -157,7 +157,7 @@
 //! # Events
 //!
 //! [`Tx::emit`] records an event in the request's transaction, and a relay
-//! ([`Store::relay`]) publishes it after the commit: see [`outbox`].
+//! ([`Store::relay`](crate::Store::relay)) publishes it after the commit: see [`outbox`].
 //!
 //! # Features
 //!
@@ -217,8 +217,8 @@ pub mod operate;
 pub mod outbox;
 mod probe;
 pub mod schema;
-pub mod sqlstate;
 mod spread;
+pub mod sqlstate;
 mod steps;
 mod store;
 mod table;
@@ -232,9 +232,9 @@ mod web;
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
 
+pub use fingerprint::FingerprintError;
 #[doc(inline)]
 pub use idem_macros::idempotent;
-pub use fingerprint::FingerprintError;
 pub use key::KeyError;
 pub use migrate::VerifyError;
 pub use observe::Outcome;
@@ -266,13 +266,12 @@ pub mod extract {
 }
 
 /// Exactly-once work outside a handler: a queue consumer's message, a scheduled job
-/// ([`Store::run_once`]).
+/// ([`Store::run_once`](crate::Store::run_once)).
 pub mod jobs {
     pub use crate::once::{OnceError, RunOnce};
 }
 
-/// The deletion of expired records: a background task ([`Store::spawn_sweeper`]).
+/// The deletion of expired records: a background task ([`Store::spawn_sweeper`](crate::Store::spawn_sweeper)).
 pub mod sweep {
     pub use crate::expiry::{Sweeper, SweeperError};
 }
-

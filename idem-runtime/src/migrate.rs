@@ -1,9 +1,9 @@
-//! The idempotency table's migrations, and [`Store::verify`], the startup check that the
+//! The idempotency table's migrations, and [`Store::verify`](crate::Store::verify), the startup check that the
 //! table is there and up to date.
 //!
 //! # Three ways to create the table
 //!
-//! - [`Store::migrate`] at startup: creates the table and its index if missing.
+//! - [`Store::migrate`](crate::Store::migrate) at startup: creates the table and its index if missing.
 //! - **sqlx migrations**: copy the files of `idem-runtime/migrations/` (also
 //!   [`MIGRATIONS`]: the idempotency table, the outbox table, the steps table, the
 //!   outbox's walk index and free space, the operators' audit table, then the outbox's
@@ -11,7 +11,7 @@
 //!   `migrations/` directory. One directory, one
 //!   migrator: `sqlx migrate run`, `sqlx::migrate!()` and
 //!   `#[sqlx::test(migrations = "./migrations")]` all create the table with your own tables.
-//! - Your own tool: the same SQL is [`schema::DEFAULT`](crate::schema::DEFAULT)'s, or a store's [`Store::schema`].
+//! - Your own tool: the same SQL is [`schema::DEFAULT`](crate::schema::DEFAULT)'s, or a store's [`Store::schema`](crate::Store::schema).
 //!
 //! sqlx records every migrator's versions in one table, `_sqlx_migrations`, and a migrator
 //! that finds a version it does not know stops with `VersionMissing`. Two migrators, yours
@@ -26,8 +26,8 @@
 //! A release of idem that changes the table adds a new file to `migrations/`, named with a
 //! later version, never edits a shipped one (sqlx refuses a changed checksum), and writes
 //! it so that it is safe to run again, e.g.
-//! `ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS ...`. [`Store::migrate`] runs the
-//! same statements, and [`Store::verify`] then also checks the new column, so a service
+//! `ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS ...`. [`Store::migrate`](crate::Store::migrate) runs the
+//! same statements, and [`Store::verify`](crate::Store::verify) then also checks the new column, so a service
 //! deployed with the new idem before its migration ran says so at startup.
 
 use std::fmt;
@@ -61,7 +61,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "20261127000000_idem_outbox_heads.sql",
         include_str!("../migrations/20261127000000_idem_outbox_heads.sql"),
     ),
-    // The audit table (`Store::audited`): who purged, swept, re-drove or discarded what,
+    // The audit table (`Operate::audited`): who purged, swept, re-drove or discarded what,
     // written in the action's own transaction.
     (
         "20261128000000_idem_audit.sql",
@@ -101,7 +101,7 @@ const COLUMNS: &[(&str, &[&str])] = &[
     ("expires_at", &["timestamp with time zone"]),
 ];
 
-/// Why [`Store::verify`] failed. Each message names the table and what is wrong with it.
+/// Why [`Store::verify`](crate::Store::verify) failed. Each message names the table and what is wrong with it.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum VerifyError {
@@ -288,7 +288,7 @@ impl From<sqlx::Error> for VerifyError {
 
 impl Store {
     /// Creates idem's tables and their indexes, if they do not exist, and brings them up
-    /// to date ([`Store::schema`]). Safe to call from several processes starting at
+    /// to date ([`Store::schema`](crate::Store::schema)). Safe to call from several processes starting at
     /// once.
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         let pool = &self.inner.pool;
@@ -356,7 +356,7 @@ impl Store {
         })
     }
 
-    /// [`Store::verify`] past the pooler probe: the table, and the distributed engine.
+    /// [`Store::verify`](crate::Store::verify) past the pooler probe: the table, and the distributed engine.
     async fn verify_table(&self, persistent: bool) -> Result<(), VerifyError> {
         let name = &self.inner.table_name;
         let table = name.to_string();
@@ -554,7 +554,7 @@ async fn missing_table(
     Ok(())
 }
 
-/// The outbox's columns added after its first migration, which [`Store::verify`] checks.
+/// The outbox's columns added after its first migration, which [`Store::verify`](crate::Store::verify) checks.
 const OUTBOX_COLUMNS: [&str; 2] = ["error_at", "errors"];
 
 /// The steps' and the stored requests' columns added after their first migrations.
@@ -597,7 +597,7 @@ const PRIVILEGES: [&str; 4] = ["SELECT", "INSERT", "UPDATE", "DELETE"];
 const AUDIT_PRIVILEGES: [&str; 2] = ["SELECT", "INSERT"];
 
 impl Store {
-    /// [`Store::verify`]'s checks of a session (invariant 12): writable, and its role
+    /// [`Store::verify`](crate::Store::verify)'s checks of a session (invariant 12): writable, and its role
     /// allowed what idem does to each of `tables` that exists (each with its privileges),
     /// and to use the sequences of the serial columns `sequences` (each a table and its
     /// column).
@@ -676,7 +676,11 @@ mod tests {
         // The steps' and the requests' schemas are their first files, then the later
         // file's column.
         for (schema, first, table) in [
-            (crate::schema::DEFAULT.steps_sql, steps, "\"idempotency_steps\""),
+            (
+                crate::schema::DEFAULT.steps_sql,
+                steps,
+                "\"idempotency_steps\"",
+            ),
             (
                 crate::schema::DEFAULT.requests_sql,
                 requests,
@@ -697,10 +701,16 @@ mod tests {
             .find("-- The relay's scan")
             .expect("the first file's indexes");
         let upgrade = heads.find("CREATE INDEX").expect("the later file's index");
-        assert!(crate::schema::DEFAULT.outbox_sql.starts_with(&outbox[..first_index]));
-        assert!(crate::schema::DEFAULT.outbox_sql.contains(&heads[upgrade..]));
+        assert!(crate::schema::DEFAULT
+            .outbox_sql
+            .starts_with(&outbox[..first_index]));
+        assert!(crate::schema::DEFAULT
+            .outbox_sql
+            .contains(&heads[upgrade..]));
         let history = errors.find("ALTER TABLE").expect("the history's columns");
-        assert!(crate::schema::DEFAULT.outbox_sql.ends_with(&errors[history..]));
+        assert!(crate::schema::DEFAULT
+            .outbox_sql
+            .ends_with(&errors[history..]));
     }
 
     #[test]

@@ -21,11 +21,11 @@
 //!
 //! A metrics backend keeps a series per label value, so `scope` stays a bounded set: an
 //! endpoint's scope (written in its code) is always its own label, and so are the first
-//! 64 distinct scopes a process makes at run time ([`Store::run_once`]'s, which a caller
+//! 64 distinct scopes a process makes at run time ([`Store::run_once`](crate::Store::run_once)'s, which a caller
 //! may build from data, one per tenant); later ones count under `other`, with one WARN
 //! the first time. The span carries every scope as it is.
 //!
-//! [`Store::run_once`]: crate::Store::run_once
+//! [`Store::run_once`](crate::Store::run_once): crate::Store::run_once
 
 use std::borrow::Cow;
 use std::fmt;

@@ -18,7 +18,7 @@ use crate::store::{Store, DEFAULT_TTL};
 use crate::table::{Isolation, Record};
 use crate::tx::Tx;
 
-/// One piece of work to run once per key; see [`Store::run_once`].
+/// One piece of work to run once per key; see [`Store::run_once`](crate::Store::run_once).
 #[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]
 pub struct RunOnce<'s> {
     store: &'s Store,

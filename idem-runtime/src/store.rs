@@ -1,6 +1,6 @@
 //! [`Store`]: the pool, the table, and the settings every idempotent endpoint of a
 //! service shares; [`StoreBuilder`] configures one, and checks it once, in
-//! [`StoreBuilder::build`].
+//! [`StoreBuilder::build`](crate::StoreBuilder::build).
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -21,12 +21,12 @@ use crate::table::{
     Dialect, Pooler, PrincipalType, Table, TableName, DEFAULT_STEPS_TABLE, DEFAULT_TABLE,
 };
 
-/// How long [`Store::run_once`] keeps a result by default
-/// ([`RunOnce::ttl`](crate::jobs::RunOnce::ttl)): one day. [`StoreBuilder::redrive_max_age`]
+/// How long [`Store::run_once`](crate::Store::run_once) keeps a result by default
+/// ([`RunOnce::ttl`](crate::jobs::RunOnce::ttl)): one day. [`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)
 /// defaults to it.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// At most one NOTIFY per this interval from one store ([`StoreBuilder::outbox_notify_interval`]).
+/// At most one NOTIFY per this interval from one store ([`StoreBuilder::outbox_notify_interval`](crate::StoreBuilder::outbox_notify_interval)).
 const DEFAULT_NOTIFY_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How a store finds the principal of a request.
@@ -85,39 +85,39 @@ pub(crate) struct Settings {
     pub(crate) steps_table: TableName,
     /// Its statements, rendered.
     pub(crate) steps: StepsTable,
-    /// Where events are written ([`StoreBuilder::outbox_table`]).
+    /// Where events are written ([`StoreBuilder::outbox_table`](crate::StoreBuilder::outbox_table)).
     pub(crate) outbox_table: TableName,
     /// Where completable requests are stored with their first step
-    /// ([`StoreBuilder::requests_table`]).
+    /// ([`StoreBuilder::requests_table`](crate::StoreBuilder::requests_table)).
     pub(crate) requests_table: TableName,
     /// Its statements, rendered.
     pub(crate) requests: RequestsTable,
     /// The headers a completable request is stored with, besides the key's
-    /// ([`StoreBuilder::stored_headers`]).
+    /// ([`StoreBuilder::stored_headers`](crate::StoreBuilder::stored_headers)).
     pub(crate) stored_headers: Vec<HeaderName>,
     /// The longest a step's call may take.
     pub(crate) step_timeout: Duration,
     /// How old a dead event may be for a re-drive that is not forced
-    /// ([`StoreBuilder::redrive_max_age`]).
+    /// ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)).
     pub(crate) redrive_max_age: Duration,
-    /// Committed answers replayed from memory ([`StoreBuilder::replay_cache`]); `None`:
+    /// Committed answers replayed from memory ([`StoreBuilder::replay_cache`](crate::StoreBuilder::replay_cache)); `None`:
     /// every replay asks PostgreSQL.
     pub(crate) answers: Option<Answers>,
     /// How long a request that recorded a step may make none before it counts as
-    /// abandoned ([`StoreBuilder::abandoned_after`]).
+    /// abandoned ([`StoreBuilder::abandoned_after`](crate::StoreBuilder::abandoned_after)).
     pub(crate) abandoned_after: Duration,
-    /// Where operators' actions are recorded ([`StoreBuilder::audit_table`]).
+    /// Where operators' actions are recorded ([`StoreBuilder::audit_table`](crate::StoreBuilder::audit_table)).
     pub(crate) audit_table: TableName,
     /// Its statements, rendered.
     pub(crate) audit: AuditTable,
     /// The connections for writes that must commit outside a request's transaction
-    /// ([`Store::outside`]): given, or made on first use.
+    /// ([`Store::outside`](crate::Store::outside)): given, or made on first use.
     outside: OnceLock<PgPool>,
-    /// Whether `outside` was given ([`StoreBuilder::step_pool`]): [`Store::verify`]
+    /// Whether `outside` was given ([`StoreBuilder::step_pool`](crate::StoreBuilder::step_pool)): [`Store::verify`](crate::Store::verify)
     /// checks it too.
     pub(crate) step_pool_given: bool,
     outside_connections: u32,
-    /// Where a test makes the process die ([`StoreBuilder::failpoints`]).
+    /// Where a test makes the process die ([`StoreBuilder::failpoints`](crate::StoreBuilder::failpoints)).
     #[cfg(feature = "failpoints")]
     pub(crate) failpoints: Option<Arc<crate::failpoint::Failpoints>>,
 }
@@ -174,28 +174,16 @@ impl Store {
         &self.inner.pool
     }
 
-    /// What this store was told sits in front of PostgreSQL ([`StoreBuilder::pooler`]),
+    /// What this store was told sits in front of PostgreSQL ([`StoreBuilder::pooler`](crate::StoreBuilder::pooler)),
     /// for statements of one's own that must follow the same rule, such as a queue
-    /// consumer's inside [`Store::run_once`]: behind [`Pooler::Transaction`], send them
+    /// consumer's inside [`Store::run_once`](crate::Store::run_once): behind [`Pooler::Transaction`], send them
     /// unnamed (sqlx's `.persistent(false)`).
     pub fn pooler(&self) -> Pooler {
         self.inner.dialect.pooler
     }
 
-    /// How long a request that recorded a step may go without committing before it
-    /// counts as abandoned ([`StoreBuilder::abandoned_after`]).
-    pub fn abandoned_after(&self) -> Duration {
-        self.inner.abandoned_after
-    }
-
-    /// The re-drive window ([`StoreBuilder::redrive_max_age`]): a dead event written
-    /// at least this long ago is re-driven only when forced.
-    pub fn redrive_max_age(&self) -> Duration {
-        self.inner.redrive_max_age
-    }
-
     /// This store's tables: their names and the SQL that creates them, with the names
-    /// and the principal type it was built with. [`Store::migrate`] runs that SQL.
+    /// and the principal type it was built with. [`Store::migrate`](crate::Store::migrate) runs that SQL.
     pub fn schema(&self) -> crate::schema::Schema<'_> {
         let settings = &self.inner;
         crate::schema::Schema {
@@ -216,7 +204,7 @@ impl Store {
     /// record), apart from the requests' pool: a request holds its own connection while
     /// such a write waits for one, so sharing one pool could leave every connection
     /// held by a request that waits for another. Made on first use from the main pool's
-    /// connect options, unless one was given ([`StoreBuilder::step_pool`]).
+    /// connect options, unless one was given ([`StoreBuilder::step_pool`](crate::StoreBuilder::step_pool)).
     pub(crate) fn outside(&self) -> &PgPool {
         let settings = &self.inner;
         settings.outside.get_or_init(|| {
@@ -256,7 +244,7 @@ impl fmt::Debug for Store {
     }
 }
 
-/// Configures a [`Store`]; see [`Store::builder`]. Setters only record; [`build`]
+/// Configures a [`Store`]; see [`Store::builder`](crate::Store::builder). Setters only record; [`build`]
 /// checks everything at once.
 ///
 /// [`build`]: StoreBuilder::build
@@ -304,7 +292,7 @@ impl StoreBuilder {
     /// How long a request that recorded a step ([`Tx::step`](crate::Tx::step)) may go
     /// without committing or recording another before it counts as abandoned (default 5
     /// minutes): what the console's "Abandoned" page lists by default, and what the
-    /// sweeper ([`Store::spawn_sweeper`]) counts in the gauge `idem_abandoned_requests`
+    /// sweeper ([`Store::spawn_sweeper`](crate::Store::spawn_sweeper)) counts in the gauge `idem_abandoned_requests`
     /// (feature `metrics`). Set it above the longest a handler of yours takes after a
     /// step, or requests in flight are counted.
     pub fn abandoned_after(mut self, idle: Duration) -> Self {
@@ -321,7 +309,7 @@ impl StoreBuilder {
     /// request goes to PostgreSQL as before.
     ///
     /// What it costs: a purge of a key on another instance (`idem key purge`, the
-    /// console, [`Store::purge_key`] on another store), or the expiry of an answer this
+    /// console, [`Audited::purge_key`](crate::operate::Audited::purge_key) on another store), or the expiry of an answer this
     /// store only read, is seen here up to `max_stale` late, and a retry meanwhile replays
     /// the answer that was purged or expired. A purge through this store empties the
     /// cache at once. Keep `max_stale` short (a second or a few) where operators purge
@@ -354,8 +342,8 @@ impl StoreBuilder {
     /// sets the claim's `lock_timeout` (and `statement_timeout`) with `SET LOCAL` (one
     /// more statement per request, and one more after a fresh claim to give the handler
     /// the session's default `lock_timeout` back), and sweeps without row locks.
-    /// [`Store::schema`] then ends with the distribution statement, as a comment;
-    /// [`Store::distribute`] runs it. The claim's `SET LOCAL` batch also sets
+    /// [`Store::schema`](crate::Store::schema) then ends with the distribution statement, as a comment;
+    /// [`Store::distribute`](crate::Store::distribute) runs it. The claim's `SET LOCAL` batch also sets
     /// `citus.propagate_set_commands = 'local'`, so that on Citus its wait bound reaches
     /// the worker holding the key (without it, duplicates wait for the request in flight
     /// instead of being answered 409); elsewhere that is an unused placeholder setting.
@@ -378,7 +366,7 @@ impl StoreBuilder {
     /// UUID in its usual form, or a decimal integer. The type's zero value (the nil
     /// UUID, 0) is the nobody value, where keys without a principal are kept outside the
     /// portable mode, so a request whose principal is that value is refused with 400
-    /// (`invalid-principal`). Set it before [`Store::migrate`]
+    /// (`invalid-principal`). Set it before [`Store::migrate`](crate::Store::migrate)
     /// creates the table; it does not change an existing one.
     pub fn principal_type(mut self, principal_type: PrincipalType) -> Self {
         self.dialect.principal_type = principal_type;
@@ -388,14 +376,14 @@ impl StoreBuilder {
     /// The table idem keeps its records in: `name` or `schema.name` (default
     /// `idempotency_keys` in the connection's default schema), each part 1 to 48
     /// characters of lowercase ASCII letters, digits and `_`, not starting with a digit.
-    /// [`Store::migrate`] creates the schema too.
+    /// [`Store::migrate`](crate::Store::migrate) creates the schema too.
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
     }
 
     /// The outbox table events are written to ([`Tx::emit`](crate::Tx::emit)): `name` or
-    /// `schema.name`, as for [`StoreBuilder::table`] (default `idem_outbox`, in the
+    /// `schema.name`, as for [`StoreBuilder::table`](crate::StoreBuilder::table) (default `idem_outbox`, in the
     /// schema of the idempotency table).
     pub fn outbox_table(mut self, name: impl Into<String>) -> Self {
         self.outbox_table = Some(name.into());
@@ -427,10 +415,10 @@ impl StoreBuilder {
         self
     }
 
-    /// The re-drive window (default one day, [`Store::run_once`]'s default ttl): a dead
+    /// The re-drive window (default one day, [`Store::run_once`](crate::Store::run_once)'s default ttl): a dead
     /// event written at least this long ago (its age counted from its `created_at`, by
     /// the database's clock) is made pending again only by a forced re-drive
-    /// ([`Store::redrive_dead_forced`]); [`Store::redrive_dead`] refuses a selection
+    /// ([`Audited::redrive_dead_forced`](crate::operate::Audited::redrive_dead_forced)); [`Audited::redrive_dead`](crate::operate::Audited::redrive_dead) refuses a selection
     /// that holds one, and moves nothing.
     ///
     /// Set it to the ttl of the records your consumers deduplicate deliveries on
@@ -449,7 +437,7 @@ impl StoreBuilder {
     }
 
     /// The table steps are recorded in ([`Tx::step`](crate::Tx::step)): `name` or
-    /// `schema.name`, as for [`StoreBuilder::table`] (default `idempotency_steps`, in the
+    /// `schema.name`, as for [`StoreBuilder::table`](crate::StoreBuilder::table) (default `idempotency_steps`, in the
     /// schema of the idempotency table).
     pub fn steps_table(mut self, name: impl Into<String>) -> Self {
         self.steps_table = Some(name.into());
@@ -458,7 +446,7 @@ impl StoreBuilder {
 
     /// The table a completable endpoint's requests are stored in with their first step
     /// (`#[idempotent(.., completable = true)]`, [`crate::complete`]): `name` or
-    /// `schema.name`, as for [`StoreBuilder::table`] (default `idempotency_requests`, in
+    /// `schema.name`, as for [`StoreBuilder::table`](crate::StoreBuilder::table) (default `idempotency_requests`, in
     /// the schema of the idempotency table). It lives where the steps do.
     pub fn requests_table(mut self, name: impl Into<String>) -> Self {
         self.requests_table = Some(name.into());
@@ -478,8 +466,8 @@ impl StoreBuilder {
         self
     }
 
-    /// The table operators' actions are recorded in ([`Store::audited`]): `name` or
-    /// `schema.name`, as for [`StoreBuilder::table`] (default `idem_audit`, in the schema
+    /// The table operators' actions are recorded in ([`Operate::audited`](crate::operate::Operate::audited)): `name` or
+    /// `schema.name`, as for [`StoreBuilder::table`](crate::StoreBuilder::table) (default `idem_audit`, in the schema
     /// of the idempotency table).
     pub fn audit_table(mut self, name: impl Into<String>) -> Self {
         self.audit_table = Some(name.into());
@@ -528,7 +516,7 @@ impl StoreBuilder {
     }
 
     /// Replaces the response headers stored and replayed (see
-    /// [`StoreBuilder::replay_header`] for the default list).
+    /// [`StoreBuilder::replay_header`](crate::StoreBuilder::replay_header) for the default list).
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.replay_headers = Vec::new();
         for name in names {
@@ -815,7 +803,8 @@ mod tests {
         assert!(format!("{store:?}").contains("ops.keys"));
         // The audit table sits beside the idempotency table unless named.
         assert!(store
-            .schema().audit_sql
+            .schema()
+            .audit_sql
             .contains("CREATE TABLE IF NOT EXISTS \"ops\".\"idem_audit\""));
         let error = Store::builder(lazy_pool())
             .audit_table("ops.Audit")
@@ -827,12 +816,16 @@ mod tests {
             .build()
             .unwrap();
         assert!(store
-            .schema().audit_sql
+            .schema()
+            .audit_sql
             .contains("CREATE TABLE IF NOT EXISTS \"trail\".\"actions\""));
     }
 
     #[tokio::test]
     async fn the_default_store_uses_the_shipped_sql() {
-        assert_eq!(Store::new(lazy_pool()).schema().keys_sql, crate::schema::DEFAULT.keys_sql);
+        assert_eq!(
+            Store::new(lazy_pool()).schema().keys_sql,
+            crate::schema::DEFAULT.keys_sql
+        );
     }
 }

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem::jobs::OnceError;
 use idem::outbox::Received;
 use idem::{Pooler, Store};
-use idem::jobs::OnceError;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

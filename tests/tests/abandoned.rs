@@ -1,8 +1,8 @@
 //! Abandoned requests, visible (issue 38, its first part): a request that recorded a
-//! step and has not committed is listed by `Store::abandoned` and on the console's
+//! step and has not committed is listed by `Operate::abandoned` and on the console's
 //! `/abandoned` page once it has made no step for the window asked, and the sweeper
 //! counts it in the gauge `idem_abandoned_requests`; its client's retry, which commits,
-//! takes it off. And found (issue 39): `Store::abandoned_page` filters them and reads them
+//! takes it off. And found (issue 39): `Operate::abandoned_page` filters them and reads them
 //! a page at a time by keyset, on a principal column of another type than text too (the
 //! list read a `uuid` principal as text and failed).
 
@@ -15,8 +15,8 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::operate::{AbandonedCursor, AbandonedFilter, CompletionStage};
-use idem::{idempotent, Store, Tx};
 use idem::schema::PrincipalType;
+use idem::{idempotent, Store, Tx};
 use idem_tests::{with_test_db, TestApp};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde::Deserialize;
@@ -135,7 +135,7 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
             .await;
         assert_eq!(done.status, 201, "{done:?}");
 
-        let listed = store.abandoned(Duration::ZERO, 10).await.unwrap();
+        let listed = store.operate().abandoned(Duration::ZERO, 10).await.unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
         let first = &listed[0];
         assert_eq!(
@@ -151,6 +151,7 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
         gauge_reaches(&snapshotter, 1.0).await;
         // Within the window it may still be working: not listed.
         let recent = store
+            .operate()
             .abandoned(Duration::from_secs(3_600), 10)
             .await
             .unwrap();
@@ -173,6 +174,7 @@ async fn a_request_that_stopped_after_its_steps_is_listed_until_it_commits() {
         assert_eq!(retried.status, 201, "{retried:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one call per request");
         assert!(store
+            .operate()
             .abandoned(Duration::ZERO, 10)
             .await
             .unwrap()
@@ -241,7 +243,7 @@ async fn abandoned_requests_are_found_a_page_at_a_time() {
         let mut seen = Vec::new();
         // Bounded: a cursor that does not move on repeats a page.
         for _ in 0..10 {
-            let page = store.abandoned_page(&all, after.as_ref(), 1).await.unwrap();
+            let page = store.operate().abandoned_page(&all, after.as_ref(), 1).await.unwrap();
             assert_eq!(page.rows.len(), 1, "{page:?}");
             assert_eq!(
                 page.next.as_ref().map(ToString::to_string),
@@ -255,7 +257,7 @@ async fn abandoned_requests_are_found_a_page_at_a_time() {
             }
         }
         assert_eq!(seen, ["p-1", "p-2", "p-3", "q-4"]);
-        let first = &store.abandoned_page(&all, None, 1).await.unwrap().rows[0];
+        let first = &store.operate().abandoned_page(&all, None, 1).await.unwrap().rows[0];
         assert_eq!((first.principal.as_str(), first.steps.len()), (A, 2));
         assert_eq!(
             first.completion.as_ref().map(|c| c.state.as_str()),
@@ -265,7 +267,7 @@ async fn abandoned_requests_are_found_a_page_at_a_time() {
         let find = async |edit: &dyn Fn(&mut AbandonedFilter)| {
             let mut filter = AbandonedFilter::default();
             edit(&mut filter);
-            keys(&store.abandoned_page(&filter, None, 10).await.unwrap().rows)
+            keys(&store.operate().abandoned_page(&filter, None, 10).await.unwrap().rows)
         };
         assert_eq!(
             find(&|f| f.scope = Some("charges".into())).await,
@@ -298,7 +300,7 @@ async fn abandoned_requests_are_found_a_page_at_a_time() {
         );
         // The old signature reads the first page of the same list.
         assert_eq!(
-            keys(&store.abandoned(Duration::ZERO, 2).await.unwrap()),
+            keys(&store.operate().abandoned(Duration::ZERO, 2).await.unwrap()),
             ["p-1", "p-2"]
         );
     })

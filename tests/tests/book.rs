@@ -19,9 +19,9 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use idem::schema::PrincipalType;
 use idem::webhook::{GitHub, Signed, StandardWebhooks, Verifier};
 use idem::{idempotent, Pooler, Problem, Store, Tx};
-use idem::schema::PrincipalType;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -219,10 +219,10 @@ mod snippets {
     async fn audited(store: Store) -> Result<(), Box<dyn Error>> {
         use idem::operate::Operator;
 
-        let ops = store.audited(Operator::new("ana@example.com", "support-tool"));
+        let ops = store.operate().audited(Operator::new("ana@example.com", "support-tool"));
         ops.purge_key("charges", "acct_1", "order-42").await?;   // its row commits with the delete
-        let page = store.audit_log(50, None).await?;              // newest first
-        let next = store.audit_log(50, page.last().map(|e| e.id)).await?;
+        let page = store.operate().audit_log(50, None).await?;              // newest first
+        let next = store.operate().audit_log(50, page.last().map(|e| e.id)).await?;
         Ok(())
     }
 

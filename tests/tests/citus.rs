@@ -16,8 +16,8 @@ use std::time::Duration;
 use charges::Config;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
-use idem::{Store, VerifyError};
 use idem::schema::Distribution;
+use idem::{Store, VerifyError};
 use idem_tests::{count, example_deliveries, post, send, tally, Answer, Citus, TestApp};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -210,7 +210,7 @@ async fn the_contract_holds_on_citus_with_tables_distributed_by_the_code() {
         .await
         .unwrap();
     }
-    let abandoned = again.abandoned(Duration::ZERO, 10).await.unwrap();
+    let abandoned = again.operate().abandoned(Duration::ZERO, 10).await.unwrap();
     let found: Vec<(&str, &str)> = abandoned
         .iter()
         .map(|a| (a.principal.as_str(), a.key.as_str()))
@@ -557,13 +557,29 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     store.verify().await.unwrap();
     // One short single-shard transaction per row (the portable sweep).
     let started = std::time::Instant::now();
-    assert_eq!(store.purge_expired(64).await.unwrap(), 120);
+    assert_eq!(
+        store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .purge_expired(64)
+            .await
+            .unwrap(),
+        120
+    );
     eprintln!(
         "citus: 120 expired rows swept in {:?}, one transaction a row",
         started.elapsed()
     );
     assert_eq!(s.keys().await, 5, "the live records stay");
-    assert_eq!(store.purge_expired(64).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .purge_expired(64)
+            .await
+            .unwrap(),
+        0
+    );
 
     // The sweeper task, as the example starts it.
     sqlx::query(
@@ -588,7 +604,12 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
 
     // With nothing expired, a sweep reads one index probe per shard and writes nothing:
     // no delete on any worker, no WAL, no two-phase commit.
-    store.purge_expired(1_000).await.unwrap(); // prunes what the deletes left, once
+    store
+        .operate()
+        .audited(idem::operate::Operator::new("tests", "test"))
+        .purge_expired(1_000)
+        .await
+        .unwrap(); // prunes what the deletes left, once
     cluster
         .coordinator
         .run("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -598,7 +619,15 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     }
     let commits = two_phase_commits(&s.pool).await;
     for _ in 0..5 {
-        assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(1_000)
+                .await
+                .unwrap(),
+            0
+        );
     }
     assert_eq!(two_phase_commits(&s.pool).await, commits);
     let mut probes = 0;

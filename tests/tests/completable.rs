@@ -246,7 +246,7 @@ async fn an_abandon_compensates_once_and_its_key_answers_410() {
                     }
                 }
             });
-        let operator = store.audited(Operator::new("ops", "test"));
+        let operator = store.operate().audited(Operator::new("ops", "test"));
         assert!(!operator
             .complete_request("plain", "acct_2", "k-2")
             .await

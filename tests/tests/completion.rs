@@ -332,6 +332,7 @@ async fn the_contract(mode: &Mode) {
     .build()
     .expect("a store");
     let listed = store
+        .operate()
         .abandoned(Duration::ZERO, 100)
         .await
         .expect("the abandoned requests");
@@ -353,7 +354,7 @@ async fn the_contract(mode: &Mode) {
         p.refunds().is_empty(),
         "{name}: nothing refunded before the abandon"
     );
-    let operator = store.audited(Operator::new("ops", "test"));
+    let operator = store.operate().audited(Operator::new("ops", "test"));
     assert!(operator
         .abandon_request("charges", ACCOUNT, "k-forever")
         .await

@@ -311,9 +311,14 @@ async fn every_page(app: &TestApp, store: &Store) {
         "the body stays hidden: {key}"
     );
     // The events job-1 wrote, found by the ids its key derives: two dead, two pending.
-    let dead_events = store.dead_events(10).await.unwrap();
+    let dead_events = store
+        .operate()
+        .dead_events_in(&idem::operate::DeadSelection::All, 10)
+        .await
+        .unwrap();
     assert_eq!(dead_events.len(), 2);
     let pending = store
+        .operate()
         .pending_events(&EventFilter::default(), None, 10)
         .await
         .unwrap();
@@ -352,7 +357,7 @@ async fn every_page(app: &TestApp, store: &Store) {
     // ran until idle and closed its own) and the example's relay figures, which it has
     // not (no NATS).
     assert!(outbox.contains("<main data-live=\"5\">"), "{outbox}");
-    assert!(store.outbox_relays().await.unwrap().is_empty());
+    assert!(store.operate().outbox_relays().await.unwrap().is_empty());
     assert!(
         outbox.contains("No relay holds a session now")
             && outbox.contains("No relay of this process was given to the console"),
@@ -366,7 +371,11 @@ async fn every_page(app: &TestApp, store: &Store) {
     )
     .await;
     assert_eq!(status, 200, "{held}");
-    let errors = store.event_errors(&pending.rows[0].id).await.unwrap();
+    let errors = store
+        .operate()
+        .event_errors(&pending.rows[0].id)
+        .await
+        .unwrap();
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_attempts(&held, &errors);
     assert!(held.contains("backoff, or a lease by time"), "{held}");
@@ -420,7 +429,11 @@ async fn every_page(app: &TestApp, store: &Store) {
     );
     // Issue 39: a dead event's page has its attempt history; a dead event's id on the
     // pending events' page leads there, an unknown one is 404.
-    let errors = store.event_errors(&dead_events[0].id).await.unwrap();
+    let errors = store
+        .operate()
+        .event_errors(&dead_events[0].id)
+        .await
+        .unwrap();
     assert!(!errors.is_empty());
     assert_attempts(&one, &errors);
     let (status, moved) = get(
@@ -464,7 +477,12 @@ async fn every_page(app: &TestApp, store: &Store) {
     .await;
     assert_eq!(status, 403);
     assert_eq!(
-        store.dead_events(10).await.unwrap().len(),
+        store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .len(),
         2,
         "nothing moved"
     );
@@ -490,7 +508,16 @@ async fn every_page(app: &TestApp, store: &Store) {
     .await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains(">Re-drive 2 events</button>"), "{page}");
-    assert_eq!(store.dead_events(10).await.unwrap().len(), 2, "a preview");
+    assert_eq!(
+        store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "a preview"
+    );
     let confirmation = form_of(&preview, "/admin/idem/dead/redrive");
     let (status, refused) = post_as(
         app,
@@ -501,11 +528,25 @@ async fn every_page(app: &TestApp, store: &Store) {
     .await;
     assert_eq!(status, 403, "{refused}");
     assert!(refused.contains("role is read-only"), "{refused}");
-    assert_eq!(store.dead_events(10).await.unwrap().len(), 2, "refused");
+    assert_eq!(
+        store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "refused"
+    );
     let (status, page) = post(app, "/admin/idem/dead/redrive", &pairs(&confirmation)).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Re-drove 2 dead event(s)"), "{page}");
-    assert!(store.dead_events(10).await.unwrap().is_empty());
+    assert!(store
+        .operate()
+        .dead_events_in(&idem::operate::DeadSelection::All, 10)
+        .await
+        .unwrap()
+        .is_empty());
     let (status, page) = post(
         app,
         "/admin/idem/key/purge",
@@ -553,7 +594,7 @@ async fn every_page(app: &TestApp, store: &Store) {
         "{audit}"
     );
     assert_eq!(audit.matches("<td>console</td>").count(), 3, "{audit}");
-    let entries = store.audit_log(10, None).await.unwrap();
+    let entries = store.operate().audit_log(10, None).await.unwrap();
     let (status, older) = get(
         app,
         &format!("/admin/idem/audit?before={}", entries[0].id),
@@ -779,7 +820,11 @@ async fn every_page_on_postgresql() {
             "{key}"
         );
         seed(&store).await;
-        let parked = store.dead_events(10).await.unwrap();
+        let parked = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         let (status, event) =
             get(&open, &format!("/ops/dead/event?id={}", parked[0].id), None).await;
         assert_eq!(status, 200, "{event}");
@@ -796,7 +841,15 @@ async fn every_page_on_postgresql() {
             404,
             "no action without .actions(true)"
         );
-        assert_eq!(store.dead_events(10).await.unwrap().len(), parked.len());
+        assert_eq!(
+            store
+                .operate()
+                .dead_events_in(&idem::operate::DeadSelection::All, 10)
+                .await
+                .unwrap()
+                .len(),
+            parked.len()
+        );
     })
     .await;
 }
@@ -905,7 +958,7 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
         .unwrap();
         emit("job-2", &["nowhere.c"]).await;
         let selection = DeadSelection::Reason(reason.into());
-        assert_eq!(store.dead_count(&selection).await.unwrap(), 4);
+        assert_eq!(store.operate().dead_count(&selection).await.unwrap(), 4);
 
         let (status, page) = as_role(
             &app,
@@ -924,7 +977,8 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
             "{page}"
         );
         let mut left: Vec<String> = store
-            .dead_events(10)
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
             .await
             .unwrap()
             .into_iter()
@@ -932,7 +986,7 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
             .collect();
         left.sort();
         assert_eq!(left, ["nowhere.c", "slow.x"]);
-        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        let entry = &store.operate().audit_log(1, None).await.unwrap()[0];
         let through = &confirmation
             .iter()
             .find(|(n, _)| n == "through")
@@ -968,7 +1022,7 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
             ),
             "{page}"
         );
-        assert_eq!(store.dead_count(&selection).await.unwrap(), 2);
+        assert_eq!(store.operate().dead_count(&selection).await.unwrap(), 2);
         let (status, page) = as_role(
             &app,
             "admin",
@@ -978,7 +1032,7 @@ async fn a_confirmation_acts_on_what_its_preview_counted() {
         .await;
         assert_eq!(status, 200, "{page}");
         assert!(page.contains("Discarded 2 dead event(s)."), "{page}");
-        assert_eq!(store.dead_count(&selection).await.unwrap(), 0);
+        assert_eq!(store.operate().dead_count(&selection).await.unwrap(), 0);
     })
     .await;
 }
@@ -1040,12 +1094,22 @@ async fn a_read_only_operator_is_refused_with_a_valid_token() {
             assert!(page.contains("role is read-only"), "{path}: {page}");
         }
         assert_eq!(
-            store.dead_events(10).await.unwrap().len(),
+            store
+                .operate()
+                .dead_events_in(&idem::operate::DeadSelection::All, 10)
+                .await
+                .unwrap()
+                .len(),
             2,
             "nothing moved"
         );
         assert!(store.inspect("jobs", "", "job-2").await.unwrap().is_some());
-        assert!(store.audit_log(10, None).await.unwrap().is_empty());
+        assert!(store
+            .operate()
+            .audit_log(10, None)
+            .await
+            .unwrap()
+            .is_empty());
 
         let (status, page) = as_role(
             &app,
@@ -1069,7 +1133,11 @@ async fn a_read_only_operator_is_refused_with_a_valid_token() {
 async fn a_redrive_past_the_window_asks_first() {
     with_test_db(async |db| {
         let (pool, store) = seeded(db, 10).await;
-        let parked = store.dead_events(10).await.unwrap();
+        let parked = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         let (old, young) = (&parked[0].id, &parked[1].id);
         sqlx::query("UPDATE idem_outbox SET created_at = now() - interval '3 days' WHERE id = $1")
             .bind(old)
@@ -1128,7 +1196,12 @@ async fn a_redrive_past_the_window_asks_first() {
         );
         assert_eq!(form_of(&page, "/ops/dead/redrive"), forced);
         assert_eq!(
-            store.dead_events(10).await.unwrap().len(),
+            store
+                .operate()
+                .dead_events_in(&idem::operate::DeadSelection::All, 10)
+                .await
+                .unwrap()
+                .len(),
             2,
             "nothing moved"
         );
@@ -1136,8 +1209,13 @@ async fn a_redrive_past_the_window_asks_first() {
             as_role(&app, "admin", "/ops/dead/redrive", Some(&pairs(&forced))).await;
         assert_eq!(status, 200, "{page}");
         assert!(page.contains("Re-drove 2 dead event(s)"), "{page}");
-        assert!(store.dead_events(10).await.unwrap().is_empty());
-        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        assert!(store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let entry = &store.operate().audit_log(1, None).await.unwrap()[0];
         assert_eq!((entry.action.as_str(), entry.rows), ("redrive_forced", 2));
     })
     .await;
@@ -1306,7 +1384,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
             request_state(&pool, "k-failed").await,
             Some(("failed".to_owned(), 5))
         );
-        assert!(store.audit_log(10, None).await.unwrap().is_empty());
+        assert!(store.operate().audit_log(10, None).await.unwrap().is_empty());
 
         // Abandon: the confirmation page names the request and says what follows; a form
         // without `confirmed` is answered that page; its button abandons.
@@ -1373,7 +1451,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
             request_state(&pool, "k-failed").await,
             Some(("abandoning".to_owned(), 5))
         );
-        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        let entry = &store.operate().audit_log(1, None).await.unwrap()[0];
         assert_eq!(
             (
                 entry.operator.as_str(),
@@ -1443,7 +1521,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
             request_state(&pool, "k-parked").await,
             Some(("pending".to_owned(), 0))
         );
-        let entry = &store.audit_log(1, None).await.unwrap()[0];
+        let entry = &store.operate().audit_log(1, None).await.unwrap()[0];
         assert_eq!(
             (entry.action.as_str(), entry.filter.as_str(), entry.rows),
             (
@@ -1491,7 +1569,7 @@ async fn an_abandoned_request_is_completed_or_abandoned_by_an_admin() {
         )
         .await;
         assert_eq!(status, 404);
-        assert_eq!(store.audit_log(10, None).await.unwrap().len(), 2);
+        assert_eq!(store.operate().audit_log(10, None).await.unwrap().len(), 2);
 
         // A request its endpoint did not store is abandoned all the same: listed as not
         // completable and abandoning, without actions.
@@ -1581,7 +1659,7 @@ async fn a_relay_shows_as_its_host_and_process_with_its_figures() {
         })
         .await;
 
-        let sessions = store.outbox_relays().await.unwrap();
+        let sessions = store.operate().outbox_relays().await.unwrap();
         assert_eq!(sessions.len(), 1, "{sessions:?}");
         let pid = format!(" pid <code>{}</code>", std::process::id());
         let (_, overview) = get(&app, "/ops", None).await;
@@ -1605,7 +1683,7 @@ async fn a_relay_shows_as_its_host_and_process_with_its_figures() {
         // An event the relay holds: its lease names the relay's host and process.
         emit("job-2", &["hold.x"]).await;
         let lease = until("the event leased by the relay", async || {
-            let leases = store.outbox_leases(10).await.ok()?;
+            let leases = store.operate().outbox_leases(10).await.ok()?;
             leases.into_iter().find(|l| l.owner.is_some())
         })
         .await;
@@ -2003,7 +2081,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             .await
             .unwrap();
         assert_eq!(marker, json!("loaded once"), "refreshed without a reload");
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store.operate().dead_events_in(&idem::operate::DeadSelection::All, 10).await.unwrap();
         assert_eq!(dead.len(), 2, "{dead:?}");
         screenshot(&browser, "overview").await;
         // Paused, it holds still while the test reads it.
@@ -2068,7 +2146,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
             table.text().await.ok()
         })
         .await;
-        let errors = store.event_errors(&dead[0].id).await.unwrap();
+        let errors = store.operate().event_errors(&dead[0].id).await.unwrap();
         assert_eq!(errors.len(), 3, "{errors:?}");
         let rows: Vec<&str> = history.lines().skip(1).collect();
         assert_eq!(rows.len(), 3, "{history}");
@@ -2406,7 +2484,7 @@ async fn an_operator_redrives_a_dead_event_in_chromium() {
         .await;
         assert!(refused.contains("role is read-only"), "{refused}");
         assert!(store
-            .key("charges", "acct_1", "order-1", false)
+            .operate().key("charges", "acct_1", "order-1", false)
             .await
             .unwrap()
             .is_some());

@@ -28,7 +28,7 @@
 //! - every final answer (not a 409, not a 5xx) after the key's first is that one, byte
 //!   for byte (until a purge);
 //! - nothing is invisible: a key whose processor's call was recorded ends charged,
-//!   answering 410, or listed by `Store::abandoned` for an operator.
+//!   answering 410, or listed by `Operate::abandoned` for an operator.
 //!
 //! A failure prints the shrunk history and the seed. CI runs `IDEM_MODEL_CASES` histories
 //! (default 16) from a seed of the day's date unless `IDEM_MODEL_SEED` is set; long runs
@@ -365,7 +365,7 @@ impl Service {
                 }
             }
             Action::Abandon { key } => {
-                let operator = self.store.audited(Operator::new("ops", "model"));
+                let operator = self.store.operate().audited(Operator::new("ops", "model"));
                 let marked = operator
                     .abandon_request("charges", "", &format!("k{key}"))
                     .await
@@ -373,7 +373,7 @@ impl Service {
                 self.history.push(format!("{action:?} -> {marked}"));
             }
             Action::CompleteNow { key } => {
-                let operator = self.store.audited(Operator::new("ops", "model"));
+                let operator = self.store.operate().audited(Operator::new("ops", "model"));
                 let marked = operator
                     .complete_request("charges", "", &format!("k{key}"))
                     .await
@@ -386,7 +386,7 @@ impl Service {
             }
             Action::Purge { key } => {
                 let key = format!("k{key}");
-                let operator = self.store.audited(Operator::new("ops", "model"));
+                let operator = self.store.operate().audited(Operator::new("ops", "model"));
                 let purged = operator
                     .purge_key("charges", "", &key)
                     .await
@@ -455,6 +455,7 @@ impl Service {
         }
         let listed: HashSet<String> = self
             .store
+            .operate()
             .abandoned(Duration::ZERO, 100)
             .await
             .map_err(|e| e.to_string())?

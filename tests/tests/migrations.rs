@@ -8,9 +8,9 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use idem::{idempotent, Store, Tx, VerifyError};
-use idem::schema::MIGRATIONS;
 use idem::schema;
+use idem::schema::MIGRATIONS;
+use idem::{idempotent, Store, Tx, VerifyError};
 use idem_tests::{with_test_db, TestApp};
 use sqlx::migrate::Migrator;
 use sqlx::{AssertSqlSafe, PgPool};
@@ -122,7 +122,10 @@ async fn a_missing_table_is_named() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_column_is_named() {
-    let setup = format!("{}\nALTER TABLE idempotency_keys DROP COLUMN field_hashes;", schema::DEFAULT.keys_sql);
+    let setup = format!(
+        "{}\nALTER TABLE idempotency_keys DROP COLUMN field_hashes;",
+        schema::DEFAULT.keys_sql
+    );
     let error = verify_after(&setup).await.expect_err("no column");
     assert!(
         matches!(
@@ -172,7 +175,9 @@ async fn an_outbox_without_its_attempt_history_is_named() {
 /// step or audited action would fail, so `verify` names the table.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_audit_or_outbox_table_is_named() {
-    let error = verify_after(schema::DEFAULT.keys_sql).await.expect_err("no outbox");
+    let error = verify_after(schema::DEFAULT.keys_sql)
+        .await
+        .expect_err("no outbox");
     assert!(
         error.to_string().contains("`idem_outbox` does not exist"),
         "{error}"
@@ -193,7 +198,9 @@ async fn a_missing_audit_or_outbox_table_is_named() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_column_of_the_wrong_type_is_named() {
-    let setup = schema::DEFAULT.keys_sql.replace("status       smallint", "status       text");
+    let setup = schema::DEFAULT
+        .keys_sql
+        .replace("status       smallint", "status       text");
     let error = verify_after(&setup).await.expect_err("wrong type");
     match &error {
         VerifyError::WrongType { column, found, .. } => {
@@ -220,7 +227,9 @@ async fn a_missing_primary_key_is_named() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_principal_of_type_uuid_or_bigint_verifies() {
     for ty in ["uuid", "bigint", "text"] {
-        let setup = schema::DEFAULT.keys_sql.replace("principal    text", &format!("principal    {ty}"));
+        let setup = schema::DEFAULT
+            .keys_sql
+            .replace("principal    text", &format!("principal    {ty}"));
         assert!(setup.contains(&format!("principal    {ty}")));
         verify_after(&with_the_rest(&setup))
             .await
@@ -267,7 +276,10 @@ fn portable(pool: sqlx::PgPool) -> Store {
 /// naming the engine, the setting and the README section.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_that_is_not_portable_on_citus_is_refused() {
-    let setup = format!("{}\n{SIMULATED_CITUS}", with_the_rest(schema::DEFAULT.keys_sql));
+    let setup = format!(
+        "{}\n{SIMULATED_CITUS}",
+        with_the_rest(schema::DEFAULT.keys_sql)
+    );
     let error = verify_with(&setup, Store::new)
         .await
         .expect_err("not portable on Citus");
@@ -288,7 +300,10 @@ async fn a_store_that_is_not_portable_on_citus_is_refused() {
 /// `Store::schema().keys_sql` says, it verifies. Without Citus, a portable store verifies.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_portable_store_on_citus_needs_its_table_distributed_by_principal() {
-    let citus = format!("{}\n{SIMULATED_CITUS}", with_the_rest(schema::DEFAULT.keys_sql));
+    let citus = format!(
+        "{}\n{SIMULATED_CITUS}",
+        with_the_rest(schema::DEFAULT.keys_sql)
+    );
     let distributed = |method: &str, column: &str| {
         format!(
             "{citus}\nINSERT INTO pg_dist_partition \

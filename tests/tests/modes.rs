@@ -11,8 +11,8 @@ use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Pooler, Store, StoreBuilder, Tx};
 use idem::schema::PrincipalType;
+use idem::{idempotent, Pooler, Store, StoreBuilder, Tx};
 use idem_tests::{with_test_db, TestApp, TestDb};
 use serde_json::{json, Value};
 
@@ -116,7 +116,12 @@ async fn sweeps(s: &TestApp, store: &Store) {
     let keys = s.keys().await;
     assert!(keys > 0);
     // Batches of two, until none is left.
-    let removed = store.purge_expired(2).await.expect("purge");
+    let removed = store
+        .operate()
+        .audited(idem::operate::Operator::new("tests", "test"))
+        .purge_expired(2)
+        .await
+        .expect("purge");
     assert_eq!(i64::try_from(removed).unwrap(), keys);
     assert_eq!(s.keys().await, 0);
 }

@@ -172,8 +172,24 @@ async fn purge_reports_what_it_removed() {
     with_test_db(async |db| {
         let (s, store) = start(db, |b| b).await;
         backlog(&s.pool, "idempotency_keys", 2_500, 10).await;
-        assert_eq!(store.purge_expired(1_000).await.unwrap(), 2_500);
-        assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(1_000)
+                .await
+                .unwrap(),
+            2_500
+        );
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(1_000)
+                .await
+                .unwrap(),
+            0
+        );
         assert_eq!(s.count("idempotency_keys").await, 10);
     })
     .await;
@@ -192,13 +208,29 @@ async fn purge_skips_a_row_being_reclaimed() {
             .await
             .unwrap();
         let started = Instant::now();
-        assert_eq!(store.purge_expired(10).await.unwrap(), 2);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(10)
+                .await
+                .unwrap(),
+            2
+        );
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "purge did not wait for the lock"
         );
         reclaiming.rollback().await.unwrap();
-        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(10)
+                .await
+                .unwrap(),
+            1
+        );
     })
     .await;
 }
@@ -221,7 +253,15 @@ async fn the_table_can_live_elsewhere() {
         assert!(!default_exists);
         // The sweeper and the inspection use it too.
         backlog(&s.pool, "ops.idem_records", 5, 0).await;
-        assert_eq!(store.purge_expired(2).await.unwrap(), 5);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(2)
+                .await
+                .unwrap(),
+            5
+        );
         assert!(store.inspect("notes", "", "k1").await.unwrap().is_some());
         // A name that would need quoting is refused up front.
         assert!(Store::builder(s.pool.clone())
@@ -401,7 +441,7 @@ async fn a_sweep_never_answers_409() {
         .execute(&s.pool)
         .await
         .unwrap();
-        let sweep = tokio::spawn(async move { store.purge_expired(20_000).await.unwrap() });
+        let sweep = tokio::spawn(async move { store.operate().audited(idem::operate::Operator::new("tests", "test")).purge_expired(20_000).await.unwrap() });
         // Retries of those keys while the batches delete them: each is treated as new.
         let requests = (0..600).map(|i| {
             let key = format!("k{}", 1 + (i * 7919) % EXPIRED);

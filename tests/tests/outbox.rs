@@ -223,7 +223,8 @@ async fn run_once_work_that_fails_emits_nothing_and_bad_events_are_refused() {
         store.migrate().await.unwrap();
         store.migrate().await.expect("migrate is safe to run again");
         assert!(store
-            .schema().outbox_sql
+            .schema()
+            .outbox_sql
             .contains("\"ops\".\"idem_outbox\""));
         let failed = store
             .run_once("ledger", "m")
@@ -470,18 +471,34 @@ async fn an_events_last_ten_failures_are_kept_with_their_times() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         relay.stopped().await;
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1);
-        let errors = store.event_errors(&dead[0].id).await.unwrap();
+        let errors = store.operate().event_errors(&dead[0].id).await.unwrap();
         let said: Vec<&str> = errors.iter().map(|e| e.error.as_str()).collect();
         let expected: Vec<String> = (3..=12).map(|n| format!("refused {n}")).collect();
         assert_eq!(said, expected);
         assert!(errors.windows(2).all(|w| w[0].at <= w[1].at), "{errors:?}");
         assert_eq!(dead[0].last_error, "refused 12");
         // A re-drive keeps them; a gone event has none.
-        assert_eq!(store.redrive_dead_events(None).await.unwrap(), 1);
-        assert_eq!(store.event_errors(&dead[0].id).await.unwrap(), errors);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .redrive_dead(&idem::operate::DeadSelection::All)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            store.operate().event_errors(&dead[0].id).await.unwrap(),
+            errors
+        );
         assert!(store
+            .operate()
             .event_errors("no-such-event")
             .await
             .unwrap()
@@ -497,7 +514,7 @@ async fn an_events_last_ten_failures_are_kept_with_their_times() {
 async fn the_relays_are_listed_with_their_host_and_process() {
     with_test_db(async |db| {
         let (_pool, store) = migrated(db).await;
-        assert!(store.outbox_relays().await.unwrap().is_empty());
+        assert!(store.operate().outbox_relays().await.unwrap().is_empty());
         let relays: Vec<_> = (0..2)
             .map(|_| {
                 store
@@ -509,7 +526,7 @@ async fn the_relays_are_listed_with_their_host_and_process() {
             .collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         let listed = loop {
-            let listed = store.outbox_relays().await.unwrap();
+            let listed = store.operate().outbox_relays().await.unwrap();
             if listed.len() == 2 || Instant::now() > deadline {
                 break listed;
             }
@@ -526,7 +543,7 @@ async fn the_relays_are_listed_with_their_host_and_process() {
             relay.stopped().await;
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !store.outbox_relays().await.unwrap().is_empty() {
+        while !store.operate().outbox_relays().await.unwrap().is_empty() {
             assert!(
                 Instant::now() < deadline,
                 "the stopped relays' sessions stayed"
@@ -637,7 +654,11 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
         drained_but(&pool, 1).await;
         let stats = relay.stats();
         assert_eq!((stats.published, stats.retried, stats.dead), (9, 2, 1));
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].attempts, 3);
         assert_eq!(dead[0].last_error, "refused");
@@ -652,10 +673,23 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
             [b"0".to_vec(), b"2".to_vec(), b"6".to_vec(), b"8".to_vec()]
         );
         *poisoned.lock().unwrap() = false;
-        assert_eq!(store.redrive_dead_events(None).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .redrive_dead(&idem::operate::DeadSelection::All)
+                .await
+                .unwrap(),
+            1
+        );
         let events = recorder.wait_for(10, Duration::from_secs(5)).await;
         assert_eq!(events[9].payload, b"4");
-        assert!(store.dead_events(10).await.unwrap().is_empty());
+        assert!(store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .is_empty());
         drained(&pool).await;
         relay.stop();
     })
@@ -672,7 +706,7 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         let pool = db.pool(8).await;
         let day = Duration::from_secs(86_400);
         assert_eq!(
-            Store::new(pool.clone()).redrive_max_age(),
+            Store::new(pool.clone()).operate().redrive_max_age(),
             day,
             "run_once's ttl"
         );
@@ -685,7 +719,11 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         emit_many(&store, "a", 3, |_| None).await;
         let recorder = Recorder::failing(|_| Some(PublishError::permanent("no such topic")));
         store.relay(recorder).run_until_idle().await.unwrap();
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         let ids: Vec<String> = dead.iter().map(|e| e.id.clone()).collect();
         assert_eq!(ids.len(), 3);
         // The first was written two hours ago, the second 59 minutes ago.
@@ -698,7 +736,11 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
             .await
             .unwrap();
         }
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert!(dead[0].age >= 2 * hour && dead[0].outside_window(hour));
         assert!(!dead[1].outside_window(hour) && !dead[2].outside_window(hour));
         let rows = async || {
@@ -711,7 +753,12 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         };
         let before = rows().await;
 
-        let error = store.redrive_dead(&DeadSelection::All).await.unwrap_err();
+        let error = store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .redrive_dead(&DeadSelection::All)
+            .await
+            .unwrap_err();
         let RedriveError::OutsideWindow {
             selected,
             outside,
@@ -732,9 +779,11 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
             "{said}"
         );
         assert_eq!(rows().await, before, "nothing moved");
-        // The relay's own call keeps the window too.
+        // The audited re-drive keeps the window too.
         let error = store
-            .redrive_dead_events(Some(&ids[..1]))
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .redrive_dead(&idem::operate::DeadSelection::Ids(ids[..1].to_vec()))
             .await
             .unwrap_err();
         assert!(matches!(
@@ -744,10 +793,28 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         assert_eq!(rows().await, before, "nothing moved");
 
         let young = DeadSelection::Ids(ids[1..].to_vec());
-        assert_eq!(store.redrive_dead(&young).await.unwrap(), 2);
-        assert_eq!(store.dead_events(10).await.unwrap().len(), 1);
         assert_eq!(
             store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .redrive_dead(&young)
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            store
+                .operate()
+                .dead_events_in(&idem::operate::DeadSelection::All, 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
                 .redrive_dead_forced(&DeadSelection::All)
                 .await
                 .unwrap(),
@@ -773,7 +840,11 @@ async fn a_permanent_failure_parks_at_once() {
         let recorder = Recorder::failing(|_| Some(PublishError::permanent("no such topic")));
         let stats = store.relay(recorder).run_until_idle().await.unwrap();
         assert_eq!((stats.published, stats.retried, stats.dead), (0, 0, 1));
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(
             (dead[0].attempts, dead[0].last_error.as_str()),
             (1, "no such topic")
@@ -958,7 +1029,12 @@ async fn an_outage_is_retried_until_it_ends() {
         assert!(stats.unavailable >= 4 * 4, "{stats:?}");
         assert_eq!(stats.retried, stats.unavailable);
         assert_eq!(stats.dead, 0);
-        assert!(store.dead_events(10).await.unwrap().is_empty());
+        assert!(store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap()
+            .is_empty());
         let errors: Vec<(i32, Option<String>)> =
             sqlx::query_as("SELECT attempts, last_error FROM idem_outbox ORDER BY seq")
                 .fetch_all(&pool)
@@ -972,7 +1048,7 @@ async fn an_outage_is_retried_until_it_ends() {
         }
         // What an operator sees meanwhile: each key held by its first event, whose attempt
         // was given back.
-        let blocked = store.outbox_blocked(10).await.unwrap();
+        let blocked = store.operate().outbox_blocked(10).await.unwrap();
         assert_eq!(blocked.len(), 4, "{blocked:?}");
         assert!(blocked.iter().all(|key| key.waiting == 4), "{blocked:?}");
         *down.lock().unwrap() = false;
@@ -1029,7 +1105,11 @@ async fn an_event_the_destination_hangs_on_is_parked_while_others_flow() {
         while relay.stats().dead == 0 && started.elapsed() < Duration::from_secs(5) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1, "{:?}", relay.stats());
         assert_eq!(dead[0].ordering_key.as_deref(), Some("bad"));
         assert_eq!(dead[0].attempts, 3);
@@ -1092,7 +1172,11 @@ async fn a_refusal_still_parks_after_max_attempts() {
             "{stats:?}"
         );
         assert_eq!(*answers.lock().unwrap(), 7);
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1);
         assert_eq!(
             (dead[0].attempts, dead[0].last_error.as_str()),
@@ -1411,7 +1495,11 @@ async fn a_relay_past_its_lease_cannot_unpark_an_event() {
         round_over(|| a.stats(), a_before).await;
         assert_eq!(a.stats().retried, 0, "{:?}", a.stats());
         assert_eq!(a.stats().overtaken, 1, "{:?}", a.stats());
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1, "still parked");
         assert_eq!(dead[0].last_error, "refused");
         a.stop();
@@ -1542,7 +1630,11 @@ async fn a_panicking_publisher_fails_its_event_and_the_relay_goes_on() {
         payloads.sort();
         assert_eq!(payloads, [&b"0"[..], b"1", b"3", b"4", b"5"]);
         drained_but(&pool, 1).await;
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 1, "parked after its attempts");
         assert_eq!(dead[0].attempts, 3);
         assert!(

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use idem::jobs::OnceError;
 use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
 use idem::Store;
-use idem::jobs::OnceError;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{amqp_url, count, gated_store, unique, with_test_db, Gate, TestApp};
 use lapin::options::{
@@ -205,7 +205,11 @@ async fn a_returned_message_is_not_a_success() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!((relay.stats().published, relay.stats().retried), (0, 1));
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert!(
             dead[0]
                 .last_error
@@ -214,7 +218,12 @@ async fn a_returned_message_is_not_a_success() {
             dead[0]
         );
         queue(&channel, &name, None).await;
-        store.redrive_dead_events(None).await.unwrap();
+        store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .redrive_dead(&idem::operate::DeadSelection::All)
+            .await
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while relay.stats().published == 0 {
             assert!(Instant::now() < deadline, "{:?}", relay.stats());
@@ -254,7 +263,11 @@ async fn a_publish_that_closes_its_channel_is_counted_and_parked() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         relay.stop();
-        let dead = store.dead_events(10).await.unwrap();
+        let dead = store
+            .operate()
+            .dead_events_in(&idem::operate::DeadSelection::All, 10)
+            .await
+            .unwrap();
         assert_eq!(dead.len(), 2);
         for event in &dead {
             assert_eq!(event.attempts, 3, "{event:?}");

@@ -9,8 +9,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{idempotent, Problem, Store, Tx};
 use idem::extract::Principal;
+use idem::{idempotent, Problem, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 

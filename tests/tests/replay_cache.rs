@@ -183,7 +183,15 @@ async fn a_purge_elsewhere_is_seen_within_max_stale_and_here_at_once() {
         let elsewhere = Store::new(db.pool(1).await);
         let body = json!({ "text": "a" });
         assert_eq!(app.post("/notes", Some("k"), &body).await.status, 201);
-        assert_eq!(elsewhere.purge_key("notes", "", "k").await.unwrap(), 1);
+        assert_eq!(
+            elsewhere
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_key("notes", "", "k")
+                .await
+                .unwrap(),
+            1
+        );
         // Within max_stale the purged answer may still be replayed here ...
         let stale = app.post("/notes", Some("k"), &body).await;
         assert_eq!(stale.header("idempotent-replayed"), Some("true"));
@@ -195,7 +203,15 @@ async fn a_purge_elsewhere_is_seen_within_max_stale_and_here_at_once() {
         assert_eq!(fresh.header("idempotent-replayed"), None);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         // A purge through the store that keeps the answer is seen at once.
-        assert_eq!(store.purge_key("notes", "", "k").await.unwrap(), 1);
+        assert_eq!(
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_key("notes", "", "k")
+                .await
+                .unwrap(),
+            1
+        );
         let again = app.post("/notes", Some("k"), &body).await;
         assert_eq!(again.header("idempotent-replayed"), None);
         assert_eq!(calls.load(Ordering::SeqCst), 3);

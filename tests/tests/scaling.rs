@@ -192,12 +192,25 @@ async fn per_request_costs_on_one_node() {
         let store = charges::store(s.pool.clone(), &config_of(pooler, portable));
         // The first reads after the load prune the pages it left (a little WAL, once).
         for _ in 0..SWEEPS {
-            store.purge_expired(1_000).await.unwrap();
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(1_000)
+                .await
+                .unwrap();
         }
         reset(&options).await;
         let wal_before = wal(&options).await;
         for _ in 0..SWEEPS {
-            assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+            assert_eq!(
+                store
+                    .operate()
+                    .audited(idem::operate::Operator::new("tests", "test"))
+                    .purge_expired(1_000)
+                    .await
+                    .unwrap(),
+                0
+            );
         }
         let rows = statements(&options).await;
         let (calls, _, stmt_wal) = per_request(&rows, SWEEPS);
@@ -305,7 +318,12 @@ async fn throughput_on_citus_by_workers() {
         );
         // The first reads after the load prune the pages it left (a little WAL, once).
         for _ in 0..SWEEPS {
-            store.purge_expired(1_000).await.unwrap();
+            store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(1_000)
+                .await
+                .unwrap();
         }
         for (_, options) in &nodes {
             reset(options).await;
@@ -317,7 +335,15 @@ async fn throughput_on_citus_by_workers() {
         let commits_before = two_pc().await;
         let started = Instant::now();
         for _ in 0..SWEEPS {
-            assert_eq!(store.purge_expired(1_000).await.unwrap(), 0);
+            assert_eq!(
+                store
+                    .operate()
+                    .audited(idem::operate::Operator::new("tests", "test"))
+                    .purge_expired(1_000)
+                    .await
+                    .unwrap(),
+                0
+            );
         }
         eprintln!(
             "citus, {workers} worker(s), idle sweep: {:.2} ms/sweep; two-phase commits: {}",

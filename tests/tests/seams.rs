@@ -234,7 +234,7 @@ async fn an_abandon_is_decided_before_its_first_undo_and_a_late_retry_never_wins
 
         let undos = Arc::default();
         let completer = completer(&store, app, &undos, "reserve", &["reserve", "processor"]);
-        let operator = store.audited(Operator::new("ops", "test"));
+        let operator = store.operate().audited(Operator::new("ops", "test"));
         assert!(operator
             .abandon_request("orders", "", "k1")
             .await
@@ -289,7 +289,7 @@ async fn an_abandon_names_every_step_it_did_not_undo() {
         // Only the processor's step has an undo registered.
         let undos = Arc::default();
         let completer = completer(&store, app, &undos, "", &["processor"]);
-        let operator = store.audited(Operator::new("ops", "test"));
+        let operator = store.operate().audited(Operator::new("ops", "test"));
         assert!(operator
             .abandon_request("orders", "", "k1")
             .await
@@ -309,7 +309,11 @@ async fn an_abandon_names_every_step_it_did_not_undo() {
                 && detail.contains("NOT undone (no undo registered): \"reserve\""),
             "{detail}"
         );
-        let audit = store.audit_log(10, None).await.expect("the audit trail");
+        let audit = store
+            .operate()
+            .audit_log(10, None)
+            .await
+            .expect("the audit trail");
         let abandoned = audit
             .iter()
             .find(|row| row.action == "abandoned")
@@ -340,7 +344,7 @@ async fn complete_now_runs_at_the_completers_next_look() {
         // A window of an hour: the request is not due by age.
         let completer = completer(&store, app, &Arc::default(), "", &[]);
         assert_eq!(completer.run_due().await.expect("a look"), []);
-        let operator = store.audited(Operator::new("ops", "test"));
+        let operator = store.operate().audited(Operator::new("ops", "test"));
         assert!(operator
             .complete_request("orders", "", "k1")
             .await

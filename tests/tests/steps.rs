@@ -182,6 +182,7 @@ async fn the_contract(s: &Service, mode: &str) {
     // What an operator sees of it (the CLI's `key status`, the console's key page).
     let seen = s
         .store
+        .operate()
         .key_steps("charges", "", "k1", true)
         .await
         .expect("key_steps");
@@ -195,6 +196,7 @@ async fn the_contract(s: &Service, mode: &str) {
     );
     let hidden = s
         .store
+        .operate()
         .key_steps("charges", "", "k1", false)
         .await
         .expect("key_steps");
@@ -208,6 +210,7 @@ async fn the_contract(s: &Service, mode: &str) {
     assert_eq!(s.steps().await, 0, "{mode}: COMMIT deleted the key's steps");
     assert!(s
         .store
+        .operate()
         .key_steps("charges", "", "k1", true)
         .await
         .expect("key_steps")
@@ -432,7 +435,12 @@ async fn steps_expire_with_their_key() {
                 .execute(&pool)
                 .await
                 .expect("age the step");
-            s.store.purge_expired(100).await.expect("purge");
+            s.store
+                .operate()
+                .audited(idem::operate::Operator::new("tests", "test"))
+                .purge_expired(100)
+                .await
+                .expect("purge");
             assert_eq!(s.steps().await, 0, "portable {portable}: swept");
             let retried = s.charge("old", json!({ "amount": 9 })).await;
             assert_eq!(retried.status, 201);

@@ -534,7 +534,11 @@ async fn curve(load: &Load, pool: &PgPool, requests: u64, sizes: &[i64]) -> Resu
             statements.reset().await?;
         }
         let started = Instant::now();
-        let swept = store.purge_expired(1000).await?;
+        let swept = store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .purge_expired(1000)
+            .await?;
         let sweep_s = started.elapsed().as_secs_f64();
         let sweep_buffers = match &load.statements {
             Some(statements) => Some(

@@ -271,7 +271,12 @@ async fn step_rows(pool: &PgPool, seconds: u64) {
         let without = cell(&app, "/local", 16, seconds).await;
         let with = cell(&app, "/local_step", 16, seconds).await;
         let started = Instant::now();
-        store.purge_expired(1_000).await.expect("purge");
+        store
+            .operate()
+            .audited(idem::operate::Operator::new("tests", "test"))
+            .purge_expired(1_000)
+            .await
+            .expect("purge");
         let purged = (rows / 2) as f64 / started.elapsed().as_secs_f64();
         println!(
             "| {rows} | {:.0} | {:.0}, {:.2} | {:.2} | {purged:.0} |",

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use idem::Store;
 use idem::jobs::OnceError;
+use idem::Store;
 use serde::{Deserialize, Serialize};
 
 use crate::persistent;

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
+use idem::jobs::OnceError;
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher};
 use idem::outbox::{Event, Received, Relay};
 use idem::Store;
-use idem::jobs::OnceError;
 use serde::{Deserialize, Serialize};
 
 use crate::persistent;

@@ -1,4 +1,4 @@
-//! The abandoned requests' page ([`Store::abandoned_page`]), filtered by scope,
+//! The abandoned requests' page ([`Operate::abandoned_page`](crate::operate::Operate::abandoned_page)), filtered by scope,
 //! principal, key prefix, completion stage and idle time and read a page at a time by
 //! keyset, with where each one's completion stands ([`crate::complete`]), and its two
 //! actions for an admin, each of which comes back to the page it was taken from:
@@ -6,10 +6,10 @@
 //! forgotten (a single-item action: the list shows the row its button names); "Abandon
 //! for good" opens a page of its own that names the key and its steps and says what
 //! follows (their compensations run, the key answers 410), and only that page's button
-//! abandons. Both run through [`Store::audited`], as the console's other actions do.
+//! abandons. Both run through [`Operate::audited`](crate::operate::Operate::audited), as the console's other actions do.
 //!
-//! [`Store::abandoned_page`]: crate::Store::abandoned_page
-//! [`Store::audited`]: crate::Store::audited
+//! [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page): crate::operate::Operate::abandoned_page
+//! [`Operate::audited`](crate::operate::Operate::audited): crate::operate::Operate::audited
 
 use axum::extract::{Form, Query, State};
 use axum::http::StatusCode;
@@ -55,6 +55,7 @@ pub(super) async fn list(
     let limit = page_size(&fields);
     let page = match console
         .store
+        .operate()
         .abandoned_page(&filter, after.as_ref(), limit)
         .await
     {
@@ -65,7 +66,7 @@ pub(super) async fn list(
     let listed = pages::AbandonedListed {
         filter: &filter,
         idle,
-        default_idle: format_age(console.store.abandoned_after()),
+        default_idle: format_age(console.store.operate().abandoned_after()),
         limit,
         after: after.as_ref(),
     };
@@ -141,6 +142,7 @@ fn unnamed() -> Response {
 async fn live_steps(console: &Shared, named: &Named<'_>) -> Result<Vec<StepRecord>, sqlx::Error> {
     let steps = console
         .store
+        .operate()
         .key_steps(named.scope, named.principal, named.key, false)
         .await?;
     Ok(steps.into_iter().filter(|s| !s.expired).collect())

@@ -27,7 +27,7 @@ pub(crate) async fn sample(console: Weak<Shared>, every: Duration) {
         if let Some(relays) = &console.relays {
             relays.sample();
         }
-        match console.store.outbox_lag().await {
+        match console.store.operate().outbox_lag().await {
             Ok(lag) => record(&console, lag),
             Err(error) => {
                 tracing::debug!(target: "idem::console", %error, "idem console: sampling the outbox lag failed")

@@ -34,7 +34,7 @@
 //!   CSRF token it sends. Each form carries a CSRF token tied to the operator, and each
 //!   action is logged (target `idem::console`, INFO) with the operator's name from
 //!   [`Console::operator_header`], a header the auth layer sets.
-//! - **Every action is audited.** It runs through [`Store::audited`] as the operator
+//! - **Every action is audited.** It runs through [`Operate::audited`](crate::operate::Operate::audited) as the operator
 //!   (`unknown` without the header), via `console`: its row in the audit table commits
 //!   with the action, and the "Audit" page lists the trail, newest first, whoever acted
 //!   (the console, `idem` on the command line, the service's own tools).
@@ -63,9 +63,9 @@
 //!   ordering key prefix and age; each a page at a time by keyset ("Next page" starts
 //!   after the last row shown, never at an offset). A key's page lists the events its
 //!   request wrote that are still in the outbox; an event's page links to the request
-//!   that wrote it, when its record is still there ([`Store::key_events`] says how, and
+//!   that wrote it, when its record is still there ([`Operate::key_events`](crate::operate::Operate::key_events) says how, and
 //!   what no link reaches), and shows its last ten failed publishes with their times
-//!   ([`Store::event_errors`]).
+//!   ([`Operate::event_errors`](crate::operate::Operate::event_errors)).
 //! - **Bodies and payloads hidden unless [`Console::show_bodies`]**: stored responses,
 //!   event payloads and dead letters' payloads carry personal data.
 //! - **Live.** The overview and the outbox page fetch themselves again every
@@ -78,7 +78,7 @@
 //!   answered since it started, with the `metrics` feature; its relays' per-minute
 //!   figures, given with [`Console::relay_stats`]; the lag chart, which it samples).
 //! - **Relays by host and process.** Wherever a lease's owner number appears, the relay
-//!   is shown by the host and process id its session names ([`Store::outbox_relays`]),
+//!   is shown by the host and process id its session names ([`Operate::outbox_relays`](crate::operate::Operate::outbox_relays)),
 //!   and the overview and the outbox list the relays.
 //! - **Long ids are shortened** in lists (the whole id in the text, its `title` and a
 //!   copy button), and the pages use the window's width.
@@ -546,7 +546,7 @@ impl Shared {
         } else {
             operator
         };
-        self.store.audited(Operator::new(name, "console"))
+        self.store.operate().audited(Operator::new(name, "console"))
     }
 }
 
@@ -733,11 +733,11 @@ async fn overview(
     let store = &console.store;
     let within = Duration::from_secs(3_600);
     let (counts, reasons, pending, lag, relays) = match tokio::try_join!(
-        store.key_counts(within),
-        store.dead_reasons(),
-        store.outbox_pending(),
-        store.outbox_lag(),
-        store.outbox_relays(),
+        store.operate().key_counts(within),
+        store.operate().dead_reasons(),
+        store.operate().outbox_pending(),
+        store.operate().outbox_lag(),
+        store.operate().outbox_relays(),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -802,7 +802,12 @@ async fn keys(State(console): Console_, viewer: Viewer, Query(fields): Query<Fie
         include_expired: field(&fields, "expired").is_some(),
         limit: page_size(&fields),
     };
-    let page = match console.store.keys_page(&filter, after.as_ref()).await {
+    let page = match console
+        .store
+        .operate()
+        .keys_page(&filter, after.as_ref())
+        .await
+    {
         Ok(page) => page,
         Err(e) => return failed(e),
     };
@@ -831,9 +836,13 @@ struct KeyQuery {
 async fn key(State(console): Console_, viewer: Viewer, Query(q): Query<KeyQuery>) -> Response {
     let store = &console.store;
     let (found, steps, events) = match tokio::try_join!(
-        store.key(&q.scope, &q.principal, &q.key, console.show_bodies),
-        store.key_steps(&q.scope, &q.principal, &q.key, console.show_bodies),
-        store.key_events(&q.scope, &q.principal, &q.key),
+        store
+            .operate()
+            .key(&q.scope, &q.principal, &q.key, console.show_bodies),
+        store
+            .operate()
+            .key_steps(&q.scope, &q.principal, &q.key, console.show_bodies),
+        store.operate().key_events(&q.scope, &q.principal, &q.key),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -863,10 +872,10 @@ async fn key(State(console): Console_, viewer: Viewer, Query(q): Query<KeyQuery>
 async fn outbox(State(console): Console_, viewer: Viewer) -> Response {
     let store = &console.store;
     let (pending, relays, leases, blocked) = match tokio::try_join!(
-        store.outbox_pending(),
-        store.outbox_relays(),
-        store.outbox_leases(100),
-        store.outbox_blocked(100),
+        store.operate().outbox_pending(),
+        store.operate().outbox_relays(),
+        store.operate().outbox_leases(100),
+        store.operate().outbox_blocked(100),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -915,8 +924,8 @@ async fn pending(
     let limit = page_size(&fields);
     let store = &console.store;
     let (page, relays) = match tokio::try_join!(
-        store.pending_events(&filter, after, limit),
-        store.outbox_relays(),
+        store.operate().pending_events(&filter, after, limit),
+        store.operate().outbox_relays(),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -947,16 +956,16 @@ async fn pending_event(
         ..EventFilter::default()
     };
     let (page, errors, relays) = match tokio::try_join!(
-        store.pending_events(&one, None, 1),
-        store.event_errors(&q.id),
-        store.outbox_relays(),
+        store.operate().pending_events(&one, None, 1),
+        store.operate().event_errors(&q.id),
+        store.operate().outbox_relays(),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
     let found = page.rows.first();
     if found.is_none() {
-        match store.dead_event(&q.id, false).await {
+        match store.operate().dead_event(&q.id, false).await {
             Ok(Some(_)) => {
                 return see_other(&format!(
                     "{}/dead/event?id={}",
@@ -992,9 +1001,9 @@ async fn dead(State(console): Console_, viewer: Viewer, Query(fields): Query<Fie
     let limit = page_size(&fields);
     let store = &console.store;
     let (reasons, page, matching) = match tokio::try_join!(
-        store.dead_reasons(),
-        store.dead_page(&filter, after, limit),
-        store.dead_matching(&filter),
+        store.operate().dead_reasons(),
+        store.operate().dead_page(&filter, after, limit),
+        store.operate().dead_matching(&filter),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -1006,7 +1015,7 @@ async fn dead(State(console): Console_, viewer: Viewer, Query(fields): Query<Fie
         limit,
         paged: after.is_some(),
     };
-    let max_age = store.redrive_max_age();
+    let max_age = store.operate().redrive_max_age();
     html(
         StatusCode::OK,
         pages::dead(&frame, &shown, &reasons, &page, matching, max_age),
@@ -1025,8 +1034,8 @@ async fn dead_event(
 ) -> Response {
     let store = &console.store;
     let (found, errors) = match tokio::try_join!(
-        store.dead_event(&q.id, console.show_bodies),
-        store.event_errors(&q.id),
+        store.operate().dead_event(&q.id, console.show_bodies),
+        store.operate().event_errors(&q.id),
     ) {
         Ok(found) => found,
         Err(e) => return failed(e),
@@ -1037,7 +1046,7 @@ async fn dead_event(
     } else {
         StatusCode::NOT_FOUND
     };
-    let max_age = console.store.redrive_max_age();
+    let max_age = console.store.operate().redrive_max_age();
     html(
         status,
         pages::dead_event(&frame, &q.id, found.as_ref(), &errors, max_age),
@@ -1135,7 +1144,7 @@ async fn event_request(
     viewer: Viewer,
     Query(q): Query<EventQuery>,
 ) -> Response {
-    let found = match console.store.event_request(&q.id).await {
+    let found = match console.store.operate().event_request(&q.id).await {
         Ok(found) => found,
         Err(e) => return failed(e),
     };
@@ -1209,7 +1218,7 @@ async fn preview(
         Ok(filter) => filter,
         Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
     };
-    let preview = match console.store.dead_preview(&filter, 20).await {
+    let preview = match console.store.operate().dead_preview(&filter, 20).await {
         Ok(preview) => preview,
         Err(e) => return failed(e),
     };
@@ -1219,7 +1228,7 @@ async fn preview(
     } else {
         StatusCode::OK
     };
-    let max_age = console.store.redrive_max_age();
+    let max_age = console.store.operate().redrive_max_age();
     html(
         status,
         pages::preview(
@@ -1397,7 +1406,7 @@ async fn sweep_preview(State(console): Console_, viewer: Viewer) -> Response {
     if let Some(refused) = console.read_only(&viewer) {
         return refused;
     }
-    let counts = match console.store.key_counts(Duration::ZERO).await {
+    let counts = match console.store.operate().key_counts(Duration::ZERO).await {
         Ok(counts) => counts,
         Err(e) => return failed(e),
     };
@@ -1444,7 +1453,7 @@ struct AuditQuery {
 /// The audit trail, newest first, a page at a time: `before` pages by id.
 async fn audit(State(console): Console_, viewer: Viewer, Query(q): Query<AuditQuery>) -> Response {
     let limit = 100;
-    let entries = match console.store.audit_log(limit, q.before).await {
+    let entries = match console.store.operate().audit_log(limit, q.before).await {
         Ok(entries) => entries,
         Err(e) => return failed(e),
     };

@@ -271,7 +271,7 @@ fn sourced(title: &str, source: &str) -> Markup {
     html! { h2 { (title) span.source { (source) } } }
 }
 
-/// The relays holding their sessions now ([`crate::Store::outbox_relays`]).
+/// The relays holding their sessions now ([`crate::operate::Operate::outbox_relays`]).
 fn relays_table(relays: &[RelaySession]) -> Markup {
     html! {
         @if relays.is_empty() {
@@ -621,12 +621,12 @@ impl AbandonedListed<'_> {
     }
 }
 
-/// Requests that recorded steps and have not committed ([`Store::abandoned_page`]), as
+/// Requests that recorded steps and have not committed ([`Operate::abandoned_page`](crate::operate::Operate::abandoned_page)), as
 /// `listed` filters them, a page at a time: each links to its key's page, where the
 /// steps' results are, and shows where its completion stands; for an admin, its actions,
 /// which come back to this page.
 ///
-/// [`Store::abandoned_page`]: crate::Store::abandoned_page
+/// [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page): crate::operate::Operate::abandoned_page
 pub(crate) fn abandoned(
     frame: &Frame,
     listed: &AbandonedListed<'_>,
@@ -1026,7 +1026,7 @@ pub(crate) fn outbox(frame: &Frame, shown: &OutboxShown<'_>) -> Markup {
     layout(frame, "Outbox", body)
 }
 
-/// An event's failed publishes ([`crate::Store::event_errors`]), oldest first.
+/// An event's failed publishes ([`crate::operate::Operate::event_errors`]), oldest first.
 fn attempts(errors: &[FailedPublish]) -> Markup {
     html! {
         section {

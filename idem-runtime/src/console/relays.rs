@@ -1,9 +1,9 @@
 //! The outbox's relays as the console shows them: the host and process behind each lease
-//! owner's number, read from the relays' session names ([`Store::outbox_relays`]), and
+//! owner's number, read from the relays' session names ([`Operate::outbox_relays`](crate::operate::Operate::outbox_relays)), and
 //! the per-minute figures of the relays in this process ([`Console::relay_stats`]), from
 //! samples of their counters that the console takes.
 //!
-//! [`Store::outbox_relays`]: crate::Store::outbox_relays
+//! [`Operate::outbox_relays`](crate::operate::Operate::outbox_relays): crate::operate::Operate::outbox_relays
 //! [`Console::relay_stats`]: super::Console::relay_stats
 
 use std::collections::VecDeque;

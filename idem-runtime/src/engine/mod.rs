@@ -42,9 +42,9 @@ use take::{take, Held, Took};
 
 use std::time::{Duration, Instant};
 
-use crate::sqlstate;
 use crate::fingerprint::Fingerprint;
 use crate::identity::KeyInScope;
+use crate::sqlstate;
 use crate::sqlstate::{is_serialization_failure, is_unavailable};
 use crate::store::Store;
 use crate::table::{self, Found, Inserting, Isolation, Record, StoredRow, Timeouts};
@@ -553,7 +553,9 @@ impl Attempt {
                 }
             }
             // 25P02: a statement of the work failed, and it answered all the same.
-            Written::Failed(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) => {
+            Written::Failed(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) =>
+            {
                 Err(CommitError::Aborted(Some(Retake {
                     store,
                     claim,
@@ -581,7 +583,9 @@ impl Attempt {
         };
         match self.tx.finish(sql.to_owned(), None).await {
             Ok(()) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) => {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) =>
+            {
                 Err(CommitError::Aborted(None))
             }
             Err(e) => Err(CommitError::from_finish(e)),

@@ -1,8 +1,8 @@
 //! The portable mode's claim: the key's uncommitted row is its lock, a duplicate's
 //! insert waits for it under `lock_timeout`, and an expired row is taken over in place.
 
-use crate::sqlstate;
 use super::*;
+use crate::sqlstate;
 
 /// Portable mode: the claim inserts the key's row, which holds the key until the
 /// transaction ends ([`claim_row`]).
@@ -86,11 +86,17 @@ pub(super) async fn claim_row(
     let table = &store.inner.table;
     let classify = |error: sqlx::Error| match &error {
         // 55P03: our lock_timeout expired while another request held the key's row.
-        sqlx::Error::Database(e) if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => ClaimError::InUse,
+        sqlx::Error::Database(e) if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => {
+            ClaimError::InUse
+        }
         // Above READ COMMITTED, a claim that waited for a concurrent request's row fails
         // with 40001 when that request commits: a new transaction, with a new snapshot,
         // sees what it committed.
-        sqlx::Error::Database(e) if e.code().as_deref() == Some(sqlstate::SERIALIZATION_FAILURE) => ClaimError::NewSnapshot,
+        sqlx::Error::Database(e)
+            if e.code().as_deref() == Some(sqlstate::SERIALIZATION_FAILURE) =>
+        {
+            ClaimError::NewSnapshot
+        }
         // A unique violation of the key's own primary key: a concurrent request won.
         // Any other unique violation is not ours to interpret.
         _ if table.is_key_conflict(&error) => ClaimError::InUse,

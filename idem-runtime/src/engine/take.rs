@@ -2,8 +2,8 @@
 //! tried and its row read in the message that begins the transaction, and, with a
 //! conflict wait, the wait for a duplicate in flight.
 
-use crate::sqlstate;
 use super::*;
+use crate::sqlstate;
 
 /// How [`take`] ended.
 pub(super) enum Took {
@@ -77,7 +77,9 @@ pub(super) async fn take(
             .await
             .map_err(|error| match &error {
                 // 55P03: the request in flight did not end within the wait.
-                sqlx::Error::Database(e) if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => {
+                sqlx::Error::Database(e)
+                    if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) =>
+                {
                     ClaimError::InUse
                 }
                 _ => ClaimError::Database(error),

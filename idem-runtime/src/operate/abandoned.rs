@@ -5,6 +5,7 @@
 //! while, the outside service did something the service has no record of, and nobody may
 //! come back for it.
 
+use super::Operate;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -15,7 +16,6 @@ use sqlx::Row;
 
 use super::Audited;
 use super::{instant, rfc3339, seconds, Page};
-use crate::store::Store;
 use crate::table::{statement, PrincipalType};
 
 /// The keys with live steps, the newest recorded at least $1 seconds ago (or, whatever
@@ -79,7 +79,7 @@ SELECT count(*) FROM (
     HAVING max(created_at) <= now() - $1::float8 * interval '1 second'
 ) AS abandoned";
 
-/// Which abandoned requests [`Store::abandoned_page`] lists: every field narrows, and
+/// Which abandoned requests [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page) lists: every field narrows, and
 /// the default lists those whose newest step is as old as the store's
 /// [`abandoned_after`](crate::StoreBuilder::abandoned_after).
 ///
@@ -171,7 +171,7 @@ impl FromStr for CompletionStage {
     }
 }
 
-/// Where a page of [`Store::abandoned_page`] ends: a request's first step's time, its
+/// Where a page of [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page) ends: a request's first step's time, its
 /// stored scope, principal and key ([`Abandoned::cursor`]). Written as text (`Display`)
 /// and read back (`FromStr`) for a link or a flag to the next page: four fields, the last
 /// three in hex, dot-separated, as [`KeyCursor`](crate::operate::KeyCursor)'s.
@@ -210,8 +210,8 @@ impl Serialize for AbandonedCursor {
     }
 }
 
-/// A request that recorded steps and has not committed ([`Store::abandoned`],
-/// [`Store::abandoned_page`]).
+/// A request that recorded steps and has not committed ([`Operate::abandoned`](crate::operate::Operate::abandoned),
+/// [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Abandoned {
@@ -232,7 +232,7 @@ pub struct Abandoned {
     /// Where its completion stands, if its endpoint is completable or an operator
     /// abandoned it ([`crate::complete`]); `None` otherwise.
     pub completion: Option<CompletionState>,
-    /// Where it stands in the list: the `after` of [`Store::abandoned_page`] that starts
+    /// Where it stands in the list: the `after` of [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page) that starts
     /// the page after it (`idem key abandoned --after`). In JSON, as its text.
     pub cursor: AbandonedCursor,
 }
@@ -282,16 +282,16 @@ fn as_seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Erro
     s.serialize_f64(d.as_secs_f64())
 }
 
-impl Store {
+impl Operate<'_> {
     /// Requests that recorded at least one step and have not committed, the newest of
     /// their steps recorded at least `idle_for` ago (a request still making steps is not
-    /// listed), oldest first, at most `limit`: the first [`Store::abandoned_page`] of
+    /// listed), oldest first, at most `limit`: the first [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page) of
     /// those. Their outside calls happened; unless their clients retry (the steps replay,
     /// the call is not made again), the service has no record of them until the steps
     /// expire with their key's ttl. Reads the whole steps table, which holds only
     /// requests that have not committed.
     pub async fn abandoned(
-        &self,
+        self,
         idle_for: Duration,
         limit: u32,
     ) -> Result<Vec<Abandoned>, sqlx::Error> {
@@ -302,7 +302,7 @@ impl Store {
         Ok(self.abandoned_page(&filter, None, limit).await?.rows)
     }
 
-    /// The abandoned requests `filter` names (see [`Store::abandoned`]), oldest first
+    /// The abandoned requests `filter` names (see [`Operate::abandoned`](crate::operate::Operate::abandoned)), oldest first
     /// step first, at most `limit`, those after the request `after` (`None`: from the
     /// oldest). The page's [`Page::next`] is the next page's `after`, as is each row's
     /// [`Abandoned::cursor`]: a keyset, so a request that commits or is abandoned
@@ -316,7 +316,7 @@ impl Store {
     /// filter.completion = Some(CompletionStage::Failed);
     /// let mut after = None;
     /// loop {
-    ///     let page = store.abandoned_page(&filter, after.as_ref(), 100).await?;
+    ///     let page = store.operate().abandoned_page(&filter, after.as_ref(), 100).await?;
     ///     for request in &page.rows {
     ///         println!("{} {} {}", request.scope, request.principal, request.key);
     ///     }
@@ -328,12 +328,12 @@ impl Store {
     /// # Ok(()) }
     /// ```
     pub async fn abandoned_page(
-        &self,
+        self,
         filter: &AbandonedFilter,
         after: Option<&AbandonedCursor>,
         limit: u32,
     ) -> Result<Page<Abandoned, AbandonedCursor>, sqlx::Error> {
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let principal = match filter.principal.as_deref() {
             None => None,
             Some(p) => match principal_type.canonical(p) {
@@ -347,11 +347,17 @@ impl Store {
                 }
             },
         };
-        let idle_for = filter.idle_for.unwrap_or(self.inner.abandoned_after);
+        let idle_for = filter.idle_for.unwrap_or(self.store.inner.abandoned_after);
         let limit = limit.max(1);
-        let sql =
-            self.key_sql(&ABANDONED.replace("{requests}", &self.inner.requests_table.qualified()));
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let sql = self.key_sql(
+            &ABANDONED.replace("{requests}", &self.store.inner.requests_table.qualified()),
+        );
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = self
             .operator_query(sql)
             .bind(idle_for.as_secs_f64())
@@ -379,16 +385,22 @@ impl Store {
     }
 }
 
-impl Store {
-    /// How many requests [`Store::abandoned`] lists for [`Store::abandoned_after`],
+impl Operate<'_> {
+    /// How many requests [`Operate::abandoned`](crate::operate::Operate::abandoned) lists for [`Operate::abandoned_after`](crate::operate::Operate::abandoned_after),
     /// without a limit: the gauge `idem_abandoned_requests`.
-    pub(crate) async fn abandoned_count(&self) -> Result<u64, sqlx::Error> {
-        let sql =
-            statement(ABANDONED_COUNT.replace("{steps}", &self.inner.steps_table.qualified()));
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+    pub(crate) async fn abandoned_count(self) -> Result<u64, sqlx::Error> {
+        let sql = statement(
+            ABANDONED_COUNT.replace("{steps}", &self.store.inner.steps_table.qualified()),
+        );
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let count: i64 = sqlx::query_scalar(sql)
-            .persistent(self.inner.table.persistent())
-            .bind(self.inner.abandoned_after.as_secs_f64())
+            .persistent(self.store.inner.table.persistent())
+            .bind(self.store.inner.abandoned_after.as_secs_f64())
             .fetch_one(&mut *conn)
             .await?;
         conn.finish().await?;
@@ -473,12 +485,13 @@ impl Audited<'_> {
         let store = self.store();
         let inner = &store.inner;
         let principal_type = inner.dialect.principal_type;
-        let steps_of = store.key_sql(STEPS_OF);
+        let steps_of = store.operate().key_sql(STEPS_OF);
         let mut tx = inner.table.acting(&inner.pool).await?;
         let mut marked = 0;
-        for (spelling, stored, place) in store.spelled_places(scope, principal, key) {
+        for (spelling, stored, place) in store.operate().spelled_places(scope, principal, key) {
             let bound = principal_type.bound(&place);
             let found = store
+                .operate()
                 .operator_query(steps_of.clone())
                 .bind(&stored)
                 .bind(bound)

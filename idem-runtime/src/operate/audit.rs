@@ -1,6 +1,6 @@
-//! The operators' audit trail: every action taken through [`Store::audited`] (a purge, a
+//! The operators' audit trail: every action taken through [`Operate::audited`](crate::operate::Operate::audited) (a purge, a
 //! sweep, a re-drive, a discard) writes one row to the audit table, naming who acted,
-//! through what, on what, and how many rows moved; [`Store::audit_log`] reads it back.
+//! through what, on what, and how many rows moved; [`Operate::audit_log`](crate::operate::Operate::audit_log) reads it back.
 //!
 //! The row is written in the transaction of the action itself: an action that committed
 //! has its row, and one that failed or was refused (a re-drive outside the window) has
@@ -9,6 +9,7 @@
 //! transaction of its own after its last batch, with the total (after a failure part way,
 //! with what the finished batches deleted).
 
+use super::Operate;
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -49,11 +50,11 @@ impl Operator {
     }
 }
 
-/// One row of the audit trail ([`Store::audit_log`]).
+/// One row of the audit trail ([`Operate::audit_log`](crate::operate::Operate::audit_log)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct AuditEntry {
-    /// The row's id: later rows have higher ids. [`Store::audit_log`] pages by it.
+    /// The row's id: later rows have higher ids. [`Operate::audit_log`](crate::operate::Operate::audit_log) pages by it.
     pub id: i64,
     /// When the action ran (the start of its transaction, by the database's clock).
     #[serde(serialize_with = "rfc3339")]
@@ -76,16 +77,15 @@ pub struct AuditEntry {
 }
 
 /// A store's operator actions, each recorded in the audit table with the [`Operator`]
-/// who took it, in the action's own transaction ([`Store::audited`]). The methods are
-/// the store's own of the same names; the store's methods still act unrecorded, for the
-/// service's own jobs.
+/// who took it, in the action's own transaction ([`Operate::audited`]). Every change an
+/// operator makes to idem's tables goes through here: there is no unrecorded way.
 #[derive(Debug, Clone)]
 pub struct Audited<'a> {
     store: &'a Store,
     operator: Operator,
 }
 
-impl Store {
+impl<'a> Operate<'a> {
     /// The operator actions of this store, recorded in the audit table
     /// ([`StoreBuilder::audit_table`](crate::StoreBuilder::audit_table), default
     /// `idem_audit`) as taken by `operator`: what the console and the command line use,
@@ -95,16 +95,16 @@ impl Store {
     /// # async fn f(store: idem::Store) -> Result<(), sqlx::Error> {
     /// use idem::operate::{DeadSelection, Operator};
     ///
-    /// let ops = store.audited(Operator::new("ana@example.com", "support-tool"));
+    /// let ops = store.operate().audited(Operator::new("ana@example.com", "support-tool"));
     /// let purged = ops.purge_key("charges", "acct_1", "order-42").await?;
     /// let discarded = ops
     ///     .discard_dead(&DeadSelection::Reason("the stream was deleted".into()))
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub fn audited(&self, operator: Operator) -> Audited<'_> {
+    pub fn audited(self, operator: Operator) -> Audited<'a> {
         Audited {
-            store: self,
+            store: self.store(),
             operator,
         }
     }
@@ -113,13 +113,19 @@ impl Store {
     /// `before` (an [`AuditEntry::id`]; `None`: from the newest). The next page starts
     /// before the last row's id.
     pub async fn audit_log(
-        &self,
+        self,
         limit: u32,
         before: Option<i64>,
     ) -> Result<Vec<AuditEntry>, sqlx::Error> {
-        let persistent = self.inner.table.persistent();
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let persistent = self.store().inner.table.persistent();
+        let mut conn = self
+            .store()
+            .inner
+            .table
+            .single(&self.store().inner.pool)
+            .await?;
         let rows = self
+            .store()
             .inner
             .audit
             .list(&mut conn, persistent, limit, before)
@@ -152,8 +158,16 @@ impl Audited<'_> {
         self.store
     }
 
-    /// [`Store::purge_key`], recorded as `purge` with the key, its scope and its
-    /// principal.
+    /// Deletes the committed record of `key` for `principal` in `scope` in every place
+    /// [`Store::inspect`](crate::Store::inspect) looks, so that the next request with the key runs afresh.
+    /// Returns how many records went (0: none was there). A request in flight with the
+    /// key is not touched (in the portable mode, where such a request holds the key's
+    /// row, the delete waits for it to end). This store's
+    /// [`replay_cache`](crate::StoreBuilder::replay_cache) is emptied; another
+    /// instance's replays from its own within its `max_stale`.
+    ///
+    /// Recorded as `purge` with the key, its scope and its principal, in the same
+    /// transaction.
     pub async fn purge_key(
         &self,
         scope: &str,
@@ -162,18 +176,28 @@ impl Audited<'_> {
     ) -> Result<u64, sqlx::Error> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
-        let purged = store.purge_key_on(&mut tx, scope, principal, key).await?;
+        let purged = store
+            .operate()
+            .purge_key_on(&mut tx, scope, principal, key)
+            .await?;
         let mut filter = format!("scope {scope:?}");
         if !principal.is_empty() {
             filter.push_str(&format!(", principal {principal:?}"));
         }
         filter.push_str(&format!(", key {key:?}"));
         self.commit(tx, "purge", &filter, purged).await?;
-        store.purged_answers();
+        store.operate().purged_answers();
         Ok(purged)
     }
 
-    /// [`Store::purge_expired`], recorded as `sweep` with its batch size. A sweep
+    /// Deletes expired records, `batch_size` rows per statement, until none is left, and
+    /// returns how many it deleted; then the expired steps of requests that never
+    /// committed ([`Tx::step`](crate::Tx::step)), which the count leaves out. A request
+    /// for a key whose row a batch is deleting waits for that batch, up to a second, so
+    /// keep batches well under a second (1 000 rows take milliseconds). For a cron job;
+    /// [`Store::spawn_sweeper`](crate::Store::spawn_sweeper) runs the same deletes periodically.
+    ///
+    /// Recorded as `sweep` with its batch size. A sweep
     /// commits batch by batch (no request waits behind it), so its row is written in a
     /// transaction of its own after its last batch, with the total; after a failure part
     /// way, with what the finished batches deleted, and the failure is returned. Its row
@@ -211,12 +235,28 @@ impl Audited<'_> {
         Ok(removed)
     }
 
-    /// [`Store::redrive_dead`], recorded as `redrive` with the selection. A re-drive
-    /// refused for an event outside the window moves nothing and records nothing.
+    /// Makes the dead events `selection` names pending again, their attempts reset, and
+    /// returns how many, if all of them are within the re-drive window: written less
+    /// than [`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age) ago. If one is not, it re-drives none and answers
+    /// [`RedriveError::OutsideWindow`], with how many are outside and the oldest's age,
+    /// so that the operator decides: a partial re-drive would leave them guessing which
+    /// moved. Check and move are one statement: no event ages between them.
+    ///
+    /// The window is what keeps a re-drive exactly-once for consumers that deduplicate
+    /// deliveries with [`Store::run_once`](crate::Store::run_once): a dead event may have reached them before
+    /// (its publish failed after the broker took it), and their record of it expires
+    /// with its ttl. Past the window, [`Audited::redrive_dead_forced`] re-drives anyway.
+    ///
+    /// Their ordering keys' later events, published meanwhile, are not held back for
+    /// them.
+    ///
+    /// Recorded as `redrive` with the selection. A re-drive refused for an event outside
+    /// the window moves nothing and records nothing.
     pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, RedriveError> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
         let moved = store
+            .operate()
             .redrive_on(&mut tx, &EventFilter::from(selection), None, false)
             .await?
             .unforced(store.inner.redrive_max_age)?;
@@ -225,33 +265,45 @@ impl Audited<'_> {
         Ok(moved)
     }
 
-    /// [`Store::redrive_dead_forced`], recorded as `redrive_forced` with the selection.
+    /// Makes the dead events `selection` names pending again, their attempts reset, and
+    /// returns how many, whatever their age: [`Audited::redrive_dead`] without the
+    /// re-drive window. For events whose consumers are known to take them again
+    /// safely, or that never reached them.
+    ///
+    /// Recorded as `redrive_forced` with the selection.
     pub async fn redrive_dead_forced(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
         let filter = EventFilter::from(selection);
-        let moved = store.redrive_on(&mut tx, &filter, None, true).await?.moved;
+        let moved = store
+            .operate()
+            .redrive_on(&mut tx, &filter, None, true)
+            .await?
+            .moved;
         self.commit(tx, "redrive_forced", &selection.to_string(), moved)
             .await?;
         Ok(moved)
     }
 
-    /// [`Store::discard_dead`], recorded as `discard` with the selection.
+    /// Deletes the dead events `selection` names, and returns how many: they are never
+    /// published.
+    ///
+    /// Recorded as `discard` with the selection.
     pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
         let filter = EventFilter::from(selection);
-        let (discarded, _) = store.discard_on(&mut tx, &filter, None).await?;
+        let (discarded, _) = store.operate().discard_on(&mut tx, &filter, None).await?;
         self.commit(tx, "discard", &selection.to_string(), discarded)
             .await?;
         Ok(discarded)
     }
 
     /// Re-drives the dead events `filter` names within `bound`, the bound of their
-    /// preview ([`Store::dead_preview`]): those the operator saw counted, not an event
+    /// preview ([`Operate::dead_preview`](crate::operate::Operate::dead_preview)): those the operator saw counted, not an event
     /// parked since, which is left as it is and counted in [`Confirmed::left`]. Recorded
     /// as `redrive` (`redrive_forced` when `force`) with the filter and the bound. Within
-    /// the re-drive window unless `force`, as [`Store::redrive_dead`]. Nothing moves, and
+    /// the re-drive window unless `force`, as [`Audited::redrive_dead`]. Nothing moves, and
     /// nothing is recorded, when the bound holds more events than the preview counted
     /// ([`ConfirmError::Changed`]) or, unforced, when one is outside the window.
     pub async fn redrive_confirmed(
@@ -263,6 +315,7 @@ impl Audited<'_> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
         let done = store
+            .operate()
             .redrive_on(&mut tx, filter, Some(bound), force)
             .await?;
         if done.selected > bound.events() {
@@ -286,7 +339,7 @@ impl Audited<'_> {
     }
 
     /// Deletes the dead events `filter` names within `bound`, the bound of their preview
-    /// ([`Store::dead_preview`]), as [`Audited::redrive_confirmed`] re-drives them:
+    /// ([`Operate::dead_preview`](crate::operate::Operate::dead_preview)), as [`Audited::redrive_confirmed`] re-drives them:
     /// recorded as `discard` with the filter and the bound; nothing deleted nor recorded
     /// when the bound holds more events than the preview counted.
     pub async fn discard_confirmed(
@@ -296,7 +349,10 @@ impl Audited<'_> {
     ) -> Result<Confirmed, ConfirmError> {
         let store = self.store;
         let mut tx = store.inner.table.acting(&store.inner.pool).await?;
-        let (discarded, selected) = store.discard_on(&mut tx, filter, Some(bound)).await?;
+        let (discarded, selected) = store
+            .operate()
+            .discard_on(&mut tx, filter, Some(bound))
+            .await?;
         if selected > bound.events() {
             return Err(ConfirmError::Changed {
                 bounded: selected,
@@ -319,7 +375,7 @@ impl Audited<'_> {
         Ok(Confirmed {
             moved,
             previewed: bound.events(),
-            left: self.store.dead_matching(filter).await?,
+            left: self.store.operate().dead_matching(filter).await?,
         })
     }
 

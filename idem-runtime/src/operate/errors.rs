@@ -2,14 +2,14 @@
 //! event's row by the relay (`error_at`, `errors`) and through a re-drive, so that an
 //! operator sees whether a dead event always failed the same way before re-driving it.
 
+use super::Operate;
 use std::time::SystemTime;
 
 use serde::Serialize;
 
 use super::{instant, rfc3339};
-use crate::Store;
 
-/// One failed publish of an outbox event ([`Store::event_errors`]).
+/// One failed publish of an outbox event ([`Operate::event_errors`](crate::operate::Operate::event_errors)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct FailedPublish {
@@ -20,13 +20,18 @@ pub struct FailedPublish {
     pub error: String,
 }
 
-impl Store {
+impl Operate<'_> {
     /// The last ten failed publishes of the outbox event `id` (a pending or a dead one),
     /// oldest first; none for an event that never failed, or that is gone (published, or
     /// discarded). Its latest is also its `last_error`.
-    pub async fn event_errors(&self, id: &str) -> Result<Vec<FailedPublish>, sqlx::Error> {
-        let single = self.inner.table.single(&self.inner.pool).await?;
-        let errors = self.inner.outbox.errors(single, id).await?;
+    pub async fn event_errors(self, id: &str) -> Result<Vec<FailedPublish>, sqlx::Error> {
+        let single = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
+        let errors = self.store.inner.outbox.errors(single, id).await?;
         Ok(errors
             .into_iter()
             .map(|(at, error)| FailedPublish {

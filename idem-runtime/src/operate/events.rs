@@ -1,13 +1,14 @@
 //! The outbox's events found and acted on safely: a filter (ids, reason, topic, ordering
 //! key prefix, age), lists of the pending and the dead events a page at a time by keyset
 //! (`seq`, never an offset), and the dry run of a bulk action on dead events
-//! ([`Store::dead_preview`]) whose [`DeadBound`] the confirmation acts within
+//! ([`Operate::dead_preview`](crate::operate::Operate::dead_preview)) whose [`DeadBound`] the confirmation acts within
 //! ([`Audited::redrive_confirmed`], [`Audited::discard_confirmed`]): the events the
 //! preview counted, not whatever matches the filter by then.
 //!
 //! [`Audited::redrive_confirmed`]: super::Audited::redrive_confirmed
 //! [`Audited::discard_confirmed`]: super::Audited::discard_confirmed
 
+use super::Operate;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +20,6 @@ use sqlx::{Postgres, Row};
 use super::outbox::{count, DEAD_LIST};
 use super::{format_age, format_time, seconds, secs, DeadSelection};
 use crate::outbox::DeadEvent;
-use crate::Store;
 
 /// The pending events, oldest first, after the `seq` $8 (NULL: from the first), $9 how
 /// many; filtered as [`super::outbox::MATCHES`] says, its bound NULL. Through the pending
@@ -142,7 +142,7 @@ impl fmt::Display for EventFilter {
     }
 }
 
-/// The dead events a preview counted ([`Store::dead_preview`]): those of its filter no
+/// The dead events a preview counted ([`Operate::dead_preview`](crate::operate::Operate::dead_preview)): those of its filter no
 /// later in the outbox than the highest `seq` it saw and parked no later than the instant
 /// it was taken (by the database's clock), with how many they were. Ages in the filter
 /// count from that instant too, so that no event comes of age between the preview and
@@ -206,14 +206,14 @@ impl fmt::Display for DeadBound {
     }
 }
 
-/// The dry run of a bulk action on dead events ([`Store::dead_preview`]).
+/// The dry run of a bulk action on dead events ([`Operate::dead_preview`](crate::operate::Operate::dead_preview)).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadPreview {
     /// How many dead events the filter names.
     pub events: u64,
     /// How many of them were written before the re-drive window
-    /// ([`Store::redrive_max_age`]): a re-drive of them is forced or refused.
+    /// ([`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age)): a re-drive of them is forced or refused.
     pub outside_window: u64,
     /// The first of them, oldest first.
     pub first: Vec<DeadEvent>,
@@ -262,7 +262,7 @@ pub enum ConfirmError {
         outside: u64,
         /// The age of the oldest of them, since it was written.
         oldest: Duration,
-        /// The window: [`Store::redrive_max_age`].
+        /// The window: [`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age).
         max_age: Duration,
     },
     /// The database failed; nothing was done.
@@ -309,7 +309,7 @@ impl From<sqlx::Error> for ConfirmError {
     }
 }
 
-/// A pending event ([`Store::pending_events`]).
+/// A pending event ([`Operate::pending_events`](crate::operate::Operate::pending_events)).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct PendingEvent {
@@ -376,12 +376,12 @@ impl<T, C> Page<T, C> {
     }
 }
 
-impl Store {
+impl Operate<'_> {
     /// The dead events `filter` names, oldest first, `limit` of them after the event
     /// whose `seq` is `after` (`None`: from the first). The page's [`Page::next`] is the
     /// next page's `after`.
     pub async fn dead_page(
-        &self,
+        self,
         filter: &EventFilter,
         after: Option<i64>,
         limit: u32,
@@ -403,7 +403,7 @@ impl Store {
     /// last error is that of its last failed attempt), oldest first, `limit` of them
     /// after the event whose `seq` is `after` (`None`: from the first).
     pub async fn pending_events(
-        &self,
+        self,
         filter: &EventFilter,
         after: Option<i64>,
         limit: u32,
@@ -432,11 +432,11 @@ impl Store {
     ///
     /// let mut filter = EventFilter::default();
     /// filter.reason = Some("no stream captures the subject".into());
-    /// let preview = store.dead_preview(&filter, 20).await?;
+    /// let preview = store.operate().dead_preview(&filter, 20).await?;
     /// println!("{} events, the first: {:?}", preview.events, preview.first);
     /// if let Some(bound) = preview.bound {
     ///     // ... once the operator said yes:
-    ///     let ops = store.audited(Operator::new("ana@example.com", "support-tool"));
+    ///     let ops = store.operate().audited(Operator::new("ana@example.com", "support-tool"));
     ///     let done = ops.redrive_confirmed(&filter, &bound, false).await?;
     ///     println!("re-drove {}, {} parked since", done.moved, done.left);
     /// }
@@ -446,11 +446,11 @@ impl Store {
     /// [`Audited::redrive_confirmed`]: super::Audited::redrive_confirmed
     /// [`Audited::discard_confirmed`]: super::Audited::discard_confirmed
     pub async fn dead_preview(
-        &self,
+        self,
         filter: &EventFilter,
         rows: u32,
     ) -> Result<DeadPreview, sqlx::Error> {
-        let max_age = self.inner.redrive_max_age.as_secs_f64();
+        let max_age = self.store.inner.redrive_max_age.as_secs_f64();
         let found = self
             .outbox_rows(PREVIEW, |q| filter.bind(q, None).bind(max_age))
             .await?;

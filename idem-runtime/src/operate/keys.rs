@@ -1,6 +1,7 @@
 //! The idempotency table as an operator sees it: one key's record, a list of records,
 //! counts per scope, and purging one key.
 
+use super::Operate;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -11,9 +12,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
 
 use super::{instant, rfc3339, Page};
-use crate::table::{statement, PrincipalType};
-use crate::Store;
 use crate::header::IdempotencyKey;
+use crate::table::{statement, PrincipalType};
 
 /// A committed record. $1 its stored scope, $2 its principal, $3 the key, $4 whether to
 /// read the body.
@@ -101,7 +101,7 @@ SELECT principal, count(*) OVER () AS holders
 /// The mark between a scope and its spread in a stored scope ([`crate::identity`]).
 const SPREAD_MARK: char = '\u{1f}';
 
-/// One key's committed record, as [`Store::key`] finds it.
+/// One key's committed record, as [`Operate::key`](crate::operate::Operate::key) finds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct KeyDetail {
@@ -127,7 +127,7 @@ pub struct KeyDetail {
     pub body: Option<Vec<u8>>,
 }
 
-/// A recorded step of a request that has not committed ([`Store::key_steps`]): an outside
+/// A recorded step of a request that has not committed ([`Operate::key_steps`](crate::operate::Operate::key_steps)): an outside
 /// call its retry will not make again. A committed request's steps are gone with its
 /// COMMIT.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -149,7 +149,7 @@ pub struct StepRecord {
     pub result: Option<String>,
 }
 
-/// A committed record in a list ([`Store::keys`]).
+/// A committed record in a list ([`Operate::keys`](crate::operate::Operate::keys)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct KeySummary {
@@ -177,7 +177,7 @@ pub struct KeySummary {
     pub body_bytes: usize,
 }
 
-/// Which records [`Store::keys`] and [`Store::keys_page`] list. The default lists the 50
+/// Which records [`Operate::keys`](crate::operate::Operate::keys) and [`Operate::keys_page`](crate::operate::Operate::keys_page) list. The default lists the 50
 /// newest live records of every scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -210,7 +210,7 @@ impl Default for KeyFilter {
     }
 }
 
-/// Where a page of [`Store::keys_page`] ends: its last record's creation, stored scope,
+/// Where a page of [`Operate::keys_page`](crate::operate::Operate::keys_page) ends: its last record's creation, stored scope,
 /// principal and key. Written as text (`Display`) and read back (`FromStr`) for a link
 /// to the next page: four fields, the last three in hex, dot-separated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,7 +241,7 @@ impl FromStr for KeyCursor {
     }
 }
 
-/// The records of one scope ([`Store::key_counts`]).
+/// The records of one scope ([`Operate::key_counts`](crate::operate::Operate::key_counts)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct KeyCounts {
@@ -269,13 +269,13 @@ struct Statements {
     holders: SqlStr,
 }
 
-impl Store {
+impl Operate<'_> {
     /// `sql` for this store: `{table}` its idempotency table, `{steps}` its steps table,
     /// `{p2}` the principal's parameter $2 cast to the column's type.
-    pub(super) fn key_sql(&self, sql: &str) -> SqlStr {
-        let table = self.inner.table_name.qualified();
-        let p2 = self.inner.dialect.principal_type.parameter();
-        let steps = self.inner.steps_table.qualified();
+    pub(super) fn key_sql(self, sql: &str) -> SqlStr {
+        let table = self.store.inner.table_name.qualified();
+        let p2 = self.store.inner.dialect.principal_type.parameter();
+        let steps = self.store.inner.steps_table.qualified();
         statement(
             sql.replace("{table}", &table)
                 .replace("{steps}", &steps)
@@ -283,7 +283,7 @@ impl Store {
         )
     }
 
-    fn key_statements(&self) -> Statements {
+    fn key_statements(self) -> Statements {
         let render = |sql: &str| self.key_sql(sql);
         Statements {
             key: render(KEY),
@@ -301,7 +301,7 @@ impl Store {
     /// long or has spaces, control characters or non-ASCII), so that an operator finds a
     /// record by the id they know. Each: the stored key, the stored scope, the principal.
     pub(super) fn spelled_places(
-        &self,
+        self,
         scope: &str,
         principal: &str,
         key: &str,
@@ -315,7 +315,8 @@ impl Store {
         spellings
             .into_iter()
             .flat_map(|spelling| {
-                self.places(scope, principal, &spelling)
+                self.store
+                    .places(scope, principal, &spelling)
                     .unwrap_or_default()
                     .into_iter()
                     .map(move |(stored, place)| (spelling.clone(), stored.into_owned(), place))
@@ -326,29 +327,34 @@ impl Store {
     /// A statement of this module as the store sends it: unnamed behind a transaction
     /// pooler.
     pub(super) fn operator_query(
-        &self,
+        self,
         sql: SqlStr,
     ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        sqlx::query(sql).persistent(self.inner.table.persistent())
+        sqlx::query(sql).persistent(self.store.inner.table.persistent())
     }
 
     /// The committed record of `key` for `principal` (`""` for none) in `scope`, found
-    /// where [`Store::inspect`] finds it, with its fingerprint and stored headers, and
+    /// where [`Store::inspect`](crate::Store::inspect) finds it, with its fingerprint and stored headers, and
     /// its body when `with_body` (it may carry personal data: ask only when needed).
     /// `key` as the request or the caller of `run_once` gave it: a plain-text key that
     /// is stored hashed (long, or not visible ASCII) is found by its text too.
     pub async fn key(
-        &self,
+        self,
         scope: &str,
         principal: &str,
         key: &str,
         with_body: bool,
     ) -> Result<Option<KeyDetail>, sqlx::Error> {
         let sql = self.key_statements().key;
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let mut found: Option<KeyDetail> = None;
         for (key, stored, place) in self.spelled_places(scope, principal, key) {
-            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let mut conn = self
+                .store
+                .inner
+                .table
+                .single(&self.store.inner.pool)
+                .await?;
             let row = self
                 .operator_query(sql.clone())
                 .bind(stored)
@@ -370,21 +376,26 @@ impl Store {
     }
 
     /// The recorded steps of `key` for `principal` (`""` for none) in `scope`, found
-    /// where [`Store::key`] looks, oldest first: what a request that has not committed
+    /// where [`Operate::key`](crate::operate::Operate::key) looks, oldest first: what a request that has not committed
     /// (it failed after its steps, or its process died) will not call again on retry.
     /// Their results only `with_results`.
     pub async fn key_steps(
-        &self,
+        self,
         scope: &str,
         principal: &str,
         key: &str,
         with_results: bool,
     ) -> Result<Vec<StepRecord>, sqlx::Error> {
         let sql = self.key_statements().steps;
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let mut steps = Vec::new();
         for (key, stored, place) in self.spelled_places(scope, principal, key) {
-            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let mut conn = self
+                .store
+                .inner
+                .table
+                .single(&self.store.inner.pool)
+                .await?;
             let rows = self
                 .operator_query(sql.clone())
                 .bind(stored)
@@ -414,24 +425,29 @@ impl Store {
 
     /// The authenticated principals that hold `key` in `scope` (a committed record or a
     /// recorded step), in order, at most `limit` of them, and how many there are: where
-    /// to look when [`Store::key`] finds nothing without a principal. Keys without a
+    /// to look when [`Operate::key`](crate::operate::Operate::key) finds nothing without a principal. Keys without a
     /// principal are not counted, whatever value they are kept under. `key` as for
-    /// [`Store::key`]. It reads the whole scope (no index leads with the key): an
+    /// [`Operate::key`](crate::operate::Operate::key). It reads the whole scope (no index leads with the key): an
     /// operator's question, not a request's.
     pub async fn key_principals(
-        &self,
+        self,
         scope: &str,
         key: &str,
         limit: u32,
     ) -> Result<(Vec<String>, u64), sqlx::Error> {
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let mut spellings: Vec<String> = self
             .spelled_places(scope, "", key)
             .into_iter()
             .map(|(spelling, _, _)| spelling)
             .collect();
         spellings.dedup();
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = self
             .operator_query(self.key_statements().holders)
             .bind(scope)
@@ -453,8 +469,8 @@ impl Store {
     }
 
     /// Committed records, newest first, as `filter` selects them: the first
-    /// [`Store::keys_page`].
-    pub async fn keys(&self, filter: &KeyFilter) -> Result<Vec<KeySummary>, sqlx::Error> {
+    /// [`Operate::keys_page`](crate::operate::Operate::keys_page).
+    pub async fn keys(self, filter: &KeyFilter) -> Result<Vec<KeySummary>, sqlx::Error> {
         Ok(self.keys_page(filter, None).await?.rows)
     }
 
@@ -463,11 +479,11 @@ impl Store {
     /// page's [`Page::next`] is the next page's `after`: a keyset, so records written
     /// meanwhile (newer than the first page) neither shift nor repeat a row.
     pub async fn keys_page(
-        &self,
+        self,
         filter: &KeyFilter,
         after: Option<&KeyCursor>,
     ) -> Result<Page<KeySummary, KeyCursor>, sqlx::Error> {
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let principal = match filter.principal.as_deref() {
             None => None,
             Some(p) => match principal_type.canonical(p) {
@@ -481,7 +497,12 @@ impl Store {
             },
         };
         let limit = filter.limit.max(1);
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = self
             .operator_query(self.key_statements().list)
             .bind(filter.scope.as_deref())
@@ -513,8 +534,13 @@ impl Store {
     }
 
     /// Committed records per scope: live, expiring within `within`, and expired.
-    pub async fn key_counts(&self, within: Duration) -> Result<Vec<KeyCounts>, sqlx::Error> {
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+    pub async fn key_counts(self, within: Duration) -> Result<Vec<KeyCounts>, sqlx::Error> {
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = self
             .operator_query(self.key_statements().counts)
             .bind(within.as_secs_f64())
@@ -536,39 +562,16 @@ impl Store {
             .collect()
     }
 
-    /// Deletes the committed record of `key` for `principal` in `scope` in every place
-    /// [`Store::inspect`] looks, so that the next request with the key runs afresh.
-    /// Returns how many records went (0: none was there). A request in flight with the
-    /// key is not touched (in the portable mode, where such a request holds the key's
-    /// row, the delete waits for it to end). This store's
-    /// [`replay_cache`](crate::StoreBuilder::replay_cache) is emptied; another
-    /// instance's replays from its own within its `max_stale`.
-    ///
-    /// Nothing records who purged: an operator's purge goes through
-    /// [`Store::audited`], which writes it to the audit trail in the same transaction.
-    pub async fn purge_key(
-        &self,
-        scope: &str,
-        principal: &str,
-        key: &str,
-    ) -> Result<u64, sqlx::Error> {
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let purged = self.purge_key_on(&mut conn, scope, principal, key).await?;
-        conn.finish().await?;
-        self.purged_answers();
-        Ok(purged)
-    }
-
-    /// [`Store::purge_key`]'s deletes on `conn`: how many records went.
+    /// [`Audited::purge_key`](crate::operate::Audited::purge_key)'s deletes on `conn`: how many records went.
     pub(super) async fn purge_key_on(
-        &self,
+        self,
         conn: &mut PgConnection,
         scope: &str,
         principal: &str,
         key: &str,
     ) -> Result<u64, sqlx::Error> {
         let sql = self.key_statements().purge_key;
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let mut purged = 0;
         for (key, stored, place) in self.spelled_places(scope, principal, key) {
             let done = self
@@ -585,8 +588,8 @@ impl Store {
 
     /// After a purge: whatever this store kept in memory
     /// ([`StoreBuilder::replay_cache`](crate::StoreBuilder::replay_cache)) goes too.
-    pub(super) fn purged_answers(&self) {
-        if let Some(answers) = &self.inner.answers {
+    pub(super) fn purged_answers(self) {
+        if let Some(answers) = &self.store.inner.answers {
             answers.clear();
         }
     }

@@ -6,16 +6,16 @@
 //! and the transaction's start, and the key's row and the event's row both take that start
 //! as their `created_at` (`now()`, one instant for the whole transaction). So the events of
 //! a key are the outbox rows created at the instant its record was, whose id the key
-//! derives for some place ([`Store::key_events`]); and the request of an event is the
-//! record created at the event's instant that derives its id ([`Store::event_request`]).
+//! derives for some place ([`Operate::key_events`](crate::operate::Operate::key_events)); and the request of an event is the
+//! record created at the event's instant that derives its id ([`Operate::event_request`](crate::operate::Operate::event_request)).
 //! Each link is checked by the id, so two transactions that began in the same microsecond
 //! are told apart.
 
+use super::Operate;
 use sqlx::Row;
 
 use super::keys::owner;
 use crate::table::outbox::{attempt_hash, attempt_prefix, event_id};
-use crate::Store;
 
 /// How many of a request's events a link tries: an event is found by its place among
 /// them, which its row does not record.
@@ -55,7 +55,7 @@ SELECT scope, principal::text AS principal, key
  WHERE created_at = timestamptz 'epoch' + $1::bigint * interval '1 microsecond'
    AND status IS NOT NULL";
 
-/// An event a request wrote that is still in the outbox ([`Store::key_events`]).
+/// An event a request wrote that is still in the outbox ([`Operate::key_events`](crate::operate::Operate::key_events)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyEvent {
@@ -73,8 +73,8 @@ pub struct KeyEvent {
     pub last_error: Option<String>,
 }
 
-/// The key of the request that wrote an event ([`Store::event_request`]), as
-/// [`Store::key`] looks it up.
+/// The key of the request that wrote an event ([`Operate::event_request`](crate::operate::Operate::event_request)), as
+/// [`Operate::key`](crate::operate::Operate::key) looks it up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestKey {
@@ -104,10 +104,10 @@ fn unspread(stored: &str) -> &str {
     stored.split('\u{1f}').next().unwrap_or(stored)
 }
 
-impl Store {
+impl Operate<'_> {
     /// The events the committed request of `key` for `principal` (`""` for none) in
     /// `scope` wrote that are still in the outbox, pending or dead, in the order they
-    /// were written. `key` as [`Store::key`] takes it.
+    /// were written. `key` as [`Operate::key`](crate::operate::Operate::key) takes it.
     ///
     /// An outbox row does not record its key; its id does, one way: `Tx::emit` derives it
     /// from the writing attempt (scope, principal, key, the event's topic and its place
@@ -119,20 +119,25 @@ impl Store {
     /// written without a key (its id is random), an event whose record expired and was
     /// swept, was purged, or was taken over by a later request with the key (a new
     /// `created_at`), and a request's events past its 4 096th. A request that has not
-    /// committed wrote no event: its recorded steps are [`Store::key_steps`].
+    /// committed wrote no event: its recorded steps are [`Operate::key_steps`](crate::operate::Operate::key_steps).
     ///
     /// It reads the outbox's rows (no index leads with `created_at`): what is pending and
     /// dead, a small table while the relay keeps up.
     pub async fn key_events(
-        &self,
+        self,
         scope: &str,
         principal: &str,
         key: &str,
     ) -> Result<Vec<KeyEvent>, sqlx::Error> {
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         let sql = self.key_sql(RECORD_AT);
         for (spelling, stored, place) in self.spelled_places(scope, principal, key) {
-            let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            let mut conn = self
+                .store
+                .inner
+                .table
+                .single(&self.store.inner.pool)
+                .await?;
             let row = self
                 .operator_query(sql.clone())
                 .bind(stored)
@@ -170,11 +175,11 @@ impl Store {
 
     /// The key of the committed request that wrote the outbox event `id` (pending or
     /// dead): the record created at the event's instant whose key derives its id
-    /// ([`Store::key_events`] says how); `None` when no record is left to say (when no
+    /// ([`Operate::key_events`](crate::operate::Operate::key_events) says how); `None` when no record is left to say (when no
     /// link reaches, it says too). It reads
     /// the whole idempotency table (no index leads with `created_at`): an operator's
     /// question, asked one event at a time.
-    pub async fn event_request(&self, id: &str) -> Result<Option<RequestKey>, sqlx::Error> {
+    pub async fn event_request(self, id: &str) -> Result<Option<RequestKey>, sqlx::Error> {
         let id = id.to_owned();
         let found = self.outbox_rows(EVENT_AT, |q| q.bind(id.clone())).await?;
         let Some(event) = found.first() else {
@@ -183,14 +188,19 @@ impl Store {
         let topic: String = event.try_get("topic")?;
         let created_us: i64 = event.try_get("created_us")?;
         let began: f64 = event.try_get("began")?;
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = self
             .operator_query(self.key_sql(RECORDS_AT))
             .bind(created_us)
             .fetch_all(&mut *conn)
             .await?;
         conn.finish().await?;
-        let principal_type = self.inner.dialect.principal_type;
+        let principal_type = self.store.inner.dialect.principal_type;
         for row in rows {
             let stored_scope: String = row.try_get("scope")?;
             let principal: String = row.try_get("principal")?;

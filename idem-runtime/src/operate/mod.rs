@@ -2,29 +2,29 @@
 //! that the command-line tool (`idem-cli`) and the console (`idem::console`, feature
 //! `console`) both stand on.
 //!
-//! - keys: one key's record ([`Store::key`]), a list by scope, principal or age
-//!   ([`Store::keys`]), counts per scope ([`Store::key_counts`]), purging one key
-//!   ([`Store::purge_key`]); sweeping is [`Store::purge_expired`]; the requests that
-//!   recorded steps and have not committed ([`Store::abandoned`]);
-//! - the outbox: pending events per topic ([`Store::outbox_pending`]), the events that
-//!   are leased or backing off ([`Store::outbox_leases`]), ordering keys held up behind
-//!   an event ([`Store::outbox_blocked`]), dead events grouped by reason
-//!   ([`Store::dead_reasons`]), listed ([`Store::dead_events_in`]), re-driven
-//!   ([`Store::redrive_dead`], within the re-drive window; [`Store::redrive_dead_forced`]
-//!   past it) or discarded ([`Store::discard_dead`]), by id, by reason or all
-//!   ([`DeadSelection`]);
-//! - the outbox's events found: pending ([`Store::pending_events`]) and dead
-//!   ([`Store::dead_page`]) events by id, reason, topic, ordering key prefix or age
+//! - keys: one key's record ([`Operate::key`]), a list by scope, principal or age
+//!   ([`Operate::keys`]), counts per scope ([`Operate::key_counts`]), purging one key
+//!   ([`Audited::purge_key`]); sweeping is [`Audited::purge_expired`]; the requests that
+//!   recorded steps and have not committed ([`Operate::abandoned`]);
+//! - the outbox: pending events per topic ([`Operate::outbox_pending`]), the events that
+//!   are leased or backing off ([`Operate::outbox_leases`]), ordering keys held up behind
+//!   an event ([`Operate::outbox_blocked`]), dead events grouped by reason
+//!   ([`Operate::dead_reasons`]), listed ([`Operate::dead_events_in`]), re-driven
+//!   ([`Audited::redrive_dead`], within the re-drive window;
+//!   [`Audited::redrive_dead_forced`] past it) or discarded ([`Audited::discard_dead`]), by
+//!   id, by reason or all ([`DeadSelection`]);
+//! - the outbox's events found: pending ([`Operate::pending_events`]) and dead
+//!   ([`Operate::dead_page`]) events by id, reason, topic, ordering key prefix or age
 //!   ([`EventFilter`]), a [`Page`] at a time by keyset; a bulk action's dry run
-//!   ([`Store::dead_preview`]), whose [`DeadBound`] its confirmation acts within
+//!   ([`Operate::dead_preview`]), whose [`DeadBound`] its confirmation acts within
 //!   ([`Audited::redrive_confirmed`], [`Audited::discard_confirmed`]);
-//! - what links a key to the events its request wrote ([`Store::key_events`]) and an
-//!   event to the request that wrote it ([`Store::event_request`]);
-//! - an event's last ten failed publishes ([`Store::event_errors`]), and the relays
-//!   holding their sessions, by host and process ([`Store::outbox_relays`]);
-//! - the audit trail: the same actions taken by an [`Operator`] ([`Store::audited`]),
+//! - what links a key to the events its request wrote ([`Operate::key_events`]) and an
+//!   event to the request that wrote it ([`Operate::event_request`]);
+//! - an event's last ten failed publishes ([`Operate::event_errors`]), and the relays
+//!   holding their sessions, by host and process ([`Operate::outbox_relays`]);
+//! - the audit trail: the same actions taken by an [`Operator`] ([`Operate::audited`]),
 //!   each recorded in the audit table in its own transaction, and the trail read back,
-//!   newest first ([`Store::audit_log`]);
+//!   newest first ([`Operate::audit_log`]);
 //! - with the `metrics` feature, what this process counted of its requests
 //!   (`request_counts`).
 //!
@@ -33,29 +33,6 @@
 //! within what a distributed engine runs (no row locks, no session state). Response
 //! bodies and event payloads are read only when asked for: they carry personal data.
 //!
-//! [`Store::key`]: crate::Store::key
-//! [`Store::keys`]: crate::Store::keys
-//! [`Store::key_counts`]: crate::Store::key_counts
-//! [`Store::purge_key`]: crate::Store::purge_key
-//! [`Store::purge_expired`]: crate::Store::purge_expired
-//! [`Store::abandoned`]: crate::Store::abandoned
-//! [`Store::outbox_pending`]: crate::Store::outbox_pending
-//! [`Store::outbox_leases`]: crate::Store::outbox_leases
-//! [`Store::outbox_blocked`]: crate::Store::outbox_blocked
-//! [`Store::dead_reasons`]: crate::Store::dead_reasons
-//! [`Store::dead_events_in`]: crate::Store::dead_events_in
-//! [`Store::redrive_dead`]: crate::Store::redrive_dead
-//! [`Store::redrive_dead_forced`]: crate::Store::redrive_dead_forced
-//! [`Store::discard_dead`]: crate::Store::discard_dead
-//! [`Store::pending_events`]: crate::Store::pending_events
-//! [`Store::dead_page`]: crate::Store::dead_page
-//! [`Store::dead_preview`]: crate::Store::dead_preview
-//! [`Store::key_events`]: crate::Store::key_events
-//! [`Store::event_request`]: crate::Store::event_request
-//! [`Store::event_errors`]: crate::Store::event_errors
-//! [`Store::outbox_relays`]: crate::Store::outbox_relays
-//! [`Store::audited`]: crate::Store::audited
-//! [`Store::audit_log`]: crate::Store::audit_log
 
 mod abandoned;
 mod audit;
@@ -68,10 +45,46 @@ mod relays;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::store::Store;
+
+/// The operators' side of a store ([`Store::operate`](crate::Store::operate)): what the console and the
+/// command-line tool read, and, as an [`Operator`] ([`Operate::audited`]), what they do.
+/// Every action goes through [`Audited`], recorded in the audit table.
+#[derive(Debug, Clone, Copy)]
+pub struct Operate<'a> {
+    store: &'a Store,
+}
+
+impl Store {
+    /// The operators' queries of this store's tables, and their audited actions.
+    pub fn operate(&self) -> Operate<'_> {
+        Operate { store: self }
+    }
+}
+
+impl<'a> Operate<'a> {
+    /// The store it reads.
+    pub fn store(&self) -> &'a Store {
+        self.store
+    }
+
+    /// How long a request that recorded a step may go without committing before it
+    /// counts as abandoned ([`StoreBuilder::abandoned_after`](crate::StoreBuilder::abandoned_after)).
+    pub fn abandoned_after(self) -> Duration {
+        self.store.inner.abandoned_after
+    }
+
+    /// The re-drive window ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)): a dead event written
+    /// at least this long ago is re-driven only when forced.
+    pub fn redrive_max_age(self) -> Duration {
+        self.store.inner.redrive_max_age
+    }
+}
+
+pub use crate::inspect::KeyRecord;
 pub use abandoned::{
     Abandoned, AbandonedCursor, AbandonedFilter, AbandonedStep, CompletionStage, CompletionState,
 };
-pub use crate::inspect::KeyRecord;
 pub use audit::{AuditEntry, Audited, Operator};
 pub use errors::FailedPublish;
 pub use events::{

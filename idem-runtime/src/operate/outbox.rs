@@ -3,6 +3,7 @@
 //! the reason they failed, re-driven (within the re-drive window unless forced) or
 //! discarded by id, by reason or all at once.
 
+use super::Operate;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +15,6 @@ use super::events::{DeadBound, EventFilter};
 use super::{format_age, instant, rfc3339, seconds, secs};
 use crate::outbox::DeadEvent;
 use crate::table::statement;
-use crate::Store;
 
 /// Pending events per topic: how many, the age of the oldest, and how many are held
 /// (under a lease, or waiting out the backoff after a failed attempt).
@@ -149,7 +149,7 @@ SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error
 const LAG: &str = "\
 SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {table} WHERE dead_at IS NULL";
 
-/// The pending events of one topic ([`Store::outbox_pending`]).
+/// The pending events of one topic ([`Operate::outbox_pending`](crate::operate::Operate::outbox_pending)).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct TopicPending {
@@ -165,7 +165,7 @@ pub struct TopicPending {
     pub held: u64,
 }
 
-/// A pending event that no relay may take before `until` ([`Store::outbox_leases`]):
+/// A pending event that no relay may take before `until` ([`Operate::outbox_leases`](crate::operate::Operate::outbox_leases)):
 /// a relay leases it, or it waits out the backoff after a failed attempt
 /// (`last_error` then says why).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -191,7 +191,7 @@ pub struct Lease {
 }
 
 /// An ordering key whose pending events wait behind its first one
-/// ([`Store::outbox_blocked`]).
+/// ([`Operate::outbox_blocked`](crate::operate::Operate::outbox_blocked)).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct BlockedKey {
@@ -203,7 +203,7 @@ pub struct BlockedKey {
     pub waiting: u64,
 }
 
-/// The dead events that failed for one reason ([`Store::dead_reasons`]).
+/// The dead events that failed for one reason ([`Operate::dead_reasons`](crate::operate::Operate::dead_reasons)).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct DeadReason {
@@ -221,7 +221,7 @@ pub struct DeadReason {
     pub newest: Duration,
 }
 
-/// A dead event with what it carries ([`Store::dead_event`]).
+/// A dead event with what it carries ([`Operate::dead_event`](crate::operate::Operate::dead_event)).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadDetail {
@@ -310,14 +310,14 @@ impl fmt::Display for DeadSelection {
     }
 }
 
-/// Why [`Store::redrive_dead`] re-drove nothing.
+/// Why [`Audited::redrive_dead`](crate::operate::Audited::redrive_dead) re-drove nothing.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedriveError {
     /// Some of the selected events are outside the re-drive window: written at least
-    /// [`Store::redrive_max_age`] ago, so their consumers may have forgotten a first
+    /// [`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age) ago, so their consumers may have forgotten a first
     /// delivery of them and would apply a second. None of the selection was re-driven;
-    /// [`Store::redrive_dead_forced`] re-drives it anyway.
+    /// [`Audited::redrive_dead_forced`](crate::operate::Audited::redrive_dead_forced) re-drives it anyway.
     OutsideWindow {
         /// How many events the selection named.
         selected: u64,
@@ -325,7 +325,7 @@ pub enum RedriveError {
         outside: u64,
         /// The age of the oldest of them, since it was written.
         oldest: Duration,
-        /// The window: [`Store::redrive_max_age`].
+        /// The window: [`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age).
         max_age: Duration,
     },
     /// The database failed; nothing was re-driven.
@@ -368,19 +368,19 @@ impl From<sqlx::Error> for RedriveError {
     }
 }
 
-impl Store {
-    fn outbox_statement(&self, sql: &str) -> SqlStr {
+impl Operate<'_> {
+    fn outbox_statement(self, sql: &str) -> SqlStr {
         statement(
             sql.replace("{selected}", &format!("dead_at IS NOT NULL AND {MATCHES}"))
                 .replace("{pending}", &format!("dead_at IS NULL AND {MATCHES}"))
-                .replace("{table}", self.inner.outbox.qualified()),
+                .replace("{table}", self.store.inner.outbox.qualified()),
         )
     }
 
     /// The rows `sql` (a statement of this module or of [`super::events`]) answers, its
     /// parameters bound by `bind`, on a connection of its own.
     pub(super) async fn outbox_rows(
-        &self,
+        self,
         sql: &str,
         bind: impl FnOnce(
             sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
@@ -388,8 +388,13 @@ impl Store {
             -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<Vec<PgRow>, sqlx::Error> {
         let query =
-            sqlx::query(self.outbox_statement(sql)).persistent(self.inner.table.persistent());
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
+            sqlx::query(self.outbox_statement(sql)).persistent(self.store.inner.table.persistent());
+        let mut conn = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
         let rows = bind(query).fetch_all(&mut *conn).await?;
         conn.finish().await?;
         Ok(rows)
@@ -397,7 +402,7 @@ impl Store {
 
     /// The age of the oldest pending event (dead ones aside), `None` when none is
     /// pending: what the relay reports as `idem_outbox_lag_seconds`.
-    pub async fn outbox_lag(&self) -> Result<Option<Duration>, sqlx::Error> {
+    pub async fn outbox_lag(self) -> Result<Option<Duration>, sqlx::Error> {
         let rows = self.outbox_rows(LAG, |q| q).await?;
         let age: Option<f64> = match rows.first() {
             Some(row) => row.try_get(0)?,
@@ -407,7 +412,7 @@ impl Store {
     }
 
     /// Pending events per topic (dead ones aside), by topic.
-    pub async fn outbox_pending(&self) -> Result<Vec<TopicPending>, sqlx::Error> {
+    pub async fn outbox_pending(self) -> Result<Vec<TopicPending>, sqlx::Error> {
         let rows = self.outbox_rows(PENDING, |q| q).await?;
         rows.iter()
             .map(|row| {
@@ -423,7 +428,7 @@ impl Store {
 
     /// Pending events no relay may take now, the soonest free first, at most `limit`:
     /// which relay leases what until when, and what waits out a backoff.
-    pub async fn outbox_leases(&self, limit: u32) -> Result<Vec<Lease>, sqlx::Error> {
+    pub async fn outbox_leases(self, limit: u32) -> Result<Vec<Lease>, sqlx::Error> {
         let rows = self.outbox_rows(HELD, |q| q.bind(i64::from(limit))).await?;
         rows.iter().map(lease).collect()
     }
@@ -431,7 +436,7 @@ impl Store {
     /// Ordering keys whose later events wait behind a first one that a relay has taken
     /// and not yet published (leased, or backing off after failures), oldest first, at
     /// most `limit`: each with the event that holds it.
-    pub async fn outbox_blocked(&self, limit: u32) -> Result<Vec<BlockedKey>, sqlx::Error> {
+    pub async fn outbox_blocked(self, limit: u32) -> Result<Vec<BlockedKey>, sqlx::Error> {
         let rows = self
             .outbox_rows(BLOCKED, |q| q.bind(i64::from(limit)))
             .await?;
@@ -448,7 +453,7 @@ impl Store {
 
     /// Dead events grouped by the reason they failed (their last error), the most
     /// numerous first.
-    pub async fn dead_reasons(&self) -> Result<Vec<DeadReason>, sqlx::Error> {
+    pub async fn dead_reasons(self) -> Result<Vec<DeadReason>, sqlx::Error> {
         let rows = self.outbox_rows(DEAD_REASONS, |q| q).await?;
         rows.iter()
             .map(|row| {
@@ -466,9 +471,9 @@ impl Store {
     }
 
     /// The dead events `selection` names, oldest first, at most `limit`
-    /// ([`Store::dead_page`] filters more, a page at a time).
+    /// ([`Operate::dead_page`](crate::operate::Operate::dead_page) filters more, a page at a time).
     pub async fn dead_events_in(
-        &self,
+        self,
         selection: &DeadSelection,
         limit: u32,
     ) -> Result<Vec<DeadEvent>, sqlx::Error> {
@@ -486,12 +491,12 @@ impl Store {
 
     /// How many dead events `selection` names: what a re-drive or a discard of it would
     /// move now.
-    pub async fn dead_count(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
+    pub async fn dead_count(self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
         self.dead_matching(&EventFilter::from(selection)).await
     }
 
     /// How many dead events `filter` names now.
-    pub async fn dead_matching(&self, filter: &EventFilter) -> Result<u64, sqlx::Error> {
+    pub async fn dead_matching(self, filter: &EventFilter) -> Result<u64, sqlx::Error> {
         let rows = self
             .outbox_rows(DEAD_COUNT, |q| filter.bind(q, None))
             .await?;
@@ -504,7 +509,7 @@ impl Store {
     /// One dead event, with its headers, and its payload when `with_payload` (it may
     /// carry personal data: ask only when needed).
     pub async fn dead_event(
-        &self,
+        self,
         id: &str,
         with_payload: bool,
     ) -> Result<Option<DeadDetail>, sqlx::Error> {
@@ -524,59 +529,18 @@ impl Store {
         }))
     }
 
-    /// Makes the dead events `selection` names pending again, their attempts reset, and
-    /// returns how many, if all of them are within the re-drive window: written less
-    /// than [`Store::redrive_max_age`] ago. If one is not, it re-drives none and answers
-    /// [`RedriveError::OutsideWindow`], with how many are outside and the oldest's age,
-    /// so that the operator decides: a partial re-drive would leave them guessing which
-    /// moved. Check and move are one statement: no event ages between them.
-    ///
-    /// The window is what keeps a re-drive exactly-once for consumers that deduplicate
-    /// deliveries with [`Store::run_once`]: a dead event may have reached them before
-    /// (its publish failed after the broker took it), and their record of it expires
-    /// with its ttl. Past the window, [`Store::redrive_dead_forced`] re-drives anyway.
-    ///
-    /// Their ordering keys' later events, published meanwhile, are not held back for
-    /// them.
-    pub async fn redrive_dead(&self, selection: &DeadSelection) -> Result<u64, RedriveError> {
-        let done = self.redrive(selection, false).await?;
-        done.unforced(self.inner.redrive_max_age)
-    }
-
-    /// Makes the dead events `selection` names pending again, their attempts reset, and
-    /// returns how many, whatever their age: [`Store::redrive_dead`] without the
-    /// re-drive window. For events whose consumers are known to take them again
-    /// safely, or that never reached them.
-    pub async fn redrive_dead_forced(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
-        Ok(self.redrive(selection, true).await?.moved)
-    }
-
-    /// [`REDRIVE`] on a connection of its own; `force` moves events outside the window
-    /// too.
-    async fn redrive(
-        &self,
-        selection: &DeadSelection,
-        force: bool,
-    ) -> Result<Redriven, sqlx::Error> {
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let filter = EventFilter::from(selection);
-        let done = self.redrive_on(&mut conn, &filter, None, force).await?;
-        conn.finish().await?;
-        Ok(done)
-    }
-
     /// [`REDRIVE`] on `conn`: the dead events `filter` names, within `bound` if any (and
     /// then none if the bound holds more than it counted).
     pub(super) async fn redrive_on(
-        &self,
+        self,
         conn: &mut PgConnection,
         filter: &EventFilter,
         bound: Option<&DeadBound>,
         force: bool,
     ) -> Result<Redriven, sqlx::Error> {
-        let max_age = self.inner.redrive_max_age.as_secs_f64();
-        let query =
-            sqlx::query(self.outbox_statement(REDRIVE)).persistent(self.inner.table.persistent());
+        let max_age = self.store.inner.redrive_max_age.as_secs_f64();
+        let query = sqlx::query(self.outbox_statement(REDRIVE))
+            .persistent(self.store.inner.table.persistent());
         let row = filter
             .bind(query, bound)
             .bind(max_age)
@@ -596,27 +560,17 @@ impl Store {
         })
     }
 
-    /// Deletes the dead events `selection` names, and returns how many: they are never
-    /// published.
-    pub async fn discard_dead(&self, selection: &DeadSelection) -> Result<u64, sqlx::Error> {
-        let mut conn = self.inner.table.single(&self.inner.pool).await?;
-        let filter = EventFilter::from(selection);
-        let (discarded, _) = self.discard_on(&mut conn, &filter, None).await?;
-        conn.finish().await?;
-        Ok(discarded)
-    }
-
     /// [`DISCARD`] on `conn`: the dead events `filter` names, within `bound` if any (and
     /// then none if the bound holds more than it counted). How many went, and how many
     /// were selected.
     pub(super) async fn discard_on(
-        &self,
+        self,
         conn: &mut PgConnection,
         filter: &EventFilter,
         bound: Option<&DeadBound>,
     ) -> Result<(u64, u64), sqlx::Error> {
-        let query =
-            sqlx::query(self.outbox_statement(DISCARD)).persistent(self.inner.table.persistent());
+        let query = sqlx::query(self.outbox_statement(DISCARD))
+            .persistent(self.store.inner.table.persistent());
         let row = filter
             .bind(query, bound)
             .bind(bound.map(|b| i64::try_from(b.events()).unwrap_or(i64::MAX)))

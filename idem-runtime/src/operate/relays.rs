@@ -2,14 +2,14 @@
 //! lock now, with the host and process its session names, so that "relay 1873542264"
 //! in a lease is a machine and a process.
 
+use super::Operate;
 use std::time::SystemTime;
 
 use serde::Serialize;
 
 use super::{instant, rfc3339};
-use crate::Store;
 
-/// A relay whose session holds its lock now ([`Store::outbox_relays`]).
+/// A relay whose session holds its lock now ([`Operate::outbox_relays`](crate::operate::Operate::outbox_relays)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RelaySession {
@@ -39,19 +39,24 @@ fn rfc3339_or_none<S: serde::Serializer>(
     }
 }
 
-impl Store {
+impl Operate<'_> {
     /// The relays of this store's outbox whose sessions hold their locks now, oldest
     /// first: where a lease's owner number runs. None in the portable mode, and for relays
     /// without a session (their leases end by time only). PostgreSQL shows a session's
     /// start and client address only to its own role, a superuser, and roles granted
     /// `pg_read_all_stats`: ask as one of them to see those of relays running as
     /// another role.
-    pub async fn outbox_relays(&self) -> Result<Vec<RelaySession>, sqlx::Error> {
-        if !self.inner.outbox.can_tie() {
+    pub async fn outbox_relays(self) -> Result<Vec<RelaySession>, sqlx::Error> {
+        if !self.store.inner.outbox.can_tie() {
             return Ok(Vec::new());
         }
-        let single = self.inner.table.single(&self.inner.pool).await?;
-        let relays = self.inner.outbox.relays(single).await?;
+        let single = self
+            .store
+            .inner
+            .table
+            .single(&self.store.inner.pool)
+            .await?;
+        let relays = self.store.inner.outbox.relays(single).await?;
         Ok(relays
             .into_iter()
             .map(|(owner, name, client_addr, since)| RelaySession {

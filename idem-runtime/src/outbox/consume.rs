@@ -3,7 +3,7 @@
 //!
 //! A consumer acknowledges a message only after its work committed (or replayed a
 //! committed result), so a consumer killed between the commit and the ack gets the
-//! message again, [`Store::run_once`] replays the stored result, and the redelivery is
+//! message again, [`Store::run_once`](crate::Store::run_once) replays the stored result, and the redelivery is
 //! acknowledged: the effect happened once.
 //!
 //! A delivery that did not succeed is one of three things (invariant 10: transient is
@@ -31,8 +31,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::sqlstate;
 use crate::once::{OnceError, RunOnce};
+use crate::sqlstate;
 use crate::sqlstate::is_unavailable;
 use crate::store::Store;
 
@@ -72,7 +72,7 @@ impl<T> Received<T> {
 }
 
 impl<T: Serialize> Received<T> {
-    /// [`Store::run_once`] keyed by the event's id, with its payload: a redelivery, or a
+    /// [`Store::run_once`](crate::Store::run_once) keyed by the event's id, with its payload: a redelivery, or a
     /// second copy published after the broker's deduplication window, replays instead of
     /// running again; the same id with another payload is refused
     /// ([`OnceError::Mismatch`], sent to the dead-letter path).
@@ -158,7 +158,12 @@ pub(crate) fn passes(error: &sqlx::Error) -> bool {
     };
     e.code().is_some_and(|code| {
         matches!(code.get(..2), Some("40" | "53" | "58"))
-            || matches!(&*code, sqlstate::LOCK_NOT_AVAILABLE | sqlstate::OBJECT_IN_USE | sqlstate::READ_ONLY_SQL_TRANSACTION)
+            || matches!(
+                &*code,
+                sqlstate::LOCK_NOT_AVAILABLE
+                    | sqlstate::OBJECT_IN_USE
+                    | sqlstate::READ_ONLY_SQL_TRANSACTION
+            )
     })
 }
 

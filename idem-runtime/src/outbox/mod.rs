@@ -3,19 +3,19 @@
 //!
 //! An event that must leave PostgreSQL (a message to other services) is *recorded* in the
 //! request's transaction with [`Tx::emit`], beside the key's row and the stored response,
-//! and *delivered* after the commit by a [`Relay`] ([`Store::relay`]), with a stable id
+//! and *delivered* after the commit by a [`Relay`] ([`Store::relay`](crate::Store::relay)), with a stable id
 //! the receiver deduplicates on. So a replayed request emits nothing new, a rolled-back
 //! one emits nothing at all, and a process that dies after its commit loses nothing: the
 //! row is there for the next relay.
 //!
-//! - the table (its DDL is in [`Store::schema`]): written by [`Tx::emit`];
+//! - the table (its DDL is in [`Store::schema`](crate::Store::schema)): written by [`Tx::emit`];
 //! - the [`Relay`]: takes committed events, hands them to a [`Publisher`], deletes
 //!   them once the broker acknowledged them, retries with backoff, parks what fails too
-//!   often ([`Store::dead_events`], [`Store::redrive_dead_events`]);
+//!   often ([`Operate::dead_page`](crate::operate::Operate::dead_page), [`Audited::redrive_dead`](crate::operate::Audited::redrive_dead));
 //! - `nats` (feature `nats`): a JetStream [`Publisher`] and consumer;
 //! - `amqp` (feature `amqp`): an AMQP 0.9.1 (RabbitMQ) [`Publisher`] and consumer.
 //!
-//! Nothing here knows HTTP: a handler's [`Tx`] and a [`Store::run_once`] work's write
+//! Nothing here knows HTTP: a handler's [`Tx`] and a [`Store::run_once`](crate::Store::run_once) work's write
 //! events the same way.
 
 #[cfg(any(feature = "nats", feature = "amqp"))]
@@ -42,8 +42,6 @@ pub use relay::{
 
 pub use crate::table::outbox::DeadEvent;
 
-use crate::operate::{DeadSelection, RedriveError};
-use crate::store::Store;
 use crate::table::outbox::{attempt_hash, attempt_prefix};
 use crate::tx::Tx;
 
@@ -130,7 +128,7 @@ impl Tx<'_> {
     /// Records `event` in the outbox, in this transaction: it is published after the
     /// commit (by a [`Relay`]), and never if the transaction rolls back. Returns the
     /// event's id, which the relay sends as the broker's deduplication id (`Nats-Msg-Id`,
-    /// AMQP `message_id`) and a consumer keys [`Store::run_once`] on.
+    /// AMQP `message_id`) and a consumer keys [`Store::run_once`](crate::Store::run_once) on.
     ///
     /// The id is derived from this attempt's scope, principal and key, the event's topic,
     /// its place among the events this attempt writes, and the transaction's start: the
@@ -246,37 +244,11 @@ impl std::error::Error for EmitError {
 }
 
 impl From<EmitError> for sqlx::Error {
-    /// For work that answers `sqlx::Error` ([`Store::run_once`]'s usual error type).
+    /// For work that answers `sqlx::Error` ([`Store::run_once`](crate::Store::run_once)'s usual error type).
     fn from(error: EmitError) -> Self {
         match error {
             EmitError::Database(e) => e,
             other => sqlx::Error::Protocol(other.to_string()),
         }
-    }
-}
-
-impl Store {
-    /// Events the relay parked after too many failed attempts, oldest first, at most
-    /// `limit`. They stay until re-driven ([`Store::redrive_dead_events`]) or deleted by
-    /// hand.
-    pub async fn dead_events(&self, limit: u32) -> Result<Vec<DeadEvent>, sqlx::Error> {
-        let single = self.inner.table.single(&self.inner.pool).await?;
-        self.inner.outbox.dead(single, i64::from(limit)).await
-    }
-
-    /// Makes parked events pending again, with their attempts reset: those with the given
-    /// ids, or all of them with `None`. Returns how many. Their ordering keys' later
-    /// events, published meanwhile, are not held back for them.
-    ///
-    /// [`Store::redrive_dead`] with those ids: within the re-drive window
-    /// ([`StoreBuilder::redrive_max_age`](crate::StoreBuilder::redrive_max_age)) only,
-    /// else nothing moves and the answer is [`RedriveError::OutsideWindow`];
-    /// [`Store::redrive_dead_forced`] re-drives past it.
-    pub async fn redrive_dead_events(&self, ids: Option<&[String]>) -> Result<u64, RedriveError> {
-        let selection = match ids {
-            Some(ids) => DeadSelection::Ids(ids.to_vec()),
-            None => DeadSelection::All,
-        };
-        self.redrive_dead(&selection).await
     }
 }

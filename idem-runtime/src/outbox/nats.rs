@@ -694,7 +694,7 @@ pub struct DeadLetter {
 /// The newest dead letters of the stream `stream` (the one that captures a consumer's
 /// [`dead_letter_subject`](JetStreamConsumer::dead_letter_subject)), newest first, at
 /// most `limit` (messages without an `Idem-Event-Id` header are not idem's, and skipped): what the consumers gave up on, for operators (the outbox's own dead
-/// events are in [`Store::dead_events`](crate::Store::dead_events)). Looks at no more
+/// events are in [`Store::dead_events`](crate::operate::Operate::dead_page)). Looks at no more
 /// than `limit` and a hundred of the stream's last sequences, so that messages deleted
 /// from the stream cost a bounded walk.
 ///

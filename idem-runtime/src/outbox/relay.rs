@@ -8,7 +8,7 @@
 //! or the consumer drops: what a round published before its relay died (up to a batch,
 //! or a second of one key's events) is published again. A failed publish (or a publisher that panicked) makes the row
 //! available again after a backoff; after [`RelayBuilder::max_attempts`] it is parked
-//! (kept, visible in [`Store::dead_events`], re-drivable), and the rest flow on.
+//! (kept, visible in [`Operate::dead_page`](crate::operate::Operate::dead_page), re-drivable), and the rest flow on.
 //!
 //! Transient is never final (invariant 10): a destination that is unavailable (a broker
 //! unreachable, a connection lost, no acknowledgement within the publish timeout:
@@ -189,7 +189,7 @@ impl std::fmt::Display for PublishError {
 
 impl std::error::Error for PublishError {}
 
-/// Configures a relay; see [`Store::relay`].
+/// Configures a relay; see [`Store::relay`](crate::Store::relay).
 #[must_use = "a relay does nothing until `.spawn()` or `.run_until_idle()`"]
 pub struct RelayBuilder<P> {
     store: Store,
@@ -1182,7 +1182,7 @@ fn panicked(error: tokio::task::JoinError) -> String {
 }
 
 /// The `application_name` of a relay's session connection, by which operators tell the
-/// relays apart ([`Store::outbox_relays`](crate::Store::outbox_relays)): `idem relay`, the
+/// relays apart ([`Operate::outbox_relays`](crate::operate::Operate::outbox_relays)): `idem relay`, the
 /// host's name (`HOSTNAME`, else `/etc/hostname`) and the process's id, within the 63
 /// bytes PostgreSQL keeps.
 fn session_name() -> String {

@@ -44,7 +44,6 @@ use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-
 use crate::failpoint::Point;
 use crate::fingerprint::hex;
 use crate::observe;

@@ -47,10 +47,10 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, SqlStr, Transaction};
 
-use crate::sqlstate;
 use crate::fingerprint::Fingerprint;
 use crate::identity::{stored_scope, KeyInScope, Place};
 use crate::literal::{self, Literal};
+use crate::sqlstate;
 use crate::transaction::Prepared;
 
 pub(crate) mod audit;
@@ -267,9 +267,9 @@ pub(crate) struct Dialect {
     pub(crate) principal_type: PrincipalType,
 }
 
-/// What sits between the service and PostgreSQL ([`StoreBuilder::pooler`]).
+/// What sits between the service and PostgreSQL ([`StoreBuilder::pooler`](crate::StoreBuilder::pooler)).
 ///
-/// [`StoreBuilder::pooler`]: crate::StoreBuilder::pooler
+/// [`StoreBuilder::pooler`](crate::StoreBuilder::pooler): crate::StoreBuilder::pooler
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Pooler {
@@ -286,11 +286,11 @@ pub enum Pooler {
     Transaction,
 }
 
-/// The SQL type of the `principal` column ([`StoreBuilder::principal_type`]). A
+/// The SQL type of the `principal` column ([`StoreBuilder::principal_type`](crate::StoreBuilder::principal_type)). A
 /// distributed engine colocates tables whose distribution columns have equal types, so
 /// it is the type of the tenant column of your own tables.
 ///
-/// [`StoreBuilder::principal_type`]: crate::StoreBuilder::principal_type
+/// [`StoreBuilder::principal_type`](crate::StoreBuilder::principal_type): crate::StoreBuilder::principal_type
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PrincipalType {
@@ -599,7 +599,7 @@ impl Table {
     }
 
     /// A transaction of `pool` for an operator's action and its audit row
-    /// ([`crate::Store::audited`]): opened at READ COMMITTED whatever the database's
+    /// ([`crate::operate::Operate::audited`]): opened at READ COMMITTED whatever the database's
     /// default (invariant 4), its connection waited for no longer than the store's
     /// `acquire_timeout`.
     pub(crate) async fn acting(
@@ -684,7 +684,12 @@ pub(crate) async fn create(pool: &PgPool, ddl: &SqlStr) -> Result<(), sqlx::Erro
                 if attempt < 5
                     && matches!(
                         e.code().as_deref(),
-                        Some(sqlstate::UNIQUE_VIOLATION | sqlstate::DUPLICATE_TABLE | sqlstate::DUPLICATE_OBJECT | sqlstate::DEADLOCK_DETECTED)
+                        Some(
+                            sqlstate::UNIQUE_VIOLATION
+                                | sqlstate::DUPLICATE_TABLE
+                                | sqlstate::DUPLICATE_OBJECT
+                                | sqlstate::DEADLOCK_DETECTED
+                        )
                     ) =>
             {
                 attempt += 1;

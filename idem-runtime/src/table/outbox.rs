@@ -390,12 +390,6 @@ SELECT extract(epoch FROM now() - created_at)::float8 FROM {table}
  WHERE dead_at IS NULL ORDER BY seq LIMIT 1";
 
 /// Parked events, oldest first. $1 how many.
-const DEAD: &str = "\
-SELECT id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
-       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
-       extract(epoch FROM now() - created_at)::float8 AS age
-  FROM {table} WHERE dead_at IS NOT NULL ORDER BY seq LIMIT $1";
-
 /// The outbox table of one store: its statements, rendered once.
 pub(crate) struct OutboxTable {
     dialect: Dialect,
@@ -418,7 +412,6 @@ pub(crate) struct OutboxTable {
     errors: SqlStr,
     relays: SqlStr,
     lag: SqlStr,
-    dead: SqlStr,
 }
 
 /// What becomes of an event whose publish failed ([`OutboxTable::failed`]).
@@ -468,7 +461,7 @@ impl Walk {
     }
 }
 
-/// A parked event, for operators ([`crate::Store::dead_events`]).
+/// A parked event, for operators ([`crate::operate::Operate::dead_page`]).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DeadEvent {
@@ -491,7 +484,7 @@ pub struct DeadEvent {
 
 impl DeadEvent {
     /// Whether it is outside a re-drive window of `max_age`
-    /// ([`Store::redrive_max_age`](crate::Store::redrive_max_age)): written at least
+    /// ([`Operate::redrive_max_age`](crate::operate::Operate::redrive_max_age)): written at least
     /// `max_age` ago, so that a re-drive of it that is not forced is refused. As of when
     /// it was listed: a re-drive checks again.
     pub fn outside_window(&self, max_age: Duration) -> bool {
@@ -562,7 +555,6 @@ impl OutboxTable {
             errors: render(ERRORS),
             relays: render(RELAYS),
             lag: render(LAG),
-            dead: render(DEAD),
             channel,
             qualified: table,
         }
@@ -863,22 +855,6 @@ impl OutboxTable {
         Ok(age.map(|s| Duration::from_secs_f64(s.max(0.0))))
     }
 
-    /// [`DEAD`].
-    pub(crate) async fn dead(
-        &self,
-        single: Single,
-        limit: i64,
-    ) -> Result<Vec<DeadEvent>, sqlx::Error> {
-        let mut single = single;
-        let rows = self
-            .query(&self.dead)
-            .bind(limit)
-            .fetch_all(&mut *single)
-            .await?;
-        single.finish().await?;
-        rows.iter().map(DeadEvent::from_row).collect()
-    }
-
     /// Creates the table (see [`crate::table::create`]).
     pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         crate::table::create(pool, &self.ddl).await
@@ -1042,7 +1018,6 @@ mod tests {
             &table.failed,
             &table.errors,
             &table.lag,
-            &table.dead,
         ] {
             let lower = statement.as_str().to_lowercase();
             for exotic in ["for update", "skip locked", "notify", "advisory", "xmin"] {

@@ -15,9 +15,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row, SqlStr};
 
 use super::{statement, Dialect, Pooler, TableName};
-use crate::sqlstate;
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
+use crate::sqlstate;
 use crate::transaction::Prepared;
 
 /// The SQL that creates the steps table (under its default name) and its index, for
@@ -266,7 +266,8 @@ impl StepsTable {
                 .iter()
                 .any(|row| row.try_get::<bool, _>("recorded").unwrap_or(false))),
             Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some(sqlstate::INVALID_TEXT_REPRESENTATION) && e.message().contains(LOST) =>
+                if e.code().as_deref() == Some(sqlstate::INVALID_TEXT_REPRESENTATION)
+                    && e.message().contains(LOST) =>
             {
                 Ok(false)
             }

@@ -1,8 +1,8 @@
 //! The sweeper's statements: expired rows deleted in batches, each from where the last
 //! stopped, in the default mode in one statement, in the portable mode one row at a time.
 
-use crate::sqlstate;
 use super::*;
+use crate::sqlstate;
 
 /// Expired rows, oldest first, skipping rows a request is reclaiming. The outer
 /// `expires_at` test is not redundant: it is re-checked on a row that changed while we
@@ -122,7 +122,8 @@ impl Table {
                     deleted += done.rows_affected();
                 }
                 // 55P03: a request holds the row; it is left for a later sweep.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => {}
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some(sqlstate::LOCK_NOT_AVAILABLE) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -607,6 +607,7 @@ impl Runner<'_> {
             ..AbandonedFilter::default()
         };
         store
+            .operate()
             .abandoned_page(&filter, None, 10)
             .await
             .is_ok_and(|page| page.rows.iter().any(|r| r.key == key))

@@ -6,8 +6,8 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-use crate::steps::StepError;
 use crate::sqlstate::is_unavailable;
+use crate::steps::StepError;
 use crate::web::problem::{problem_type, Problem, DEFAULT_PROBLEM_BASE};
 
 /// The `Retry-After` of a step's 503: the same second the store's answers default to.

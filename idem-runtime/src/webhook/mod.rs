@@ -87,9 +87,9 @@ use http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use sha2::Sha256;
 
+use crate::extract::FingerprintBody;
 use crate::web::problem::{problem_type, Problem, Problems};
 use crate::Store;
-use crate::extract::FingerprintBody;
 
 mod custom;
 mod github;

@@ -77,7 +77,7 @@ pub struct DeadLetter {
 /// The dead letters at the head of the queue `queue` (the one the consumed queue's
 /// dead-letter exchange routes to), oldest first, at most `limit`: what the consumers
 /// gave up on, for operators (the outbox's own dead events are in
-/// [`Store::dead_events`](crate::Store::dead_events)). Messages without RabbitMQ's
+/// [`Store::dead_events`](crate::operate::Operate::dead_page)). Messages without RabbitMQ's
 /// `x-death` header were not dead-lettered, and are passed over (no more than a hundred).
 ///
 /// Reading consumes nothing. RabbitMQ cannot show a message without delivering it, so
