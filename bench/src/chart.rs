@@ -7,7 +7,7 @@ use crate::Series;
 
 /// Writes `series` to `path` as an SVG line chart: one point per concurrency measured,
 /// throughput on a log axis (the peer's in-memory replays are ten times the rest).
-pub fn write(path: &str, series: &Series) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn write(path: &str, series: &Series) -> Result<(), Box<dyn std::error::Error>> {
     let rates = || {
         series
             .iter()

@@ -10,7 +10,7 @@ use futures::future::join_all;
 use idem_tests::{percentiles, tally};
 
 /// The numbers of one scenario at one concurrency.
-pub struct Stats {
+pub(crate) struct Stats {
     pub requests: usize,
     pub elapsed: Duration,
     pub p50_ms: f64,
@@ -22,7 +22,7 @@ pub struct Stats {
 }
 
 /// CPU time so far, in clock ticks: (all `postgres` processes, this process).
-pub fn cpu_ticks() -> (u64, u64) {
+pub(crate) fn cpu_ticks() -> (u64, u64) {
     fn ticks(stat: &str) -> Option<(String, u64)> {
         let (head, rest) = stat.rsplit_once(") ")?;
         let comm = head.split_once(" (")?.1.to_owned();
@@ -52,13 +52,13 @@ pub fn cpu_ticks() -> (u64, u64) {
 }
 
 impl Stats {
-    pub fn throughput(&self) -> f64 {
+    pub(crate) fn throughput(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
 }
 
 /// Drives `concurrency` clients that each send `request(n)` back to back for `seconds`.
-pub async fn drive<F, Fut>(concurrency: usize, seconds: f64, request: F) -> Stats
+pub(crate) async fn drive<F, Fut>(concurrency: usize, seconds: f64, request: F) -> Stats
 where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = u16> + Send,

@@ -16,7 +16,7 @@ static RECORDING: AtomicBool = AtomicBool::new(false);
 static STATEMENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static SPANS: LazyLock<ClosedSpans> = LazyLock::new(ClosedSpans::default);
 
-pub fn install() {
+pub(crate) fn install() {
     let recording = dynamic_filter_fn(|metadata, _| {
         RECORDING.load(Ordering::Relaxed)
             && (metadata.target() == "sqlx::query" || metadata.name() == "idem.request")
@@ -27,7 +27,7 @@ pub fn install() {
 }
 
 /// Runs `request` and returns the statements sent meanwhile, in order.
-pub async fn statements_of<F: std::future::Future>(request: F) -> (Vec<String>, F::Output) {
+pub(crate) async fn statements_of<F: std::future::Future>(request: F) -> (Vec<String>, F::Output) {
     STATEMENTS.lock().unwrap().clear();
     RECORDING.store(true, Ordering::SeqCst);
     let output = request.await;
@@ -37,14 +37,14 @@ pub async fn statements_of<F: std::future::Future>(request: F) -> (Vec<String>, 
     (std::mem::take(&mut *STATEMENTS.lock().unwrap()), output)
 }
 
-pub fn claims_start() {
+pub(crate) fn claims_start() {
     SPANS.take();
     RECORDING.store(true, Ordering::SeqCst);
 }
 
 /// The claim of each fresh request since [`claims_start`] (BEGIN + claim statement), and
 /// of each replay, which is nothing but its claim, its whole time.
-pub fn claims_take() -> Vec<Duration> {
+pub(crate) fn claims_take() -> Vec<Duration> {
     std::thread::sleep(Duration::from_millis(50));
     RECORDING.store(false, Ordering::SeqCst);
     SPANS

@@ -28,7 +28,7 @@ struct AppState {
 struct Named(bool);
 
 #[derive(Deserialize, Serialize)]
-pub struct NewCharge {
+pub(crate) struct NewCharge {
     amount: i64,
     currency: String,
     customer: String,
@@ -46,7 +46,7 @@ struct Charge {
     created_at: String,
 }
 
-pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
+pub(crate) async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
     Store::new(pool.clone()).migrate().await?;
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS charges (
@@ -63,12 +63,12 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-pub async fn serve(pool: PgPool) -> std::io::Result<SocketAddr> {
+pub(crate) async fn serve(pool: PgPool) -> std::io::Result<SocketAddr> {
     serve_with(pool, |store| store).await
 }
 
 /// The service with a store configured by `configure` (a production mode).
-pub async fn serve_with(
+pub(crate) async fn serve_with(
     pool: PgPool,
     configure: impl FnOnce(StoreBuilder) -> StoreBuilder,
 ) -> std::io::Result<SocketAddr> {
@@ -183,7 +183,7 @@ async fn floor(
 /// `Idempotency-Key` header alone, responses kept 24 h (idem's TTL here) in a `ruts`
 /// session in `store`. Its cache is per session: a client must send the session cookie
 /// the first stored response set, or nothing is ever replayed.
-pub async fn serve_peer<T: ruts::store::SessionStore>(
+pub(crate) async fn serve_peer<T: ruts::store::SessionStore>(
     pool: PgPool,
     store: Arc<T>,
 ) -> std::io::Result<SocketAddr> {

@@ -14,6 +14,7 @@ macro_rules! say {
 }
 
 mod args;
+mod keys;
 mod output;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -100,29 +101,7 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     let out = Out { json: cli.json };
-    let url = cli.database_url.clone().ok_or_else(|| {
-        Failure::new(
-            exit::USAGE,
-            "no database: set DATABASE_URL or pass --database-url",
-        )
-    })?;
-    // sqlx parses any scheme as PostgreSQL's: `mysql://` would be tried as one.
-    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    if !scheme.eq_ignore_ascii_case("postgres") && !scheme.eq_ignore_ascii_case("postgresql") {
-        return Err(Failure::new(
-            exit::USAGE,
-            format!(
-                "DATABASE_URL is not a PostgreSQL URL: its scheme is {scheme:?}, where idem \
-                 works on PostgreSQL only (postgres:// or postgresql://)"
-            ),
-        ));
-    }
-    let options: PgConnectOptions = url.parse().map_err(|e| {
-        Failure::new(
-            exit::USAGE,
-            format!("DATABASE_URL is not a PostgreSQL URL: {e}"),
-        )
-    })?;
+    let options = connect_options(cli.database_url.as_deref())?;
     let target = Target {
         server: format!(
             "{}:{}/{}",
@@ -145,40 +124,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         PoolerArg::Transaction => options.statement_cache_capacity(0),
         PoolerArg::Session => options,
     };
-    let store = |pool| {
-        let mut builder = Store::builder(pool)
-            .table(&cli.table)
-            .pooler(match cli.pooler {
-                PoolerArg::Session => idem::Pooler::Session,
-                PoolerArg::Transaction => idem::Pooler::Transaction,
-            })
-            .principal_type(match cli.principal_type {
-                PrincipalArg::Text => PrincipalType::Text,
-                PrincipalArg::Uuid => PrincipalType::Uuid,
-                PrincipalArg::Bigint => PrincipalType::Bigint,
-            });
-        if let Some(outbox) = &cli.outbox_table {
-            builder = builder.outbox_table(outbox);
-        }
-        if let Some(steps) = &cli.steps_table {
-            builder = builder.steps_table(steps);
-        }
-        if let Some(requests) = &cli.requests_table {
-            builder = builder.requests_table(requests);
-        }
-        if let Some(audit) = &cli.audit_table {
-            builder = builder.audit_table(audit);
-        }
-        if cli.portable {
-            builder = builder.portable();
-        }
-        if let Some(max_age) = cli.redrive_max_age {
-            builder = builder.redrive_max_age(max_age);
-        }
-        builder
-            .build()
-            .map_err(|e| Failure::new(exit::USAGE, e.to_string()))
-    };
+    let store = |pool| store_of(&cli, pool);
     if let Command::Migrate { print: true, .. } = cli.command {
         // Printing the DDL needs no database.
         let lazy = PgPoolOptions::new().connect_lazy_with(options);
@@ -224,7 +170,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 target.server
             ));
         }
-        Command::Key(command) => key(&audited, &out, command)
+        Command::Key(command) => keys::key(&audited, &out, command)
             .await
             .map_err(|f| f.or(&target))?,
         Command::Outbox(command) => outbox(&audited, &out, command)
@@ -241,6 +187,71 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The connection options `DATABASE_URL` names: a PostgreSQL URL, or a usage failure that
+/// says what is wrong with it.
+fn connect_options(url: Option<&str>) -> Result<PgConnectOptions, Failure> {
+    let url = url.ok_or_else(|| {
+        Failure::new(
+            exit::USAGE,
+            "no database: set DATABASE_URL or pass --database-url",
+        )
+    })?;
+    // sqlx parses any scheme as PostgreSQL's: `mysql://` would be tried as one.
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !scheme.eq_ignore_ascii_case("postgres") && !scheme.eq_ignore_ascii_case("postgresql") {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "DATABASE_URL is not a PostgreSQL URL: its scheme is {scheme:?}, where idem \
+                 works on PostgreSQL only (postgres:// or postgresql://)"
+            ),
+        ));
+    }
+    let options: PgConnectOptions = url.parse().map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            format!("DATABASE_URL is not a PostgreSQL URL: {e}"),
+        )
+    })?;
+    Ok(options)
+}
+
+/// The store the command's flags describe, on `pool`.
+fn store_of(cli: &Cli, pool: sqlx::PgPool) -> Result<Store, Failure> {
+    let mut builder = Store::builder(pool)
+        .table(&cli.table)
+        .pooler(match cli.pooler {
+            PoolerArg::Session => idem::Pooler::Session,
+            PoolerArg::Transaction => idem::Pooler::Transaction,
+        })
+        .principal_type(match cli.principal_type {
+            PrincipalArg::Text => PrincipalType::Text,
+            PrincipalArg::Uuid => PrincipalType::Uuid,
+            PrincipalArg::Bigint => PrincipalType::Bigint,
+        });
+    if let Some(outbox) = &cli.outbox_table {
+        builder = builder.outbox_table(outbox);
+    }
+    if let Some(steps) = &cli.steps_table {
+        builder = builder.steps_table(steps);
+    }
+    if let Some(requests) = &cli.requests_table {
+        builder = builder.requests_table(requests);
+    }
+    if let Some(audit) = &cli.audit_table {
+        builder = builder.audit_table(audit);
+    }
+    if cli.portable {
+        builder = builder.portable();
+    }
+    if let Some(max_age) = cli.redrive_max_age {
+        builder = builder.redrive_max_age(max_age);
+    }
+    builder
+        .build()
+        .map_err(|e| Failure::new(exit::USAGE, e.to_string()))
 }
 
 /// Whether the outbox holds the event `id`, pending or dead.
@@ -287,182 +298,6 @@ impl Fault {
             Self::Own(failure) => failure,
         }
     }
-}
-
-/// A key command; its actions are recorded in the audit trail as `audited`'s operator's.
-async fn key(audited: &Audited<'_>, out: &Out, command: KeyCommand) -> Result<(), Fault> {
-    let store = audited.store();
-    match command {
-        KeyCommand::Status {
-            scope,
-            key,
-            principal,
-            body,
-        } => {
-            let found = store.operate().key(&scope, &principal, &key, body).await?;
-            let steps = store
-                .operate()
-                .key_steps(&scope, &principal, &key, body)
-                .await?;
-            if found.is_none() && steps.is_empty() {
-                return Err(Fault::Own(Failure::new(
-                    exit::NOT_FOUND,
-                    format!(
-                        "no committed record of key {key:?} in scope {scope:?}{}, and no recorded step{}",
-                        of(&principal),
-                        holders(store, &scope, &principal, &key).await?
-                    ),
-                )));
-            }
-            out.key(found.as_ref(), &steps);
-        }
-        KeyCommand::List {
-            scope,
-            principal,
-            older_than,
-            expired,
-            limit,
-        } => {
-            let mut filter = KeyFilter::default();
-            filter.scope = scope;
-            filter.principal = principal;
-            filter.older_than = older_than;
-            filter.include_expired = expired;
-            filter.limit = limit;
-            out.keys(&store.operate().keys(&filter).await?);
-        }
-        KeyCommand::Abandoned {
-            idle_for,
-            scope,
-            principal,
-            prefix,
-            completion,
-            limit,
-            after,
-        } => {
-            let mut filter = AbandonedFilter::default();
-            filter.idle_for = Some(idle_for);
-            filter.scope = scope;
-            filter.principal = principal;
-            filter.key_prefix = prefix;
-            filter.completion = completion.map(Into::into);
-            let page = store
-                .operate()
-                .abandoned_page(&filter, after.as_ref(), limit)
-                .await?;
-            out.abandoned(&page, idle_for, after.is_none());
-        }
-        KeyCommand::Counts { expiring_within } => {
-            out.counts(&store.operate().key_counts(expiring_within).await?);
-        }
-        KeyCommand::Purge {
-            scope,
-            key,
-            principal,
-            yes,
-        } => {
-            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
-            confirm(yes, &[], &format!("Purge the record of {what}?"))?;
-            let n = audited.purge_key(&scope, &principal, &key).await?;
-            if n == 0 {
-                return Err(Fault::Own(Failure::new(
-                    exit::NOT_FOUND,
-                    format!(
-                        "no committed record of {what}{}",
-                        holders(store, &scope, &principal, &key).await?
-                    ),
-                )));
-            }
-            out.moved("purged", n, &format!("purged {n} record(s) of {what}"));
-        }
-        KeyCommand::Sweep { batch } => {
-            let n = audited.purge_expired(batch).await?;
-            out.moved("swept", n, &format!("swept {n} expired record(s)"));
-        }
-        KeyCommand::Abandon {
-            scope,
-            key,
-            principal,
-            dry_run,
-            yes,
-        } => {
-            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
-            let steps = live_steps(store, &scope, &principal, &key).await?;
-            if steps.is_empty() {
-                let hint = holders(store, &scope, &principal, &key).await?;
-                return Err(no_live_steps(&what, "abandoned", &hint));
-            }
-            let named = steps.join(", ");
-            if dry_run {
-                if out.json {
-                    out.print_json(&json!({ "dry_run": true, "would": "abandon", "steps": steps }));
-                } else {
-                    say!(
-                        "would abandon {what}: the service's completer would undo each of its \
-                         steps ({named}) that has an undo registered, the last first (a step \
-                         without one is NOT undone, and the 410 and the completer's audit row \
-                         name it), answering 409 meanwhile and 410 after; nothing done \
-                         (--dry-run)"
-                    );
-                }
-                return Ok(());
-            }
-            confirm(
-                yes,
-                &[],
-                &format!(
-                    "Abandon {what} for good? The service's completer will undo each of its \
-                     steps ({named}) that has an undo registered, the last first; a step \
-                     without one is NOT undone (the 410 and the completer's audit row name \
-                     it). Its key will answer 409 meanwhile, then 410."
-                ),
-            )?;
-            if !audited.abandon_request(&scope, &principal, &key).await? {
-                return Err(no_live_steps(&what, "abandoned", ""));
-            }
-            out.moved(
-                "abandoned",
-                1,
-                &format!(
-                    "abandoned {what}: the service's completer will undo its steps that have \
-                     an undo registered and answer 410 to its key from then on, naming any \
-                     step it did not undo"
-                ),
-            );
-        }
-        KeyCommand::Complete {
-            scope,
-            key,
-            principal,
-        } => {
-            let what = format!("key {key:?} in scope {scope:?}{}", of(&principal));
-            if !audited.complete_request(&scope, &principal, &key).await? {
-                if live_steps(store, &scope, &principal, &key)
-                    .await?
-                    .is_empty()
-                {
-                    let hint = holders(store, &scope, &principal, &key).await?;
-                    return Err(no_live_steps(&what, "completed", &hint));
-                }
-                return Err(Fault::Own(Failure::new(
-                    exit::NOT_FOUND,
-                    format!(
-                        "{what} stored no request to run again (its endpoint is not \
-                         completable): nothing completed; `idem key abandon` gives it up"
-                    ),
-                )));
-            }
-            out.moved(
-                "completing",
-                1,
-                &format!(
-                    "sent {what} to be completed: the completer will run it at its next look, \
-                     its failures forgotten"
-                ),
-            );
-        }
-    }
-    Ok(())
 }
 
 /// The names of the steps of a request that has not committed, oldest first, those that

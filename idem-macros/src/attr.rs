@@ -15,7 +15,7 @@ use syn::{Expr, Ident, LitBool, LitStr, Member, Token, Type};
 use crate::errors::Errors;
 
 /// The options, and the words their values are made of.
-pub mod kw {
+pub(crate) mod kw {
     syn::custom_keyword!(scope);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(fields);
@@ -95,7 +95,7 @@ fn edits(a: &str, b: &str) -> usize {
 }
 
 /// The parsed `#[idempotent(...)]` arguments; each option keeps its keyword's token.
-pub struct Args {
+pub(crate) struct Args {
     pub scope: (kw::scope, LitStr),
     pub ttl: Option<(kw::ttl, DurationLit)>,
     pub fields: Option<(kw::fields, Vec<FieldPath>)>,
@@ -119,14 +119,14 @@ pub struct Args {
 
 /// `spread = key` (a hash of the key) or `spread = path::to_fn` (a function from the
 /// body to the tenant it concerns, `Option<String>`).
-pub enum Spread {
+pub(crate) enum Spread {
     Key(kw::key),
     Tenant(syn::Path),
 }
 
 /// `isolation = read_committed` (the default), `repeatable_read` or `serializable`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
+pub(crate) enum Isolation {
     ReadCommitted,
     RepeatableRead,
     Serializable,
@@ -134,7 +134,7 @@ pub enum Isolation {
 
 /// `key = event_id` (a body field), `key = header("Webhook-Id")` or `key =
 /// digest(body)`.
-pub enum KeySource {
+pub(crate) enum KeySource {
     Field(FieldPath),
     /// The header's name, lowercased.
     Header(LitStr),
@@ -143,39 +143,39 @@ pub enum KeySource {
 }
 
 /// `concurrency = reject` (409 at once, the default) or `concurrency = wait("30s")`.
-pub enum Concurrency {
+pub(crate) enum Concurrency {
     Reject,
     Wait(DurationLit),
 }
 
 /// `"24h"`: the literal as written and what it means.
-pub struct DurationLit {
+pub(crate) struct DurationLit {
     pub lit: LitStr,
     pub millis: u64,
 }
 
 impl Args {
     /// Whether a key is required; it is unless `required = false`.
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         self.required.as_ref().is_none_or(|(_, flag)| flag.value)
     }
 
     /// Whether the endpoint's requests are stored to be completed (`completable = true`).
-    pub fn completable(&self) -> bool {
+    pub(crate) fn completable(&self) -> bool {
         self.completable
             .as_ref()
             .is_some_and(|(_, flag)| flag.value)
     }
 
     /// The ttl in seconds; one day when not given.
-    pub fn ttl_secs(&self) -> u64 {
+    pub(crate) fn ttl_secs(&self) -> u64 {
         self.ttl
             .as_ref()
             .map_or(24 * 60 * 60, |(_, ttl)| ttl.millis / 1_000)
     }
 
     /// `concurrency = wait(..)`'s wait, if that is the policy.
-    pub fn wait(&self) -> Option<&DurationLit> {
+    pub(crate) fn wait(&self) -> Option<&DurationLit> {
         match &self.concurrency {
             Some((_, Concurrency::Wait(wait))) => Some(wait),
             Some((_, Concurrency::Reject)) | None => None,
@@ -184,13 +184,13 @@ impl Args {
 }
 
 /// A field of the body, possibly nested: `amount`, `customer.id`.
-pub struct FieldPath {
+pub(crate) struct FieldPath {
     pub members: Vec<Ident>,
 }
 
 impl FieldPath {
     /// The name hashed with the value: `customer.id`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.members
             .iter()
             .map(Ident::to_string)
@@ -295,7 +295,7 @@ fn set_once<K: ToTokens, T>(
 }
 
 /// Parses the arguments; `None` when they cannot make a wrapper (the errors say why).
-pub fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
+pub(crate) fn parse(args: proc_macro2::TokenStream, errors: &Errors) -> Option<Args> {
     let parsed = match Punctuated::<Arg, Token![,]>::parse_terminated.parse2(args) {
         Ok(parsed) => parsed,
         Err(e) => {

@@ -12,25 +12,25 @@ use proc_macro2::Span;
 ///
 /// Dropping it unchecked panics: an error pushed here can never be lost on the way to
 /// the user.
-pub struct Errors {
+pub(crate) struct Errors {
     /// `None` once checked.
     errors: RefCell<Option<Vec<syn::Error>>>,
 }
 
 impl Errors {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             errors: RefCell::new(Some(Vec::new())),
         }
     }
 
     /// An error on one of the user's tokens.
-    pub fn at(&self, span: Span, message: impl Display) {
+    pub(crate) fn at(&self, span: Span, message: impl Display) {
         self.push(syn::Error::new(span, message));
     }
 
     /// An error as syn made it, such as a parse error.
-    pub fn push(&self, error: syn::Error) {
+    pub(crate) fn push(&self, error: syn::Error) {
         self.errors
             .borrow_mut()
             .as_mut()
@@ -40,7 +40,7 @@ impl Errors {
     }
 
     /// Every error so far, combined into one, in the order they were found.
-    pub fn check(self) -> syn::Result<()> {
+    pub(crate) fn check(self) -> syn::Result<()> {
         let mut errors = self.errors.take().into_iter().flatten();
         let Some(mut combined) = errors.next() else {
             return Ok(());

@@ -13,7 +13,7 @@ use crate::errors::Errors;
 use crate::openapi;
 use crate::valid::{self, Handler};
 
-pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(e) => {

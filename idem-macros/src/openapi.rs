@@ -9,12 +9,12 @@ use syn::{Attribute, Meta};
 use crate::attr::{Args, KeySource};
 
 /// `#[utoipa::path(...)]`, written with or without a leading `::`.
-pub fn is_utoipa_path(attr: &Attribute) -> bool {
+pub(crate) fn is_utoipa_path(attr: &Attribute) -> bool {
     path_is(attr, &[&["utoipa", "path"]])
 }
 
 /// `#[axum::debug_handler]`, `#[axum_macros::debug_handler]` or `#[debug_handler]`.
-pub fn is_debug_handler(attr: &Attribute) -> bool {
+pub(crate) fn is_debug_handler(attr: &Attribute) -> bool {
     path_is(
         attr,
         &[
@@ -50,7 +50,7 @@ const PROBLEMS: &[(u16, &str, bool)] = &[
 ];
 
 /// The path's attribute with idem's additions.
-pub fn document(attr: &Attribute, args: &Args) -> syn::Result<Attribute> {
+pub(crate) fn document(attr: &Attribute, args: &Args) -> syn::Result<Attribute> {
     let Meta::List(list) = &attr.meta else {
         return Err(syn::Error::new_spanned(
             attr,

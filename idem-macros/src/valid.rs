@@ -9,14 +9,14 @@ use crate::attr::{Args, KeySource, Spread};
 use crate::errors::Errors;
 
 /// The handler's parameters, with the position of its `Tx`, if any.
-pub struct Handler<'a> {
+pub(crate) struct Handler<'a> {
     pub params: Vec<&'a PatType>,
     pub tx: Option<usize>,
 }
 
 impl Handler<'_> {
     /// The parameters the wrapper extracts (all but `Tx`), with their positions.
-    pub fn extracted(&self) -> impl Iterator<Item = (usize, &PatType)> {
+    pub(crate) fn extracted(&self) -> impl Iterator<Item = (usize, &PatType)> {
         self.params
             .iter()
             .enumerate()
@@ -26,7 +26,7 @@ impl Handler<'_> {
 }
 
 /// Whether a parameter's type is idem's `Tx` (`Tx`, `Tx<'_>`, `idem::Tx`).
-pub fn is_tx(ty: &Type) -> bool {
+pub(crate) fn is_tx(ty: &Type) -> bool {
     match ty {
         Type::Path(p) if p.qself.is_none() => {
             p.path.segments.last().is_some_and(|s| s.ident == "Tx")
@@ -37,7 +37,7 @@ pub fn is_tx(ty: &Type) -> bool {
     }
 }
 
-pub fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
+pub(crate) fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
         errors.at(
@@ -169,7 +169,7 @@ fn known_body(ty: &Type) -> Option<&Ident> {
 /// Checks the options against the handler: those that read the body need a parameter
 /// to read it from. Whether that parameter is a body is the type system's to say
 /// (`__private::body_of`), on the parameter's type.
-pub fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
+pub(crate) fn args(args: &Args, handler: &Handler<'_>, errors: &Errors) {
     if handler.extracted().next().is_some() {
         return;
     }
@@ -267,7 +267,7 @@ impl<'ast> Visit<'ast> for TxMisuse<'_> {
 /// sqlx's `Transaction::commit`, so that `.await?`, `.await.ok()` and the like type-check
 /// and the refusal is the build's only error (not also rustc's "no method `commit`",
 /// with its suggestion to import a trait of sqlx's internals).
-pub fn defuse_tx_endings(func: &mut syn::ItemFn) {
+pub(crate) fn defuse_tx_endings(func: &mut syn::ItemFn) {
     let tx = func.sig.inputs.iter().find_map(|input| match input {
         syn::FnArg::Typed(param) if is_tx(&param.ty) => match &*param.pat {
             Pat::Ident(binding) => Some(binding.ident.clone()),

@@ -16,7 +16,7 @@
 //! ([`crate::testing`], feature `testing`) are their users.
 
 // Without the feature only `Point` and the no-op pass are used.
-#![cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+#![cfg_attr(not(feature = "failpoints"), allow(dead_code, unreachable_pub))]
 
 use std::fmt;
 use std::sync::Mutex;

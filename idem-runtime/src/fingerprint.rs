@@ -29,13 +29,13 @@ use serde::ser::{self, Serialize};
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 digest.
-pub type Digest32 = [u8; 32];
+pub(crate) type Digest32 = [u8; 32];
 
 const VERSION: &[u8] = b"idem.fingerprint.v1";
 
 /// The name under which the whole body is hashed when an endpoint names no fields.
 /// No Rust field can be called this, so it never collides with a named field.
-pub const WHOLE_BODY: &str = "";
+pub(crate) const WHOLE_BODY: &str = "";
 
 /// The fingerprint of one request: the combined hash and its parts.
 #[derive(Clone, PartialEq, Eq)]
@@ -189,6 +189,7 @@ impl<'a> StoredParts<'a> {
 }
 
 /// Collects the named fields of one request; see [`Fingerprint::builder`].
+#[derive(Debug)]
 pub struct FingerprintBuilder {
     target: Digest32,
     fields: Vec<(Cow<'static, str>, Digest32)>,
@@ -362,22 +363,22 @@ impl ser::Error for FingerprintError {
 /// One byte in front of every value says what follows. Every encoding starts with a tag
 /// and none starts with [`tag::END`], so bracketed sequences are unambiguous.
 mod tag {
-    pub const UNIT: u8 = b'u';
-    pub const NONE: u8 = b'n';
-    pub const SOME: u8 = b'o';
-    pub const BOOL: u8 = b'B';
+    pub(super) const UNIT: u8 = b'u';
+    pub(super) const NONE: u8 = b'n';
+    pub(super) const SOME: u8 = b'o';
+    pub(super) const BOOL: u8 = b'B';
     /// Any integer in `i128`'s range, whatever its Rust type: 16 bytes, big-endian.
-    pub const INT: u8 = b'i';
+    pub(super) const INT: u8 = b'i';
     /// A `u128` above `i128::MAX`.
-    pub const BIG: u8 = b'I';
+    pub(super) const BIG: u8 = b'I';
     /// Any float, widened to `f64`.
-    pub const FLOAT: u8 = b'F';
-    pub const STR: u8 = b's';
-    pub const BYTES: u8 = b'b';
-    pub const SEQ: u8 = b'l';
-    pub const MAP: u8 = b'm';
-    pub const VARIANT: u8 = b'v';
-    pub const END: u8 = b'.';
+    pub(super) const FLOAT: u8 = b'F';
+    pub(super) const STR: u8 = b's';
+    pub(super) const BYTES: u8 = b'b';
+    pub(super) const SEQ: u8 = b'l';
+    pub(super) const MAP: u8 = b'm';
+    pub(super) const VARIANT: u8 = b'v';
+    pub(super) const END: u8 = b'.';
 }
 
 trait Sink {

@@ -3,7 +3,7 @@
 //! A request is named by (scope, owner, key): its owner is a principal the service
 //! authenticated, or nobody (a webhook delivery, a queue message). Each part comes from
 //! the endpoint's code, from what the service authenticated, or from what a signature
-//! covers (DESIGN.md, invariant 8).
+//! covers (ARCHITECTURE.md, invariant 8).
 //!
 //! Where the record is kept is another matter: its *place*, (scope as stored,
 //! principal column, key). A key with an owner is kept under its owner. A key without

@@ -20,6 +20,7 @@ use crate::tx::Tx;
 
 /// One piece of work to run once per key; see [`Store::run_once`](crate::Store::run_once).
 #[must_use = "a `RunOnce` does nothing until `.run(..)` is awaited"]
+#[derive(Debug)]
 pub struct RunOnce<'s> {
     store: &'s Store,
     scope: Cow<'static, str>,

@@ -37,6 +37,7 @@ pub fn in_span<F: std::future::Future>(
 
 /// A type-level stand-in for a value of type `T`; `Send` and `Sync` whatever `T` is, so
 /// a probe never changes what the handler's future is.
+#[derive(Debug)]
 pub struct Probe<T: ?Sized>(PhantomData<fn(&T)>);
 
 impl<T: ?Sized> Probe<T> {
@@ -58,12 +59,15 @@ pub fn probe<T: ?Sized>(_: &T) -> Probe<T> {
 }
 
 /// A `Result` of two responses: `Ok` commits (below 500), `Err` rolls back.
+#[derive(Debug)]
 pub struct ResultTag;
 
 /// A plain response: commits unless it is a 5xx.
+#[derive(Debug)]
 pub struct ResponseTag;
 
 /// Neither: the handler's return type is not a response.
+#[derive(Debug)]
 pub struct NotAResponse;
 
 /// First choice: a `Result` of two responses.
@@ -129,9 +133,11 @@ pub fn outcome<R, Tag: IntoOutcome<R>>(out: R, tag: Tag) -> Answer {
 }
 
 /// A value that can be fingerprinted.
+#[derive(Debug)]
 pub struct SerializeTag;
 
 /// A value that cannot: its type is not `Serialize`.
+#[derive(Debug)]
 pub struct NotSerializeTag;
 
 /// First choice: the value is `Serialize`.
@@ -161,17 +167,21 @@ impl<T: Serialize + ?Sized> Fingerprintable<T> for SerializeTag {
 }
 
 /// A body extractor whose value is `Serialize`.
+#[derive(Debug)]
 pub struct BodyParam;
 
 /// A body extractor whose value is not `Serialize`.
+#[derive(Debug)]
 pub struct UnserializableBodyParam;
 
 /// An extractor that reads the request body but that idem cannot fingerprint: left out,
 /// a reused key with another payload would replay the first answer instead of 422.
+#[derive(Debug)]
 pub struct UnfingerprintedBodyParam;
 
 /// Any other parameter: one that reads the request's head only (`Path`, `HeaderMap`,
 /// `State`), so that a handler whose last parameter it is has no body.
+#[derive(Debug)]
 pub struct OtherParam;
 
 /// What the last parameter adds to the fingerprint when the endpoint names no fields:
@@ -298,6 +308,7 @@ impl<S, T: FromRequest<S> + KnownBody> ExtractsLast<T, ReadsBody> for S {}
 pub fn extracts_last<T, S: ExtractsLast<T, M>, M>(_: &crate::web::Guard<S>) {}
 
 /// An extractor that reads the request's head only: `Path`, `Query`, `HeaderMap` ...
+#[derive(Debug)]
 pub struct PartsParam;
 
 /// First choice for a parameter before the last: it reads the head only (a `Query` is a
@@ -398,9 +409,11 @@ impl<T, S: crate::webhook::Scheme> SignedBody for crate::webhook::Signed<T, S> {
 }
 
 /// A signed body, of scheme `S`.
+#[derive(Debug)]
 pub struct SignedTag<S>(core::marker::PhantomData<S>);
 
 /// Any other parameter.
+#[derive(Debug)]
 pub struct UnsignedTag;
 
 /// First choice: a signed body.
@@ -431,7 +444,7 @@ impl<S> Default for SignedTag<S> {
 /// Whether a body's signature vouches for the request, from its probe's tag. A signed
 /// delivery's identity (scope, principal, key) comes from what its signature covers and
 /// from the endpoint's own code, never from the store's principal resolver, which reads
-/// request data the signature does not cover (DESIGN.md, invariant 8).
+/// request data the signature does not cover (ARCHITECTURE.md, invariant 8).
 pub trait Vouched {
     /// `true` for a signed body.
     const SIGNED: bool;
@@ -513,6 +526,7 @@ pub const fn handler_without_tx() {}
 /// for that struct: a block inside the handler names `__path_<handler>` as this type,
 /// and a glob import of the module in a block within it shadows that name with utoipa's
 /// struct if there is one. [`UtoipaPathBelow`] then holds for this type only.
+#[derive(Debug)]
 pub struct NoUtoipaPathAbove;
 
 /// Holds when no `#[utoipa::path]` was expanded above `#[idempotent]`, which would

@@ -91,7 +91,7 @@ impl Spread {
 }
 
 /// Where earlier configurations may have kept `key`'s record: every place it can be
-/// found from the key alone, other than its own (DESIGN.md, invariant 9). A spread
+/// found from the key alone, other than its own (ARCHITECTURE.md, invariant 9). A spread
 /// added or changed (to a hash, to a tenant), or a mode changed (the portable mode
 /// hashes where the others keep the nobody value), moves a key between these; a retry
 /// of a request answered before the change finds its record there. A tenant cannot be

@@ -279,6 +279,17 @@ pub struct StoreBuilder {
     failpoints: Option<Arc<crate::failpoint::Failpoints>>,
 }
 
+impl std::fmt::Debug for StoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreBuilder")
+            .field("table", &self.table)
+            .field("outbox_table", &self.outbox_table)
+            .field("require_principal", &self.require_principal)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl StoreBuilder {
     /// The failpoints a test arms to make this store's requests and completer stop at a
     /// durable boundary, as if their process had died ([`crate::failpoint`]; feature

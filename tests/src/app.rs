@@ -37,6 +37,7 @@ pub fn example_deliveries(n: usize, payments_body: String, now: u64) -> [Deliver
 
 /// A router served over real HTTP on a loopback port until dropped, the pool it works
 /// on, and a client to call it with.
+#[derive(Debug)]
 pub struct TestApp {
     /// Where it listens.
     pub addr: SocketAddr,

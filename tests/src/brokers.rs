@@ -38,6 +38,7 @@ const SYSTEM_NATS: &str = "/usr/sbin/nats-server";
 /// A `nats-server -js` of one's own, on a free loopback port, its JetStream store in a
 /// directory of its own that outlives a [`PrivateNats::stop`], so that a restart finds
 /// its streams. Killed, and its directory removed, on drop.
+#[derive(Debug)]
 pub struct PrivateNats {
     /// The port it listens on, on 127.0.0.1.
     pub port: u16,

@@ -27,6 +27,7 @@ pub const REQUIRE_CITUS: &str = "IDEM_REQUIRE_CITUS";
 static TURN: Mutex<()> = Mutex::new(());
 
 /// A running cluster: a coordinator and `workers`, stopped and removed on drop.
+#[derive(Debug)]
 pub struct Citus {
     /// The coordinator, the node clients connect to.
     pub coordinator: Node,
@@ -36,6 +37,7 @@ pub struct Citus {
 }
 
 /// One PostgreSQL server of the cluster.
+#[derive(Debug)]
 pub struct Node {
     /// Its port on 127.0.0.1.
     pub port: u16,

@@ -29,6 +29,7 @@ pub fn admin_options() -> PgConnectOptions {
 }
 
 /// An empty database on the server, until [`TestDb::drop_database`].
+#[derive(Debug)]
 pub struct TestDb {
     /// The database's name.
     pub name: String,

@@ -11,7 +11,7 @@ use idem::{Pooler, Store};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use crate::{outage, Gate, TestDb};
+use crate::{outage, TestDb};
 
 /// A credit the ledger consumer books.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -89,12 +89,13 @@ pub struct Outage {
     pub recovered_in: Duration,
 }
 
-/// Shuts `gate` once `first` charges are credited, keeps it shut for [`outage`], opens
-/// it, and waits for charges `0..n` to be credited, each once (checked); `attempts`
-/// counts the work's attempts.
+/// Shuts the database away (`cut(true)`, a gate's `shut`) once `first` charges are
+/// credited, keeps it away for [`outage`], brings it back (`cut(false)`), and waits for
+/// charges `0..n` to be credited, each once (checked); `attempts` counts the work's
+/// attempts.
 pub async fn through_an_outage(
     pool: &PgPool,
-    gate: &mut Gate,
+    mut cut: impl AsyncFnMut(bool),
     attempts: &AtomicU64,
     first: usize,
     n: i64,
@@ -104,12 +105,12 @@ pub async fn through_an_outage(
         before.len() >= first,
         "credited before the outage: {before:?}"
     );
-    gate.shut().await;
+    cut(true).await;
     let credited_at_cut = credits(pool, 0, Duration::ZERO).await.len();
     let tried = attempts.load(Ordering::SeqCst);
     tokio::time::sleep(outage()).await;
     let attempts = attempts.load(Ordering::SeqCst) - tried;
-    gate.open().await;
+    cut(false).await;
     let opened = Instant::now();
     let after = credits(pool, n as usize, Duration::from_secs(60)).await;
     let recovered_in = opened.elapsed();

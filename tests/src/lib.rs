@@ -31,7 +31,6 @@ pub use brokers::{amqp_url, nats_url, unique, PrivateNats};
 pub use citus::{Citus, Node, REQUIRE_CITUS};
 pub use database::{admin_options, count, with_test_db, with_test_db_encoded, TestDb};
 pub use gate::{gated_store, outage};
-pub use idem::testing::Gate;
 pub use pooler::{Pgbouncer, SERVER_CONNECTIONS};
 pub use processor::{Processor, ProcessorServer};
 pub use spans::{ClosedSpans, SpanFields};

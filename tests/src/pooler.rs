@@ -25,6 +25,7 @@ const SYSTEM_PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 /// [`SERVER_CONNECTIONS`] server connections, listening on a free loopback port, with its
 /// files (`pgbouncer.ini`, `userlist.txt`, `pgbouncer.log`) in a directory of its own.
 /// Killed and its directory removed on drop.
+#[derive(Debug)]
 pub struct Pgbouncer {
     /// The port it listens on, on 127.0.0.1.
     pub port: u16,

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 /// The processor's state, shared with the test that drives it.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Processor {
     /// Calls per `Idempotency-Key` (`""` for a call without one).
     calls: Mutex<HashMap<String, u32>>,
@@ -44,6 +44,7 @@ pub struct Processor {
 }
 
 /// A [`Processor`] served on a loopback port until dropped.
+#[derive(Debug)]
 pub struct ProcessorServer {
     /// Its state.
     pub processor: Arc<Processor>,

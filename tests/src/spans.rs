@@ -38,7 +38,7 @@ impl SpanFields {
 
 /// A layer that collects the fields of every span of one name when it closes
 /// (`idem.request` by default, `idem.relay` ...), and of every ERROR event.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ClosedSpans {
     name: &'static str,
     closed: Arc<Mutex<Vec<SpanFields>>>,

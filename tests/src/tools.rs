@@ -43,6 +43,7 @@ pub fn schemathesis() -> PathBuf {
 }
 
 /// The installed signing libraries.
+#[derive(Debug)]
 pub struct Signers {
     dir: PathBuf,
 }

@@ -1,4 +1,4 @@
-//! A request's identity (DESIGN.md, invariants 8 and 9; issue 27, findings 1, 2, 4, 5):
+//! A request's identity (ARCHITECTURE.md, invariants 8 and 9; issue 27, findings 1, 2, 4, 5):
 //! a signed delivery is named by what its signature covers, whatever unsigned header
 //! comes with it; a tenant read from a body never names an authenticated principal's
 //! record; one principal spelled two ways is one principal; and a change of where keys

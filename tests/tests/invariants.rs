@@ -1,4 +1,4 @@
-//! DESIGN.md's invariants, each pinned by a test that fails if it is lost, with handlers
+//! ARCHITECTURE.md's invariants, each pinned by a test that fails if it is lost, with handlers
 //! written for the purpose and served over real HTTP against a real PostgreSQL.
 
 use std::time::{Duration, Instant};

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant, SystemTime};
 use idem::jobs::OnceError;
 use idem::outbox::amqp::{dead_letters, AmqpConsumer, AmqpPublisher};
 use idem::outbox::{Event, Received};
+use idem::testing::Gate;
 use idem::Store;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
-use idem_tests::{amqp_url, count, gated_store, unique, with_test_db, Gate, TestApp};
+use idem_tests::{amqp_url, count, gated_store, unique, with_test_db, TestApp};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -393,7 +394,7 @@ async fn a_database_outage_dead_letters_nothing() {
             .await
             .unwrap();
         let mut gate = Gate::start(&db.options).await;
-        let gated = gated_store(&gate, db);
+        let gated = gated_store(gate.options(db.options.clone()));
         let attempts = Arc::new(AtomicU64::new(0));
         let tried = Arc::clone(&attempts);
         let consumer = AmqpConsumer::new(channel.clone(), &name).max_deliver(Some(3));
@@ -407,7 +408,20 @@ async fn a_database_outage_dead_letters_nothing() {
                 book(&store, &credit).await
             }
         }));
-        let outage = through_an_outage(&pool, &mut gate, &attempts, 2, 6).await;
+        let outage = through_an_outage(
+            &pool,
+            async |shut| {
+                if shut {
+                    gate.shut().await
+                } else {
+                    gate.open().await
+                }
+            },
+            &attempts,
+            2,
+            6,
+        )
+        .await;
         assert!(outage.attempts > 0, "nothing was tried during the outage");
         assert_eq!(booked(&pool).await, ids, "each event under its own id");
         let dead = channel

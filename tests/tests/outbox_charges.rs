@@ -14,8 +14,9 @@ use charges::Config;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use idem::outbox::nats::MSG_ID;
+use idem::testing::Gate;
 use idem::{Pooler, Store};
-use idem_tests::{gated_store, nats_url, outage, unique, with_test_db, Gate, Pgbouncer, TestApp};
+use idem_tests::{gated_store, nats_url, outage, unique, with_test_db, Pgbouncer, TestApp};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -390,7 +391,7 @@ async fn the_example_books_each_event_once_through_a_database_outage() {
         charges::migrate(&pool).await.expect("migrate");
         let mut gate = Gate::start(&db.options).await;
         let prefix = unique("charges");
-        let (relay, ledger) = charges::events::start(&gated_store(&gate, db), &nats_url(), &prefix)
+        let (relay, ledger) = charges::events::start(&gated_store(gate.options(db.options.clone())), &nats_url(), &prefix)
             .await
             .expect("start the events");
         let js = jetstream::new(async_nats::connect(nats_url()).await.unwrap());

@@ -18,11 +18,11 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, stream, Context};
 use idem::outbox::nats::{JetStreamConsumer, JetStreamPublisher, MSG_ID};
 use idem::outbox::{Event, OutboxEvent, PublishError, Publisher, Received};
+use idem::testing::Gate;
 use idem::Store;
 use idem_tests::ledger::{book, booked, credits, ledger, through_an_outage, Credit};
 use idem_tests::{
-    count, gated_store, nats_url, unique, with_test_db, ClosedSpans, Gate, Pgbouncer, PrivateNats,
-    TestDb,
+    count, gated_store, nats_url, unique, with_test_db, ClosedSpans, Pgbouncer, PrivateNats, TestDb,
 };
 use sqlx::PgPool;
 use tracing_subscriber::prelude::*;
@@ -987,7 +987,7 @@ async fn a_database_outage_dead_letters_nothing() {
         // other would be sent it again once its ack wait ran out.
         let tasks: Vec<_> = (0..2)
             .map(|_| {
-                let store = gated_store(&gate, db);
+                let store = gated_store(gate.options(db.options.clone()));
                 let tried = Arc::clone(&attempts);
                 tokio::spawn(
                     JetStreamConsumer::new(broker.js.clone(), consumer.clone())
@@ -1005,7 +1005,20 @@ async fn a_database_outage_dead_letters_nothing() {
                 )
             })
             .collect();
-        let outage = through_an_outage(&pool, &mut gate, &attempts, 3, 20).await;
+        let outage = through_an_outage(
+            &pool,
+            async |shut| {
+                if shut {
+                    gate.shut().await
+                } else {
+                    gate.open().await
+                }
+            },
+            &attempts,
+            3,
+            20,
+        )
+        .await;
         assert!(outage.attempts > 0, "nothing was tried during the outage");
         assert_eq!(booked(&pool).await, ids, "each event under its own id");
         let dead = broker.dead_letters().await;

@@ -12,8 +12,9 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
+use idem::testing::Gate;
 use idem::{idempotent, Store, Tx};
-use idem_tests::{gated_store, with_test_db, Gate, TestApp, TestDb};
+use idem_tests::{gated_store, with_test_db, TestApp, TestDb};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
@@ -113,7 +114,7 @@ async fn a_retry_of_a_kept_answer_asks_the_database_nothing() {
         migrate(db).await;
         let mut gate = Gate::start(&db.options).await;
         let (app, calls) = serve(db, cached(&gate, db, Duration::from_secs(60))).await;
-        let (plain, _) = serve(db, gated_store(&gate, db)).await;
+        let (plain, _) = serve(db, gated_store(gate.options(db.options.clone()))).await;
         let first = app
             .post("/notes", Some("k1"), &json!({ "text": "a" }))
             .await;

@@ -22,8 +22,9 @@ use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::outbox::Event;
+use idem::testing::Gate;
 use idem::{idempotent, Pooler, Store, Tx};
-use idem_tests::{send, with_test_db, Answer, Gate, Pgbouncer, TestApp, TestDb};
+use idem_tests::{send, with_test_db, Answer, Pgbouncer, TestApp, TestDb};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 

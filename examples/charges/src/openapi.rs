@@ -28,6 +28,7 @@ use utoipa::{IntoResponses, Modify, OpenApi};
     components(schemas(idem::Problem)),
     modifiers(&Bearer),
 )]
+#[derive(Debug)]
 pub struct ApiDoc;
 
 /// `GET /openapi.json`.
@@ -59,6 +60,7 @@ fn problem(description: &str) -> ResponseBuilder {
 }
 
 /// 401: no bearer account, or no valid webhook signature.
+#[derive(Debug)]
 pub struct Unauthenticated;
 
 impl IntoResponses for Unauthenticated {
@@ -74,6 +76,7 @@ impl IntoResponses for Unauthenticated {
 }
 
 /// 404: no such charge in the caller's account.
+#[derive(Debug)]
 pub struct NotFound;
 
 impl IntoResponses for NotFound {
@@ -86,6 +89,7 @@ impl IntoResponses for NotFound {
 /// The payment processor's answers to `POST /charges` (`PROCESSOR_URL`): 402, its refusal
 /// of the charge (committed, replayed to retries); 502 and 504, no answer from it
 /// (rolled back, retryable with the same key).
+#[derive(Debug)]
 pub struct ProcessorProblems;
 
 impl IntoResponses for ProcessorProblems {

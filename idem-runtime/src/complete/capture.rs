@@ -45,6 +45,12 @@ pub struct Completable {
     completion: Option<Completion>,
 }
 
+impl std::fmt::Debug for Completable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completable").finish_non_exhaustive()
+    }
+}
+
 struct Head {
     method: Method,
     target: String,

@@ -18,12 +18,13 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::Completion;
-use crate::engine::{self, Begun, Claim, Committed, Refusal};
+use crate::engine::{self, Attempt, Begun, Claim, Committed, Refusal};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{KeyInScope, Place};
 use crate::store::Store;
 use crate::table::audit::AuditWrite;
 use crate::table::requests::{Due, Failure, Leased, StoredRequest};
+use crate::table::steps::RecordedStep;
 use crate::table::{Isolation, Record, ABANDONING};
 use crate::web::problem::Problems;
 use crate::web::response::{self, IDEMPOTENT_REPLAYED};
@@ -463,38 +464,8 @@ impl Completer {
             error,
             counted: false,
         };
-        match engine::begin(store, Some(claim.clone()), Isolation::ReadCommitted).await {
-            Ok(Begun::Run(attempt)) => {
-                let marker = Record {
-                    status: ABANDONING,
-                    headers: Vec::new(),
-                    body: bytes::Bytes::new(),
-                };
-                match attempt.commit(&marker).await {
-                    Ok(Committed::Stored) => {}
-                    // Another attempt committed the key first: its answer stands.
-                    Ok(Committed::Superseded(_)) => {
-                        return forgotten(store.inner.requests.forget(store.outside(), key).await)
-                    }
-                    Err(error) => {
-                        return retry(format!("the abandon could not be decided: {error:?}"))
-                    }
-                }
-            }
-            // Its client's retry, or a completion, committed it first: its answer
-            // stands, and there is nothing to undo.
-            Ok(Begun::Replay(_)) => {
-                return forgotten(store.inner.requests.forget(store.outside(), key).await)
-            }
-            // Decided by an earlier run, which did not finish its undos.
-            Err(Refusal::Abandoning) => {}
-            Err(refusal) => {
-                let counted = !matches!(refusal, Refusal::InUse | Refusal::Unavailable(_));
-                return Run::Failed {
-                    error: format!("its key cannot be claimed: {}", describe(&refusal)),
-                    counted,
-                };
-            }
+        if let Some(ended) = self.decide(key, &claim).await {
+            return ended;
         }
         let mut attempt = match engine::hold_abandoning(store, claim).await {
             Ok(Some(attempt)) => attempt,
@@ -511,47 +482,14 @@ impl Completer {
                 return retry(error.to_string());
             }
         };
-        let (mut undone, mut not_undone) = (Vec::new(), Vec::new());
-        // The steps as they were recorded, the last first.
-        for step in recorded.iter().rev() {
-            if step.step.starts_with(COMPENSATE)
-                || !fingerprint.matches(&step.fingerprint, &step.field_hashes)
-            {
-                continue;
-            }
-            let Some(undo) = self.compensations.get(&step.step) else {
-                not_undone.push(step.step.clone());
-                continue;
-            };
-            let name = format!("{COMPENSATE}{}", step.step);
-            let what = Undo {
-                step: step.step.clone(),
-                result: step.result.clone(),
-                key: String::new(),
-                principal: (key.place == Place::Principal).then(|| key.principal.clone()),
-                idempotency_key: key.key.as_str().to_owned(),
-            };
-            store.failpoint(crate::failpoint::Point::BeforeUndo).await;
-            let span = tracing::info_span!("idem.compensate", step = %step.step);
-            let ran = attempt
-                .tx()
-                .step(&name, |derived| {
-                    undo(Undo {
-                        key: derived,
-                        ..what
-                    })
-                })
-                .instrument(span)
-                .await;
-            if let Err(error) = ran {
+        let (undone, not_undone) = match self.undo(&mut attempt, key, &fingerprint, &recorded).await
+        {
+            Ok(done) => done,
+            Err(failed) => {
                 let _ = attempt.rollback().await;
-                return Run::Failed {
-                    error: format!("the compensation of step {:?} failed: {error}", step.step),
-                    counted: true,
-                };
+                return failed;
             }
-            undone.push(step.step.clone());
-        }
+        };
         {
             let mut tx = attempt.tx();
             let (_, state) = tx.parts();
@@ -589,6 +527,108 @@ impl Completer {
         }
         self.audit_abandoned(key, &undone, &not_undone).await;
         Run::Done(Completed::Abandoned)
+    }
+
+    /// An abandon's decision: the abandoning marker committed under the key, or found
+    /// there from an earlier run (`None`: go on to the undos); or how the run ended
+    /// (another attempt committed the key first, or it cannot be claimed now).
+    async fn decide(&self, key: &KeyInScope, claim: &Claim) -> Option<Run> {
+        let store = &self.store;
+        match engine::begin(store, Some(claim.clone()), Isolation::ReadCommitted).await {
+            Ok(Begun::Run(attempt)) => {
+                let marker = Record {
+                    status: ABANDONING,
+                    headers: Vec::new(),
+                    body: bytes::Bytes::new(),
+                };
+                match attempt.commit(&marker).await {
+                    Ok(Committed::Stored) => {}
+                    // Another attempt committed the key first: its answer stands.
+                    Ok(Committed::Superseded(_)) => {
+                        return Some(forgotten(
+                            store.inner.requests.forget(store.outside(), key).await,
+                        ))
+                    }
+                    Err(error) => {
+                        return Some(Run::Failed {
+                            error: format!("the abandon could not be decided: {error:?}"),
+                            counted: false,
+                        })
+                    }
+                }
+            }
+            // Its client's retry, or a completion, committed it first: its answer
+            // stands, and there is nothing to undo.
+            Ok(Begun::Replay(_)) => {
+                return Some(forgotten(
+                    store.inner.requests.forget(store.outside(), key).await,
+                ))
+            }
+            // Decided by an earlier run, which did not finish its undos.
+            Err(Refusal::Abandoning) => {}
+            Err(refusal) => {
+                let counted = !matches!(refusal, Refusal::InUse | Refusal::Unavailable(_));
+                return Some(Run::Failed {
+                    error: format!("its key cannot be claimed: {}", describe(&refusal)),
+                    counted,
+                });
+            }
+        }
+        None
+    }
+
+    /// The undo of each of `recorded`'s steps under the held marker, the last step's
+    /// first, each a step of its own: the steps undone, and those with no undo
+    /// registered; or how the run failed (the caller rolls back).
+    async fn undo(
+        &self,
+        attempt: &mut Attempt,
+        key: &KeyInScope,
+        fingerprint: &Fingerprint,
+        recorded: &[RecordedStep],
+    ) -> Result<(Vec<String>, Vec<String>), Run> {
+        let store = &self.store;
+        let (mut undone, mut not_undone) = (Vec::new(), Vec::new());
+        // The steps as they were recorded, the last first.
+        for step in recorded.iter().rev() {
+            if step.step.starts_with(COMPENSATE)
+                || !fingerprint.matches(&step.fingerprint, &step.field_hashes)
+            {
+                continue;
+            }
+            let Some(undo) = self.compensations.get(&step.step) else {
+                not_undone.push(step.step.clone());
+                continue;
+            };
+            let name = format!("{COMPENSATE}{}", step.step);
+            let what = Undo {
+                step: step.step.clone(),
+                result: step.result.clone(),
+                key: String::new(),
+                principal: (key.place == Place::Principal).then(|| key.principal.clone()),
+                idempotency_key: key.key.as_str().to_owned(),
+            };
+            store.failpoint(crate::failpoint::Point::BeforeUndo).await;
+            let span = tracing::info_span!("idem.compensate", step = %step.step);
+            let ran = attempt
+                .tx()
+                .step(&name, |derived| {
+                    undo(Undo {
+                        key: derived,
+                        ..what
+                    })
+                })
+                .instrument(span)
+                .await;
+            if let Err(error) = ran {
+                return Err(Run::Failed {
+                    error: format!("the compensation of step {:?} failed: {error}", step.step),
+                    counted: true,
+                });
+            }
+            undone.push(step.step.clone());
+        }
+        Ok((undone, not_undone))
     }
 
     /// The `abandoned` audit row of an abandon that committed, naming what it undid and

@@ -143,6 +143,17 @@ pub struct Console {
     dead_letters: Option<DeadLetters>,
 }
 
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console")
+            .field("store", &self.store)
+            .field("actions", &self.actions)
+            .field("show_bodies", &self.show_bodies)
+            .field("operator_header", &self.operator_header)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where the consumers' dead letters are read from (`Console::jetstream_dead_letters`,
 /// `Console::amqp_dead_letters`).
 #[cfg(any(feature = "nats", feature = "amqp"))]

@@ -5,7 +5,7 @@
 //!
 //! [`begin`] opens the transaction and claims the key: either the caller runs its work
 //! in the returned [`Attempt`], or a stored [`Record`] is replayed, or a [`Refusal`]
-//! says why neither. The invariants this relies on (DESIGN.md):
+//! says why neither. The invariants this relies on (ARCHITECTURE.md):
 //!
 //! 1. **One transaction.** The claim, the work's writes and the stored record commit
 //!    together ([`Attempt::commit`]). There is no "mark complete" step that could be lost.

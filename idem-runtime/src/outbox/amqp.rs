@@ -187,6 +187,7 @@ fn publish_failure(what: &str, error: &lapin::Error) -> PublishError {
 /// time (and holds a failed one for its pause): run several, on channels of their own,
 /// for parallel work.
 #[must_use = "a consumer does nothing until `.run(..)` is awaited"]
+#[derive(Debug)]
 pub struct AmqpConsumer {
     channel: Channel,
     queue: String,

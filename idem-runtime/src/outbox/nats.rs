@@ -173,6 +173,7 @@ fn publish_failure(
 /// Consumes events from a JetStream pull consumer (explicit acks), runs each one's work
 /// once, and acknowledges after the commit. See the [module's docs](self).
 #[must_use = "a consumer does nothing until `.run(..)` is awaited"]
+#[derive(Debug)]
 pub struct JetStreamConsumer {
     jetstream: Context,
     consumer: PullConsumer,

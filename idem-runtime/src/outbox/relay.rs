@@ -191,6 +191,7 @@ impl std::error::Error for PublishError {}
 
 /// Configures a relay; see [`Store::relay`](crate::Store::relay).
 #[must_use = "a relay does nothing until `.spawn()` or `.run_until_idle()`"]
+#[derive(Debug)]
 pub struct RelayBuilder<P> {
     store: Store,
     publisher: Arc<P>,

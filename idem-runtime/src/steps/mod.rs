@@ -46,10 +46,11 @@ use tracing::Instrument;
 
 use crate::failpoint::Point;
 use crate::fingerprint::hex;
+use crate::identity::KeyInScope;
 use crate::observe;
 use crate::store::Store;
 use crate::table::steps::{StepWrite, StepsTable};
-use crate::tx::Tx;
+use crate::tx::{AttemptState, Request, Tx};
 
 impl Store {
     /// The store's steps table, its statements rendered.
@@ -111,20 +112,7 @@ impl Tx<'_> {
         let store = self.store();
         let timeout = store.inner.step_timeout;
         let (Some(key), Some(request)) = (self.key_in_scope(), self.request()) else {
-            let span = tracing::info_span!("idem.step", step = name, outcome = Empty);
-            return async {
-                let started = Instant::now();
-                let ran = run(call, random_key(), timeout).await;
-                let outcome = match &ran {
-                    Ok(_) => "unkeyed",
-                    Err(StepError::Timeout(_)) => "timed_out",
-                    Err(_) => "failed",
-                };
-                finished(None, name, outcome, started.elapsed());
-                ran
-            }
-            .instrument(span)
-            .await;
+            return unkeyed(name, call, timeout).await;
         };
         let derived = self.derived_key(name).unwrap_or_default();
         let span = tracing::info_span!(
@@ -155,7 +143,6 @@ impl Tx<'_> {
             let fence = fence.map_err(StepError::Database)?;
             state.txid = Some(fence);
             let found = found.map_err(StepError::Database)?;
-            let fingerprint = request.fingerprint.combined();
             // Steps of this key recorded by a request with another payload: the key was
             // used for another request, which a retry cannot resume. Compared as the
             // keys' rows are: after a deploy that reordered or added `fields`, on the
@@ -197,60 +184,120 @@ impl Tx<'_> {
                     return Err(error);
                 }
             };
-            let result = ascii_json(&value).map_err(StepError::Json)?;
-            let parts = request.fingerprint.parts();
-            // The request itself, with its first step: from then on the service can
-            // complete it ([`crate::complete`]).
-            let also = match &state.capture {
-                Some(captured) if !state.request_stored => Some(store.inner.requests.recording(
-                    key,
-                    fingerprint.as_slice(),
-                    &parts,
-                    captured,
-                    request.ttl,
-                )),
-                _ => None,
-            };
-            let write = StepWrite {
+            let recorded = Recorded {
+                store,
                 key,
-                step: name,
-                fingerprint: fingerprint.as_slice(),
-                field_hashes: &parts,
-                result: &result,
-                ttl: request.ttl,
+                request: &request,
+                name,
                 fence,
-                also: also.as_deref(),
+                forget,
+                forget_request,
             };
-            match steps.record(outside, &write).await {
-                Ok(true) => {
-                    store.failpoint(Point::StepRecorded).await;
-                    state.ride(forget);
-                    if also.is_some() {
-                        state.request_stored = true;
-                    }
-                    if let Some(forget_request) = forget_request {
-                        state.ride(forget_request);
-                    }
-                    done("recorded");
-                    Ok(value)
-                }
-                Ok(false) => {
-                    tracing::warn!(
-                        step = name,
-                        "idem: a step's call ran, but its request no longer holds its key: \
-                         the result is not recorded"
-                    );
-                    done("lost");
-                    Err(StepError::Lost)
-                }
-                Err(error) => {
-                    done("unrecorded");
-                    Err(StepError::Database(error))
-                }
-            }
+            let kept = recorded.keep(state, &value).await;
+            done(match &kept {
+                Ok(()) => "recorded",
+                Err(StepError::Lost) => "lost",
+                Err(_) => "unrecorded",
+            });
+            kept.map(|()| value)
         }
         .instrument(span)
         .await
+    }
+}
+
+/// A step that runs outside any keyed request: called once, with a random key, and not
+/// recorded.
+async fn unkeyed<T, E, F, Fut>(name: &str, call: F, timeout: Duration) -> Result<T, StepError<E>>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let span = tracing::info_span!("idem.step", step = name, outcome = Empty);
+    async {
+        let started = Instant::now();
+        let ran = run(call, random_key(), timeout).await;
+        let outcome = match &ran {
+            Ok(_) => "unkeyed",
+            Err(StepError::Timeout(_)) => "timed_out",
+            Err(_) => "failed",
+        };
+        finished(None, name, outcome, started.elapsed());
+        ran
+    }
+    .instrument(span)
+    .await
+}
+
+/// A step's call that answered, to be recorded under its request's fence.
+struct Recorded<'a> {
+    store: &'a Store,
+    key: &'a KeyInScope,
+    request: &'a Request<'a>,
+    name: &'a str,
+    fence: i64,
+    /// What deletes the key's steps when the request commits.
+    forget: String,
+    /// What deletes the stored request with them (a completable request's).
+    forget_request: Option<String>,
+}
+
+impl Recorded<'_> {
+    /// Records `value` outside the request's transaction, with the request itself on its
+    /// first step when it is completable; then the deletes ride the request's COMMIT.
+    async fn keep<T: Serialize, E>(
+        self,
+        state: &mut AttemptState,
+        value: &T,
+    ) -> Result<(), StepError<E>> {
+        let store = self.store;
+        let result = ascii_json(value).map_err(StepError::Json)?;
+        let fingerprint = self.request.fingerprint.combined();
+        let parts = self.request.fingerprint.parts();
+        // The request itself, with its first step: from then on the service can
+        // complete it ([`crate::complete`]).
+        let also = match &state.capture {
+            Some(captured) if !state.request_stored => Some(store.inner.requests.recording(
+                self.key,
+                fingerprint.as_slice(),
+                &parts,
+                captured,
+                self.request.ttl,
+            )),
+            _ => None,
+        };
+        let write = StepWrite {
+            key: self.key,
+            step: self.name,
+            fingerprint: fingerprint.as_slice(),
+            field_hashes: &parts,
+            result: &result,
+            ttl: self.request.ttl,
+            fence: self.fence,
+            also: also.as_deref(),
+        };
+        match store.steps().record(store.outside(), &write).await {
+            Ok(true) => {
+                store.failpoint(Point::StepRecorded).await;
+                state.ride(self.forget);
+                if also.is_some() {
+                    state.request_stored = true;
+                }
+                if let Some(forget_request) = self.forget_request {
+                    state.ride(forget_request);
+                }
+                Ok(())
+            }
+            Ok(false) => {
+                tracing::warn!(
+                    step = self.name,
+                    "idem: a step's call ran, but its request no longer holds its key: \
+                     the result is not recorded"
+                );
+                Err(StepError::Lost)
+            }
+            Err(error) => Err(StepError::Database(error)),
+        }
     }
 }
 

@@ -12,13 +12,13 @@ use sqlx::{PgConnection, SqlStr};
 use super::{statement, TableName};
 
 /// The default name of the audit table, in the schema of the store's idempotency table.
-pub const DEFAULT_AUDIT_TABLE: &str = "idem_audit";
+pub(crate) const DEFAULT_AUDIT_TABLE: &str = "idem_audit";
 
 /// The SQL that creates the audit table (under its default name), for services that run
 /// their own migrations. [`Store::migrate`](crate::Store::migrate) runs it for a store
 /// with the default tables; [`Store::audit_schema_sql`](crate::Store::audit_schema_sql)
 /// gives it for any.
-pub const AUDIT_SCHEMA_SQL: &str = include_str!("../../sql/idem_audit.sql");
+pub(crate) const AUDIT_SCHEMA_SQL: &str = include_str!("../../sql/idem_audit.sql");
 
 /// The DDL, with `{create_schema}`, `{table}` and `{name}` to fill in.
 const DDL: &str = "-- idem: the audit table, for users who run their own migrations.

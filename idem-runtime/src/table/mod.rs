@@ -68,17 +68,17 @@ pub(crate) use claim::*;
 pub(crate) use sweep::*;
 
 /// The default table name.
-pub const DEFAULT_TABLE: &str = "idempotency_keys";
+pub(crate) const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// The default name of the steps table (`Tx::step`), in the schema of the store's
 /// idempotency table.
-pub const DEFAULT_STEPS_TABLE: &str = "idempotency_steps";
+pub(crate) const DEFAULT_STEPS_TABLE: &str = "idempotency_steps";
 
 /// The SQL that creates idem's table (under its default name) and its expiry index, for
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs exactly this for a store with the default table;
 /// [`Store::schema`](crate::Store::schema_sql) gives it for any.
-pub const SCHEMA_SQL: &str = include_str!("../../sql/idempotency_keys.sql");
+pub(crate) const SCHEMA_SQL: &str = include_str!("../../sql/idempotency_keys.sql");
 
 /// The DDL, with `{create_schema}`, `{table}`, `{name}`, `{principal_type}` to fill in.
 const DDL: &str = "-- idem: the idempotency table, for users who run their own migrations.
@@ -310,7 +310,7 @@ impl PrincipalType {
     /// keys, the spread), `None` when it cannot key requests. PostgreSQL stores a `uuid`
     /// or a `bigint` in one form whatever text it was cast from, but idem hashes the text:
     /// two spellings of one principal would take two locks and derive two keys for a
-    /// downstream service (DESIGN.md, invariant 8). So: any text as it is; a UUID of 32
+    /// downstream service (ARCHITECTURE.md, invariant 8). So: any text as it is; a UUID of 32
     /// hex digits, plain or in the 8-4-4-4-12 groups, either optionally in braces, as
     /// lowercase 8-4-4-4-12; a decimal `bigint` (sign, leading zeros) as PostgreSQL
     /// prints it. Never the value that keeps keys without a principal (the nil UUID, 0;

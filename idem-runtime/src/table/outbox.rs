@@ -68,13 +68,13 @@ use crate::literal::{self, Literal};
 use crate::transaction::Prepared;
 
 /// The default name of the outbox table, in the schema of the store's idempotency table.
-pub const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
+pub(crate) const DEFAULT_OUTBOX_TABLE: &str = "idem_outbox";
 
 /// The SQL that creates the outbox table (under its default name) and its indexes, for
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs it for a store with the default tables;
 /// [`Store::outbox_schema_sql`](crate::Store::outbox_schema_sql) gives it for any.
-pub const OUTBOX_SCHEMA_SQL: &str = include_str!("../../sql/idem_outbox.sql");
+pub(crate) const OUTBOX_SCHEMA_SQL: &str = include_str!("../../sql/idem_outbox.sql");
 
 /// The DDL, with `{create_schema}`, `{table}` and `{name}` to fill in.
 const DDL: &str = "-- idem: the outbox table, for users who run their own migrations.

@@ -24,11 +24,11 @@ use crate::literal::{self, Literal};
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs it for a store with the default tables;
 /// [`Store::requests_schema_sql`](crate::Store::requests_schema_sql) gives it for any.
-pub const REQUESTS_SCHEMA_SQL: &str = include_str!("../../sql/idempotency_requests.sql");
+pub(crate) const REQUESTS_SCHEMA_SQL: &str = include_str!("../../sql/idempotency_requests.sql");
 
 /// The default name of the requests table, in the schema of the store's idempotency
 /// table.
-pub const DEFAULT_REQUESTS_TABLE: &str = "idempotency_requests";
+pub(crate) const DEFAULT_REQUESTS_TABLE: &str = "idempotency_requests";
 
 /// The DDL, with `{create_schema}`, `{table}`, `{name}` and `{principal_type}` to fill
 /// in.

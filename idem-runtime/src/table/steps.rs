@@ -24,7 +24,7 @@ use crate::transaction::Prepared;
 /// services that run their own migrations. [`Store::migrate`](crate::Store::migrate)
 /// runs it for a store with the default tables;
 /// [`Store::steps_schema_sql`](crate::Store::steps_schema_sql) gives it for any.
-pub const STEPS_SCHEMA_SQL: &str = include_str!("../../sql/idempotency_steps.sql");
+pub(crate) const STEPS_SCHEMA_SQL: &str = include_str!("../../sql/idempotency_steps.sql");
 
 /// The DDL, with `{create_schema}`, `{table}`, `{name}` and `{principal_type}` to fill
 /// in.

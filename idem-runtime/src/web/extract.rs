@@ -232,6 +232,7 @@ where
 
 /// Wraps each of the handler's extractors so that its rejection is answered as
 /// `application/problem+json`, like every other error of an idempotent endpoint.
+#[derive(Debug)]
 pub struct Extract<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for Extract<T>
@@ -285,12 +286,15 @@ where
 /// is generic over `M`, so rustc infers it together with axum's own choice, and bounds
 /// the state by the probes' `ExtractsLast<T, M>`: a body idem cannot fingerprint is
 /// refused whatever state its extractor is written for.
+#[derive(Debug)]
 pub struct LastExtract<T, M>(pub T, pub PhantomData<fn() -> M>);
 
 /// [`LastExtract`]'s `M` for a parameter that reads the request's head only.
+#[derive(Debug)]
 pub enum ReadsHead {}
 
 /// [`LastExtract`]'s `M` for a parameter that reads the body.
+#[derive(Debug)]
 pub enum ReadsBody {}
 
 impl<S, T> FromRequestParts<S> for LastExtract<T, ReadsHead>

@@ -92,6 +92,7 @@ impl Answer {
 /// axum's `Handler` impl makes the generated handler's own type parameter the router's
 /// state, and the handler's `where S: HoldsStore` is checked on the route with
 /// [`HoldsStore`]'s message rather than reported as an unsatisfied `Handler` bound.
+#[derive(Debug)]
 pub struct Guard<S> {
     store: Store,
     key: KeyRead,
@@ -170,7 +171,7 @@ impl<S> Guard<S> {
     }
 
     /// Whether the request's body is signed (a webhook delivery): its principal then
-    /// comes from the endpoint's own `principal = ..` alone ([`policy::principal`]).
+    /// comes from the endpoint's own `principal = ..` alone (`web::policy::principal`).
     pub fn signed(mut self, signed: bool) -> Self {
         self.signed = signed;
         self
@@ -198,7 +199,7 @@ impl<S> Guard<S> {
     /// Claims the key: `Ok` when the handler is to run, `Err` with the answer when not
     /// (a replay, 400, 409, 422, 503). `principal` is the handler's own
     /// `principal = ...`, and `key` the endpoint's own key source (`key = ...`), when it
-    /// has them ([`policy`] says which wins).
+    /// has them (`web::policy` says which wins).
     pub async fn claim(
         self,
         spec: &'static Spec,
@@ -353,6 +354,7 @@ fn refused(store: &Store, observation: Observation, refusal: &Refusal) -> Respon
 
 /// The fingerprint under construction; the first serialization error is kept and
 /// answered as a 500 before anything runs.
+#[derive(Debug)]
 pub struct Fields {
     builder: FingerprintBuilder,
     error: Option<FingerprintError>,
@@ -398,6 +400,14 @@ pub struct Claimed {
     store: Store,
     attempt: Attempt,
     observation: Observation,
+}
+
+impl std::fmt::Debug for Claimed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Claimed {

@@ -93,7 +93,7 @@ pub(crate) fn key(
 /// empty principal is no principal: two tenants resolved to `""` would share keys.
 ///
 /// A `signed` request (a webhook delivery) is named by what its signature covers and by
-/// the endpoint's own code alone (DESIGN.md, invariant 8): the store's resolver reads
+/// the endpoint's own code alone (ARCHITECTURE.md, invariant 8): the store's resolver reads
 /// request data that nothing vouches for (a tenant header, an optional auth layer), and
 /// a captured delivery sent again under another value of it would be another request
 /// and act again. So the resolver is not asked, and a store that requires a principal

@@ -6,11 +6,11 @@
 use std::path::Path;
 
 /// The README.
-pub const README: &str = include_str!("../../../README.md");
+pub(crate) const README: &str = include_str!("../../../README.md");
 
 /// The guide's chapters (`docs/book/src`), by file name, in the order of its summary.
 /// `book.rs` fails when a chapter on disk is not listed here.
-pub const CHAPTERS: [(&str, &str); 16] = [
+pub(crate) const CHAPTERS: [(&str, &str); 16] = [
     (
         "introduction.md",
         include_str!("../../../docs/book/src/introduction.md"),
@@ -72,11 +72,11 @@ pub const CHAPTERS: [(&str, &str); 16] = [
 ];
 
 /// The guide's summary, which lists its chapters.
-pub const SUMMARY: &str = include_str!("../../../docs/book/src/SUMMARY.md");
+pub(crate) const SUMMARY: &str = include_str!("../../../docs/book/src/SUMMARY.md");
 
 /// The files of the guide's new service, each a block marked
 /// `<!-- compatibility: FILE -->` in a chapter, that `compatibility.rs` writes and builds.
-pub const PROGRAMS: [&str; 4] = [
+pub(crate) const PROGRAMS: [&str; 4] = [
     "Cargo.toml",
     "src/main.rs",
     "src/bin/events.rs",
@@ -84,7 +84,7 @@ pub const PROGRAMS: [&str; 4] = [
 ];
 
 /// The ```rust blocks of `text`, each with the file its `compatibility` marker names.
-pub fn rust_blocks(text: &'static str) -> Vec<(Option<&'static str>, &'static str)> {
+pub(crate) fn rust_blocks(text: &'static str) -> Vec<(Option<&'static str>, &'static str)> {
     let mut blocks = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("```rust\n") {
@@ -103,13 +103,13 @@ pub fn rust_blocks(text: &'static str) -> Vec<(Option<&'static str>, &'static st
 }
 
 /// The text without its whitespace: a snippet may sit indented in a function of a test.
-pub fn squashed(text: &str) -> String {
+pub(crate) fn squashed(text: &str) -> String {
     text.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
 /// The fenced block right after the line `<!-- compatibility: {name} -->`, in whichever
 /// chapter holds it (exactly one does), with its final newline.
-pub fn program(name: &str) -> &'static str {
+pub(crate) fn program(name: &str) -> &'static str {
     let marker = format!("<!-- compatibility: {name} -->\n");
     let mut found = CHAPTERS
         .iter()
@@ -131,7 +131,7 @@ pub fn program(name: &str) -> &'static str {
 }
 
 /// The Markdown files of `docs/book/src` on disk, the summary left out.
-pub fn chapters_on_disk() -> Vec<String> {
+pub(crate) fn chapters_on_disk() -> Vec<String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/book/src");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
