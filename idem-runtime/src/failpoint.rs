@@ -23,8 +23,6 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-use crate::store::Store;
-
 /// A durable boundary of a request, in the order a request with a step crosses them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -149,7 +147,7 @@ impl Failpoints {
     }
 
     /// Whether a pass through `point` dies, disarming it if so.
-    fn take(&self, point: Point) -> bool {
+    pub(crate) fn take(&self, point: Point) -> bool {
         lock(&self.passes)[index(point)] += 1;
         let mut armed = lock(&self.armed);
         let Some(at) = armed.iter().position(|(p, _)| *p == point) else {
@@ -165,22 +163,4 @@ impl Failpoints {
         self.hit.notify_waiters();
         true
     }
-}
-
-impl Store {
-    /// A pass through `point`: never returns where the store's failpoints stop it there.
-    #[cfg(feature = "failpoints")]
-    pub(crate) async fn failpoint(&self, point: Point) {
-        if let Some(failpoints) = &self.inner.failpoints {
-            if failpoints.take(point) {
-                tracing::warn!(%point, "idem: a failpoint stopped here, as a process death would");
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-
-    /// A pass through `point`: nothing, without the feature `failpoints`.
-    #[cfg(not(feature = "failpoints"))]
-    #[inline(always)]
-    pub(crate) async fn failpoint(&self, _point: Point) {}
 }

@@ -70,7 +70,7 @@ pub(crate) struct KeyInScope {
     /// The scope, as the endpoint names it.
     pub(crate) scope: Cow<'static, str>,
     /// The value the key is kept under in the principal column, in its canonical
-    /// spelling ([`PrincipalType::canonical`](crate::table::PrincipalType::canonical)):
+    /// spelling (`PrincipalType::canonical`):
     /// its owner, or its spread.
     pub(crate) principal: String,
     pub(crate) key: IdempotencyKey,
@@ -95,12 +95,13 @@ impl KeyInScope {
     }
 
     /// A key as a table stores it, read back: `stored_scope` with its place's mark,
-    /// `principal` as the principal column's text.
+    /// `principal` as the principal column's text, where `nobody` is that column's value
+    /// for no principal (its type's).
     pub(crate) fn from_stored(
         stored_scope: &str,
         principal: &str,
         key: &str,
-        principal_type: crate::table::PrincipalType,
+        nobody: &str,
     ) -> Self {
         let marked = [Place::Hashed, Place::Tenant]
             .into_iter()
@@ -110,9 +111,7 @@ impl KeyInScope {
             });
         let (scope, place, principal) = match marked {
             Some((scope, place)) => (scope, place, principal.to_owned()),
-            None if principal == principal_type.bound("") => {
-                (stored_scope, Place::Nobody, String::new())
-            }
+            None if principal == nobody => (stored_scope, Place::Nobody, String::new()),
             None => (stored_scope, Place::Principal, principal.to_owned()),
         };
         Self {

@@ -73,3 +73,23 @@ impl Schema<'_> {
         ]
     }
 }
+
+impl crate::Store {
+    /// This store's tables: their names and the SQL that creates them, with the names
+    /// and the principal type it was built with. [`Store::migrate`](crate::Store::migrate) runs that SQL.
+    pub fn schema(&self) -> Schema<'_> {
+        let settings = &self.inner;
+        Schema {
+            keys_table: settings.table_name.as_str(),
+            keys_sql: settings.table.ddl(),
+            steps_table: settings.steps_table.as_str(),
+            steps_sql: settings.steps.ddl(),
+            requests_table: settings.requests_table.as_str(),
+            requests_sql: settings.requests.ddl(),
+            outbox_table: settings.outbox_table.as_str(),
+            outbox_sql: settings.outbox.ddl().as_str(),
+            audit_table: settings.audit_table.as_str(),
+            audit_sql: settings.audit.ddl().as_str(),
+        }
+    }
+}

@@ -182,24 +182,6 @@ impl Store {
         self.inner.dialect.pooler
     }
 
-    /// This store's tables: their names and the SQL that creates them, with the names
-    /// and the principal type it was built with. [`Store::migrate`](crate::Store::migrate) runs that SQL.
-    pub fn schema(&self) -> crate::schema::Schema<'_> {
-        let settings = &self.inner;
-        crate::schema::Schema {
-            keys_table: settings.table_name.as_str(),
-            keys_sql: settings.table.ddl(),
-            steps_table: settings.steps_table.as_str(),
-            steps_sql: settings.steps.ddl(),
-            requests_table: settings.requests_table.as_str(),
-            requests_sql: settings.requests.ddl(),
-            outbox_table: settings.outbox_table.as_str(),
-            outbox_sql: settings.outbox.ddl().as_str(),
-            audit_table: settings.audit_table.as_str(),
-            audit_sql: settings.audit.ddl().as_str(),
-        }
-    }
-
     /// The pool for writes that must commit outside a request's transaction (a step's
     /// record), apart from the requests' pool: a request holds its own connection while
     /// such a write waits for one, so sharing one pool could leave every connection
@@ -839,4 +821,22 @@ mod tests {
             crate::schema::DEFAULT.keys_sql
         );
     }
+}
+
+impl Store {
+    /// A pass through `point`: never returns where the store's failpoints stop it there.
+    #[cfg(feature = "failpoints")]
+    pub(crate) async fn failpoint(&self, point: crate::failpoint::Point) {
+        if let Some(failpoints) = &self.inner.failpoints {
+            if failpoints.take(point) {
+                tracing::warn!(%point, "idem: a failpoint stopped here, as a process death would");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// A pass through `point`: nothing, without the feature `failpoints`.
+    #[cfg(not(feature = "failpoints"))]
+    #[inline(always)]
+    pub(crate) async fn failpoint(&self, _point: crate::failpoint::Point) {}
 }

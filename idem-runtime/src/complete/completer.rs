@@ -269,7 +269,7 @@ impl Completer {
         };
         let (scope, principal, key) = stored;
         let principal_type = self.store.inner.dialect.principal_type;
-        let key_in_scope = KeyInScope::from_stored(scope, principal, key, principal_type);
+        let key_in_scope = KeyInScope::from_stored(scope, principal, key, principal_type.bound(""));
         let action = if leased.abandoning {
             "abandon"
         } else {

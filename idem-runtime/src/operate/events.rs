@@ -17,8 +17,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Postgres, Row};
 
-use super::outbox::{count, DEAD_LIST};
-use super::{format_age, format_time, seconds, secs, DeadSelection};
+use super::{count, format_age, format_time, seconds, secs, DeadSelection, DEAD_LIST};
 use crate::outbox::DeadEvent;
 
 /// The pending events, oldest first, after the `seq` $8 (NULL: from the first), $9 how

@@ -12,7 +12,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
 
 use super::events::{DeadBound, EventFilter};
-use super::{format_age, instant, rfc3339, seconds, secs};
+use super::{count, format_age, instant, rfc3339, seconds, secs, DEAD_LIST};
 use crate::outbox::DeadEvent;
 use crate::table::statement;
 
@@ -83,17 +83,6 @@ pub(super) const MATCHES: &str = "\
                          - $5::float8 * interval '1 second')
    AND ($6::bigint IS NULL OR seq <= $6)
    AND ($7::bigint IS NULL OR dead_at <= timestamptz 'epoch' + $7::bigint * interval '1 microsecond')";
-
-/// The selected dead events, oldest first, after the `seq` $8 (NULL: from the first). $9
-/// how many. `seq` pages them ([`Page::next`]).
-pub(super) const DEAD_LIST: &str = "\
-SELECT seq, id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
-       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
-       extract(epoch FROM now() - created_at)::float8 AS age
-  FROM {table}
- WHERE {selected} AND ($8::bigint IS NULL OR seq > $8)
- ORDER BY seq
- LIMIT $9";
 
 /// How many dead events the selection names.
 const DEAD_COUNT: &str = "SELECT count(*)::bigint FROM {table} WHERE {selected}";
@@ -611,11 +600,6 @@ impl Redriven {
         }
         Ok(self.moved)
     }
-}
-
-/// A `bigint` count column as a `u64`.
-pub(super) fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
-    Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
 }
 
 fn lease(row: &PgRow) -> Result<Lease, sqlx::Error> {
