@@ -211,301 +211,55 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
     let block = &func.block;
     let (_, scope) = &args.scope;
     let required = args.required();
-    let ttl = {
-        let span = args
-            .ttl
-            .as_ref()
-            .map_or_else(Span::call_site, |(_, ttl)| ttl.lit.span());
-        let secs = u64_at(args.ttl_secs(), span);
-        quote!(::core::time::Duration::from_secs(#secs))
-    };
+    let ttl = ttl(args);
 
     let extracted: Vec<(Ident, &Type)> = handler
         .extracted()
         .map(|(i, param)| (format_ident!("__idem_arg{}", i), &*param.ty))
         .collect();
-    // Without `fields`, the last parameter's whole value identifies the request: if it
-    // reads the body under the router's state, idem must know how to fingerprint it
-    // (`idem::__private::ExtractsLast`). The state is known where the handler is
-    // routed: the generic wrapper takes the parameter as `LastExtract<T, __IdemVia>`,
-    // whose two impls (head or body) let rustc infer `__IdemVia` with axum's own choice,
-    // and bounds `__IdemState: ExtractsLast<T, __IdemVia>`; a wrapper written for one
-    // state checks it inside.
-    let whole_last = match (&args.fields, extracted.last()) {
-        (None, Some((arg, ty))) => Some((arg, *ty)),
-        _ => None,
-    };
+    let whole_last = whole_last(args, &extracted);
     let last_via = whole_last.filter(|_| state.is_none());
-    let unwrap = extracted.iter().map(|(arg, _)| match last_via {
-        Some((last, _)) if last == arg => {
-            quote!(let ::idem::__private::LastExtract(#arg, _) = #arg;)
-        }
-        _ => quote!(let ::idem::__private::Extract(#arg) = #arg;),
-    });
-    // The body, if any, is last: axum reads it after every other extractor.
-    let not_bodies = extracted.iter().rev().skip(1).map(|(_, ty)| {
-        quote_spanned! {ty.span()=>
-            ::idem::__private::before_the_body(
-                (&&&::idem::__private::Probe::<#ty>::new()).__idem_head()
-            );
-        }
-    });
-    let call_args = handler.params.iter().enumerate().map(|(i, _)| {
-        if handler.tx == Some(i) {
-            quote!(__idem_claim.tx())
-        } else {
-            let arg = format_ident!("__idem_arg{}", i);
-            quote!(#arg)
-        }
-    });
+    let (unwrap, not_bodies, call_args) = arguments(handler, &extracted, last_via);
 
-    // Whether the body is signed, from its type: a signed body vouches for the request,
-    // so its identity is not taken from the store's principal resolver, and a key from
-    // a header its signature covers is read as the sender's plain text.
-    let signed = match extracted.last() {
-        Some((_, ty)) => quote_spanned! {ty.span()=>
-            ::idem::__private::signed((&&::idem::__private::Probe::<#ty>::new()).__idem_signed())
-        },
-        None => quote!(false),
-    };
+    let signed = signed(&extracted);
     let key_source = args.key.as_ref().map(|(_, source)| source);
-    let (key_param, key) = match (key_source, &last_for_key(&extracted)) {
-        (Some(KeySource::Header(name)), _) => (
-            Some((
-                quote!(__idem_headers),
-                quote!(::idem::__private::Extract<::idem::__private::HeaderMap>),
-            )),
-            quote!(::core::option::Option::Some(::idem::__private::key_from_header(&__idem_headers.0, #name, #signed))),
-        ),
-        (Some(KeySource::Field(path)), Some((arg, ty))) => {
-            let members = &path.members;
-            let span = joined_span(path);
-            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
-            let key =
-                quote_spanned!(span=> ::idem::__private::key_of(&__idem_key_body #(.#members)*));
-            (
-                None,
-                quote!({
-                    let __idem_key_body = #body;
-                    ::core::option::Option::Some(#key)
-                }),
-            )
-        }
-        (Some(KeySource::Digest(digest)), Some((arg, ty))) => {
-            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
-            let key = quote_spanned!(digest.span=> ::idem::__private::key_of_digest(#body));
-            (None, quote!(::core::option::Option::Some(#key)))
-        }
-        _ => (None, quote!(::core::option::Option::None)),
-    };
+    let (key_param, key) = key(key_source, &extracted, &signed);
     // Where a key without a principal is kept; nothing at all without the option, so
     // that such endpoints expand as before.
-    let spread = match (&args.spread, last_for_key(&extracted)) {
-        (Some((_, attr::Spread::Key(key))), _) => quote_spanned! {key.span=>
-            let __idem_guard = __idem_guard.spread(::idem::__private::Spread::Key);
-        },
-        (Some((_, attr::Spread::Tenant(path))), Some((arg, ty))) => {
-            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
-            let tenant = quote_spanned!(path.span()=> ::idem::__private::tenant_of(#path(#body)));
-            quote!(let __idem_guard = __idem_guard.spread(#tenant);)
-        }
-        _ => quote!(),
-    };
+    let spread = spread(args, &extracted);
     // A signed body's key must be signed too: not a header the scheme does not sign.
-    let header_key = match (key_source, extracted.last()) {
-        (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
-            ::idem::__private::header_key::<{ ::idem::__private::header_hash(#name) }, _>(
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
-            );
-        },
-        // Without `key = ..`, the `Idempotency-Key` header, which no scheme signs.
-        (None, Some((_, ty))) => quote_spanned! {ty.span()=>
-            ::idem::__private::default_key(
-                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
-            );
-        },
-        _ => quote!(),
-    };
-    // A handler without `Tx` is warned about (a deprecated item's use, the one warning a
-    // proc macro can raise on stable), on its name; the handler's own `allow`s, such as
-    // `#[allow(deprecated)]`, go on the statement so that they silence it.
-    let without_tx = if handler.tx.is_none() {
-        let allows = func.attrs.iter().filter(|a| a.path().is_ident("allow"));
-        let call = quote_spanned!(name.span()=> ::idem::__private::handler_without_tx());
-        quote! {
-            #(#allows)*
-            let () = #call;
-        }
-    } else {
-        quote!()
-    };
+    let header_key = header_key(key_source, &extracted);
+    let without_tx = without_tx(func, handler);
     let utoipa_order = utoipa_order(func);
-    let conflict_wait = match args.wait() {
-        Some(wait) => {
-            let millis = u64_at(wait.millis, wait.lit.span());
-            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    let statement_timeout = match &args.statement_timeout {
-        Some((_, timeout)) => {
-            let millis = u64_at(timeout.millis, timeout.lit.span());
-            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    let isolation = match args.isolation.as_ref().map(|(_, level)| *level) {
-        None | Some(attr::Isolation::ReadCommitted) => quote!(ReadCommitted),
-        Some(attr::Isolation::RepeatableRead) => quote!(RepeatableRead),
-        Some(attr::Isolation::Serializable) => quote!(Serializable),
-    };
+    let (conflict_wait, statement_timeout, isolation) = timing(args);
 
     // A principal type the handler also takes as a parameter is extracted once: its
     // value serves both (an extractor may be costly, or not idempotent itself).
-    let same_type = |ty: &Type, path: &Type| {
-        ty.to_token_stream().to_string() == path.to_token_stream().to_string()
-    };
-    let (principal_param, principal) = match &args.principal {
-        Some((_, path)) if extracted.iter().any(|(_, ty)| same_type(ty, path)) => {
-            let arg = extracted
-                .iter()
-                .find(|(_, ty)| same_type(ty, path))
-                .map(|(arg, _)| arg);
-            (
-                None,
-                quote_spanned!(path.span()=> ::idem::__private::principal_of(&#arg)),
-            )
-        }
-        Some((_, path)) => (
-            Some((
-                quote_spanned!(path.span()=> __idem_principal),
-                quote_spanned!(path.span()=> ::idem::__private::Extract<#path>),
-            )),
-            quote_spanned!(path.span()=> ::idem::__private::principal_of(&__idem_principal.0)),
-        ),
-        None => (None, quote!(::core::option::Option::None)),
-    };
+    let (principal_param, principal) = principal(args, &extracted);
 
     // The wrapper takes two parameters: a tuple of idem's extractors and the handler's
     // own but the last (axum extracts a tuple's elements in order), then the last. So it
     // never has too many arguments, and needs no `#[allow(clippy::too_many_arguments)]`,
     // which the user's function inside it would inherit.
-    let (last_param, before_last) = match extracted.split_last() {
-        Some(((arg, ty), before)) => (
-            Some(if last_via.is_some() {
-                quote_spanned!(ty.span()=> #arg: ::idem::__private::LastExtract<#ty, __IdemVia>)
-            } else {
-                quote_spanned!(ty.span()=> #arg: ::idem::__private::Extract<#ty>)
-            }),
-            before,
-        ),
-        None => (None, &[][..]),
-    };
-    let (generics, state_bound, state, body_check) = match (&state, whole_last) {
-        (Some(state), last) => (
-            quote!(),
-            quote!(),
-            quote!(#state),
-            last.map(|(_, ty)| {
-                quote_spanned! {ty.span()=>
-                    ::idem::__private::extracts_last::<#ty, _, _>(&__idem_guard);
-                }
-            }),
-        ),
-        (None, Some((_, ty))) => {
-            let bound = quote_spanned! {ty.span()=>
-                __IdemState: ::idem::__private::ExtractsLast<#ty, __IdemVia>
-            };
-            (
-                quote!(<__IdemState, __IdemVia>),
-                quote!(where __IdemState: ::idem::__private::HoldsStore, #bound),
-                quote!(__IdemState),
-                None,
-            )
-        }
-        (None, None) => (
-            quote!(<__IdemState>),
-            quote!(where __IdemState: ::idem::__private::HoldsStore),
-            quote!(__IdemState),
-            None,
-        ),
-    };
-    let guard = (
-        quote!(__idem_guard),
-        quote!(::idem::__private::Guard<#state>),
-    );
-    let own = before_last.iter().map(|(arg, ty)| {
-        (
-            quote!(#arg),
-            quote_spanned!(ty.span()=> ::idem::__private::Extract<#ty>),
-        )
-    });
+    let (last_param, before_last) = last_param(&extracted, last_via.is_some());
+    let (generics, state_bound, state, body_check) = state_tokens(state.as_ref(), whole_last);
     // `completable = true`: the request's head, and a slot the body is read into, to
     // store with its first step (`idem::complete`); extracted before the body.
-    let (completable_param, completable) = if args.completable() {
-        let key_header = match key_source {
-            Some(KeySource::Header(name)) => quote!(::core::option::Option::Some(#name)),
-            _ => quote!(::core::option::Option::None),
-        };
-        (
-            Some((
-                quote!(__idem_completable),
-                quote!(::idem::__private::Completable),
-            )),
-            quote!(let __idem_guard = __idem_guard.completable(__idem_completable, #key_header);),
-        )
-    } else {
-        (None, quote!())
-    };
-    let (parts, part_types): (Vec<_>, Vec<_>) =
-        [Some(guard), completable_param, key_param, principal_param]
-            .into_iter()
-            .flatten()
-            .chain(own)
-            .unzip();
+    let (completable_param, completable) = completable(args, key_source);
+    let (parts, part_types) = parts(
+        &state,
+        before_last,
+        [completable_param, key_param, principal_param],
+    );
 
     // The body's binding, respanned onto its type so that a bound it fails is reported
     // once, there.
     let last = extracted
         .last()
         .map(|(arg, ty)| (Ident::new(&arg.to_string(), ty.span()), *ty));
-    let add_fields = match (&args.fields, &last) {
-        (Some((_, fields)), Some((arg, ty))) => {
-            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
-            let adds = fields.iter().map(add_field);
-            quote!({
-                let __idem_body = #body;
-                #(#adds)*
-            })
-        }
-        (None, Some((arg, ty))) => quote_spanned! {ty.span()=>
-            ::idem::__private::whole_body(
-                &mut __idem_fields,
-                &#arg,
-                (&&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
-            );
-        },
-        _ => quote!(),
-    };
+    let add_fields = add_fields(args, last.as_ref());
 
-    let output_span = match &func.sig.output {
-        syn::ReturnType::Type(_, ty) => ty.span(),
-        syn::ReturnType::Default => name.span(),
-    };
-    let outcome = quote_spanned! {output_span=>
-        {
-            let __idem_tag = (&&::idem::__private::probe(&__idem_out)).__idem_output();
-            ::idem::__private::outcome(__idem_out, __idem_tag)
-        }
-    };
-    let call = quote_spanned! {name.span()=>
-        ::idem::__private::in_span(
-            ::idem::__private::assert_send(#name(#(#call_args),*)),
-            __idem_span,
-            ::core::stringify!(#name),
-        )
-        .await
-    };
+    let (call, outcome) = call(func, &call_args);
 
     quote! {
         #(#wrapper_attrs)*
@@ -557,6 +311,385 @@ fn wrapper(func: &ItemFn, args: &Args, handler: &Handler<'_>) -> TokenStream {
             let __idem_outcome = #outcome;
             __idem_claim.finish(__idem_outcome).await
         }
+    }
+}
+
+/// The handler's call, in its span, and its outcome read from what it returned (a
+/// `Result` or a response), spanned on its return type.
+fn call(func: &ItemFn, call_args: &[TokenStream]) -> (TokenStream, TokenStream) {
+    let name = &func.sig.ident;
+    let output_span = match &func.sig.output {
+        syn::ReturnType::Type(_, ty) => ty.span(),
+        syn::ReturnType::Default => name.span(),
+    };
+    let outcome = quote_spanned! {output_span=>
+        {
+            let __idem_tag = (&&::idem::__private::probe(&__idem_out)).__idem_output();
+            ::idem::__private::outcome(__idem_out, __idem_tag)
+        }
+    };
+    let call = quote_spanned! {name.span()=>
+        ::idem::__private::in_span(
+            ::idem::__private::assert_send(#name(#(#call_args),*)),
+            __idem_span,
+            ::core::stringify!(#name),
+        )
+        .await
+    };
+    (call, outcome)
+}
+
+/// The wrapper's first parameter, a tuple of idem's extractors (its guard, then those
+/// the options add) and the handler's own but the last, as names and types.
+fn parts(
+    state: &TokenStream,
+    before_last: &[(Ident, &Type)],
+    added: [Option<(TokenStream, TokenStream)>; 3],
+) -> (Vec<TokenStream>, Vec<TokenStream>) {
+    let guard = (
+        quote!(__idem_guard),
+        quote!(::idem::__private::Guard<#state>),
+    );
+    let own = before_last.iter().map(|(arg, ty)| {
+        (
+            quote!(#arg),
+            quote_spanned!(ty.span()=> ::idem::__private::Extract<#ty>),
+        )
+    });
+    std::iter::once(Some(guard))
+        .chain(added)
+        .flatten()
+        .chain(own)
+        .unzip()
+}
+
+/// Without `fields`, the last parameter's whole value identifies the request: if it
+/// reads the body under the router's state, idem must know how to fingerprint it
+/// (`idem::__private::ExtractsLast`). The state is known where the handler is routed: the
+/// generic wrapper takes the parameter as `LastExtract<T, __IdemVia>`, whose two impls
+/// (head or body) let rustc infer `__IdemVia` with axum's own choice, and bounds
+/// `__IdemState: ExtractsLast<T, __IdemVia>`; a wrapper written for one state checks it
+/// inside.
+fn whole_last<'e, 't>(
+    args: &Args,
+    extracted: &'e [(Ident, &'t Type)],
+) -> Option<(&'e Ident, &'t Type)> {
+    match (&args.fields, extracted.last()) {
+        (None, Some((arg, ty))) => Some((arg, *ty)),
+        _ => None,
+    }
+}
+
+/// The endpoint's `ttl`, as a `Duration`, spanned on its literal.
+fn ttl(args: &Args) -> TokenStream {
+    let span = args
+        .ttl
+        .as_ref()
+        .map_or_else(Span::call_site, |(_, ttl)| ttl.lit.span());
+    let secs = u64_at(args.ttl_secs(), span);
+    quote!(::core::time::Duration::from_secs(#secs))
+}
+
+/// The handler's arguments: each taken out of idem's extractor, the check that none but
+/// the last reads the body (axum reads it after every other extractor), and the call's
+/// argument list, `Tx` from the claim.
+fn arguments(
+    handler: &Handler<'_>,
+    extracted: &[(Ident, &Type)],
+    last_via: Option<(&Ident, &Type)>,
+) -> (Vec<TokenStream>, Vec<TokenStream>, Vec<TokenStream>) {
+    let unwrap = extracted
+        .iter()
+        .map(|(arg, _)| match last_via {
+            Some((last, _)) if last == arg => {
+                quote!(let ::idem::__private::LastExtract(#arg, _) = #arg;)
+            }
+            _ => quote!(let ::idem::__private::Extract(#arg) = #arg;),
+        })
+        .collect();
+    // The body, if any, is last: axum reads it after every other extractor.
+    let not_bodies = extracted
+        .iter()
+        .rev()
+        .skip(1)
+        .map(|(_, ty)| {
+            quote_spanned! {ty.span()=>
+                ::idem::__private::before_the_body(
+                    (&&&::idem::__private::Probe::<#ty>::new()).__idem_head()
+                );
+            }
+        })
+        .collect();
+    let call_args = (0..handler.params.len())
+        .map(|i| {
+            if handler.tx == Some(i) {
+                quote!(__idem_claim.tx())
+            } else {
+                let arg = format_ident!("__idem_arg{}", i);
+                quote!(#arg)
+            }
+        })
+        .collect();
+    (unwrap, not_bodies, call_args)
+}
+
+/// Whether the body is signed, from its type: a signed body vouches for the request, so
+/// its identity is not taken from the store's principal resolver, and a key from a header
+/// its signature covers is read as the sender's plain text.
+fn signed(extracted: &[(Ident, &Type)]) -> TokenStream {
+    match extracted.last() {
+        Some((_, ty)) => quote_spanned! {ty.span()=>
+            ::idem::__private::signed((&&::idem::__private::Probe::<#ty>::new()).__idem_signed())
+        },
+        None => quote!(false),
+    }
+}
+
+/// A handler without `Tx` is warned about (a deprecated item's use, the one warning a
+/// proc macro can raise on stable), on its name; the handler's own `allow`s, such as
+/// `#[allow(deprecated)]`, go on the statement so that they silence it.
+fn without_tx(func: &ItemFn, handler: &Handler<'_>) -> TokenStream {
+    let name = &func.sig.ident;
+    if handler.tx.is_none() {
+        let allows = func.attrs.iter().filter(|a| a.path().is_ident("allow"));
+        let call = quote_spanned!(name.span()=> ::idem::__private::handler_without_tx());
+        quote! {
+            #(#allows)*
+            let () = #call;
+        }
+    } else {
+        quote!()
+    }
+}
+
+/// The wrapper's last parameter (the handler's last extractor, read with axum's own
+/// choice of head or body where the state is generic), and the handler's others.
+fn last_param<'e, 't>(
+    extracted: &'e [(Ident, &'t Type)],
+    via: bool,
+) -> (Option<TokenStream>, &'e [(Ident, &'t Type)]) {
+    match extracted.split_last() {
+        Some(((arg, ty), before)) => (
+            Some(if via {
+                quote_spanned!(ty.span()=> #arg: ::idem::__private::LastExtract<#ty, __IdemVia>)
+            } else {
+                quote_spanned!(ty.span()=> #arg: ::idem::__private::Extract<#ty>)
+            }),
+            before,
+        ),
+        None => (None, &[][..]),
+    }
+}
+
+/// The request's key: where it is read (`key = ..`), and the parameter that reads it, if
+/// it takes one of its own (a header map).
+fn key(
+    key_source: Option<&KeySource>,
+    extracted: &[(Ident, &Type)],
+    signed: &TokenStream,
+) -> (Option<(TokenStream, TokenStream)>, TokenStream) {
+    match (key_source, &last_for_key(extracted)) {
+        (Some(KeySource::Header(name)), _) => (
+            Some((
+                quote!(__idem_headers),
+                quote!(::idem::__private::Extract<::idem::__private::HeaderMap>),
+            )),
+            quote!(::core::option::Option::Some(::idem::__private::key_from_header(&__idem_headers.0, #name, #signed))),
+        ),
+        (Some(KeySource::Field(path)), Some((arg, ty))) => {
+            let members = &path.members;
+            let span = joined_span(path);
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let key =
+                quote_spanned!(span=> ::idem::__private::key_of(&__idem_key_body #(.#members)*));
+            (
+                None,
+                quote!({
+                    let __idem_key_body = #body;
+                    ::core::option::Option::Some(#key)
+                }),
+            )
+        }
+        (Some(KeySource::Digest(digest)), Some((arg, ty))) => {
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let key = quote_spanned!(digest.span=> ::idem::__private::key_of_digest(#body));
+            (None, quote!(::core::option::Option::Some(#key)))
+        }
+        _ => (None, quote!(::core::option::Option::None)),
+    }
+}
+
+/// Where a key without a principal is kept (`spread = ..`); nothing at all without the
+/// option, so that such endpoints expand as before.
+fn spread(args: &Args, extracted: &[(Ident, &Type)]) -> TokenStream {
+    match (&args.spread, last_for_key(extracted)) {
+        (Some((_, attr::Spread::Key(key))), _) => quote_spanned! {key.span=>
+            let __idem_guard = __idem_guard.spread(::idem::__private::Spread::Key);
+        },
+        (Some((_, attr::Spread::Tenant(path))), Some((arg, ty))) => {
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let tenant = quote_spanned!(path.span()=> ::idem::__private::tenant_of(#path(#body)));
+            quote!(let __idem_guard = __idem_guard.spread(#tenant);)
+        }
+        _ => quote!(),
+    }
+}
+
+/// A signed body's key must be signed too: not a header the scheme does not sign.
+fn header_key(key_source: Option<&KeySource>, extracted: &[(Ident, &Type)]) -> TokenStream {
+    match (key_source, extracted.last()) {
+        (Some(KeySource::Header(name)), Some((_, ty))) => quote_spanned! {name.span()=>
+            ::idem::__private::header_key::<{ ::idem::__private::header_hash(#name) }, _>(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            );
+        },
+        // Without `key = ..`, the `Idempotency-Key` header, which no scheme signs.
+        (None, Some((_, ty))) => quote_spanned! {ty.span()=>
+            ::idem::__private::default_key(
+                (&&::idem::__private::Probe::<#ty>::new()).__idem_signed()
+            );
+        },
+        _ => quote!(),
+    }
+}
+
+/// The endpoint's waits and isolation, as the `Spec` takes them: how long a duplicate
+/// waits (`concurrency = wait`), the statement timeout, the isolation level's name.
+fn timing(args: &Args) -> (TokenStream, TokenStream, TokenStream) {
+    let conflict_wait = match args.wait() {
+        Some(wait) => {
+            let millis = u64_at(wait.millis, wait.lit.span());
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let statement_timeout = match &args.statement_timeout {
+        Some((_, timeout)) => {
+            let millis = u64_at(timeout.millis, timeout.lit.span());
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let isolation = match args.isolation.as_ref().map(|(_, level)| *level) {
+        None | Some(attr::Isolation::ReadCommitted) => quote!(ReadCommitted),
+        Some(attr::Isolation::RepeatableRead) => quote!(RepeatableRead),
+        Some(attr::Isolation::Serializable) => quote!(Serializable),
+    };
+    (conflict_wait, statement_timeout, isolation)
+}
+
+/// The principal (`principal = ..`): a type the handler also takes as a parameter is
+/// extracted once, its value serving both (an extractor may be costly, or not idempotent
+/// itself); another one gets a parameter of its own.
+fn principal(
+    args: &Args,
+    extracted: &[(Ident, &Type)],
+) -> (Option<(TokenStream, TokenStream)>, TokenStream) {
+    let same_type = |ty: &Type, path: &Type| {
+        ty.to_token_stream().to_string() == path.to_token_stream().to_string()
+    };
+    match &args.principal {
+        Some((_, path)) if extracted.iter().any(|(_, ty)| same_type(ty, path)) => {
+            let arg = extracted
+                .iter()
+                .find(|(_, ty)| same_type(ty, path))
+                .map(|(arg, _)| arg);
+            (
+                None,
+                quote_spanned!(path.span()=> ::idem::__private::principal_of(&#arg)),
+            )
+        }
+        Some((_, path)) => (
+            Some((
+                quote_spanned!(path.span()=> __idem_principal),
+                quote_spanned!(path.span()=> ::idem::__private::Extract<#path>),
+            )),
+            quote_spanned!(path.span()=> ::idem::__private::principal_of(&__idem_principal.0)),
+        ),
+        None => (None, quote!(::core::option::Option::None)),
+    }
+}
+
+/// The wrapper's generics, their bounds, its state type, and the check of the last
+/// parameter's body for a wrapper written for one state.
+fn state_tokens(
+    state: Option<&Type>,
+    whole_last: Option<(&Ident, &Type)>,
+) -> (TokenStream, TokenStream, TokenStream, Option<TokenStream>) {
+    match (state, whole_last) {
+        (Some(state), last) => (
+            quote!(),
+            quote!(),
+            quote!(#state),
+            last.map(|(_, ty)| {
+                quote_spanned! {ty.span()=>
+                    ::idem::__private::extracts_last::<#ty, _, _>(&__idem_guard);
+                }
+            }),
+        ),
+        (None, Some((_, ty))) => {
+            let bound = quote_spanned! {ty.span()=>
+                __IdemState: ::idem::__private::ExtractsLast<#ty, __IdemVia>
+            };
+            (
+                quote!(<__IdemState, __IdemVia>),
+                quote!(where __IdemState: ::idem::__private::HoldsStore, #bound),
+                quote!(__IdemState),
+                None,
+            )
+        }
+        (None, None) => (
+            quote!(<__IdemState>),
+            quote!(where __IdemState: ::idem::__private::HoldsStore),
+            quote!(__IdemState),
+            None,
+        ),
+    }
+}
+
+/// `completable = true`: the request's head, and a slot the body is read into, to store
+/// with its first step (`idem::complete`); extracted before the body.
+fn completable(
+    args: &Args,
+    key_source: Option<&KeySource>,
+) -> (Option<(TokenStream, TokenStream)>, TokenStream) {
+    if args.completable() {
+        let key_header = match key_source {
+            Some(KeySource::Header(name)) => quote!(::core::option::Option::Some(#name)),
+            _ => quote!(::core::option::Option::None),
+        };
+        (
+            Some((
+                quote!(__idem_completable),
+                quote!(::idem::__private::Completable),
+            )),
+            quote!(let __idem_guard = __idem_guard.completable(__idem_completable, #key_header);),
+        )
+    } else {
+        (None, quote!())
+    }
+}
+
+/// What the fingerprint reads of the body: the named fields (`fields = [..]`), or the
+/// whole last parameter.
+fn add_fields(args: &Args, last: Option<&(Ident, &Type)>) -> TokenStream {
+    match (&args.fields, last) {
+        (Some((_, fields)), Some((arg, ty))) => {
+            let body = quote_spanned!(ty.span()=> ::idem::__private::body_of(&#arg));
+            let adds = fields.iter().map(add_field);
+            quote!({
+                let __idem_body = #body;
+                #(#adds)*
+            })
+        }
+        (None, Some((arg, ty))) => quote_spanned! {ty.span()=>
+            ::idem::__private::whole_body(
+                &mut __idem_fields,
+                &#arg,
+                (&&&::idem::__private::Probe::<#ty>::new()).__idem_param(),
+            );
+        },
+        _ => quote!(),
     }
 }
 

@@ -1,0 +1,488 @@
+//! The outbox's pages (pending and dead events, one event, the consumers' dead letters,
+//! an event's request) and the dead events' actions (re-drive, discard), each previewed
+//! before it is confirmed.
+
+use super::*;
+
+/// A list's `after` field: the `seq` its page continues after; `Err` when it is not one.
+pub(super) fn after_seq(fields: &[(String, String)]) -> Result<Option<i64>, ()> {
+    match field(fields, "after").filter(|a| !a.is_empty()) {
+        None => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(|_| ()),
+    }
+}
+
+/// The answer to an `after` that is not a list's position.
+pub(super) fn bad_after() -> Response {
+    page_error(
+        StatusCode::BAD_REQUEST,
+        "\"after\" is the position of a list's last row shown: follow the page's links.",
+    )
+}
+
+/// The pending events, filtered, a page at a time after `after`.
+pub(super) async fn pending(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    let filter = match event_filter(&fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Ok(after) = after_seq(&fields) else {
+        return bad_after();
+    };
+    let limit = page_size(&fields);
+    let store = &console.store;
+    let (page, relays) = match tokio::try_join!(
+        store.operate().pending_events(&filter, after, limit),
+        store.operate().outbox_relays(),
+    ) {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    let shown = pages::Listed {
+        filter: &filter,
+        older_than: field(&fields, "older_than").unwrap_or(""),
+        limit,
+        paged: after.is_some(),
+    };
+    html(
+        StatusCode::OK,
+        pages::pending(&frame, &shown, &page, &relays),
+    )
+}
+
+/// One pending event: its row, the relay that holds it, its failed publishes. A dead
+/// event's id is sent to its own page.
+pub(super) async fn pending_event(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(q): Query<EventQuery>,
+) -> Response {
+    let store = &console.store;
+    let one = EventFilter {
+        ids: Some(vec![q.id.clone()]),
+        ..EventFilter::default()
+    };
+    let (page, errors, relays) = match tokio::try_join!(
+        store.operate().pending_events(&one, None, 1),
+        store.operate().event_errors(&q.id),
+        store.operate().outbox_relays(),
+    ) {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let found = page.rows.first();
+    if found.is_none() {
+        match store.operate().dead_event(&q.id, false).await {
+            Ok(Some(_)) => {
+                return see_other(&format!(
+                    "{}/dead/event?id={}",
+                    viewer.base,
+                    pages::encode(&q.id)
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => return failed(e),
+        }
+    }
+    let frame = console.frame(&viewer, None);
+    let status = if found.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    html(
+        status,
+        pages::pending_event(&frame, &q.id, found, &errors, &relays),
+    )
+}
+
+/// The dead events: grouped by reason, and listed, filtered, a page at a time.
+pub(super) async fn dead(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    let filter = match event_filter(&fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Ok(after) = after_seq(&fields) else {
+        return bad_after();
+    };
+    let limit = page_size(&fields);
+    let store = &console.store;
+    let (reasons, page, matching) = match tokio::try_join!(
+        store.operate().dead_reasons(),
+        store.operate().dead_page(&filter, after, limit),
+        store.operate().dead_matching(&filter),
+    ) {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let shown = pages::Listed {
+        filter: &filter,
+        older_than: field(&fields, "older_than").unwrap_or(""),
+        limit,
+        paged: after.is_some(),
+    };
+    let max_age = store.operate().redrive_max_age();
+    html(
+        StatusCode::OK,
+        pages::dead(&frame, &shown, &reasons, &page, matching, max_age),
+    )
+}
+
+#[derive(Deserialize)]
+pub(super) struct EventQuery {
+    id: String,
+}
+
+pub(super) async fn dead_event(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(q): Query<EventQuery>,
+) -> Response {
+    let store = &console.store;
+    let (found, errors) = match tokio::try_join!(
+        store.operate().dead_event(&q.id, console.show_bodies),
+        store.operate().event_errors(&q.id),
+    ) {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    let status = if found.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    let max_age = console.store.operate().redrive_max_age();
+    html(
+        status,
+        pages::dead_event(&frame, &q.id, found.as_ref(), &errors, max_age),
+    )
+}
+
+/// The consumers' dead letters, from their JetStream stream (the newest) or their
+/// RabbitMQ queue (the oldest): `limit` of them (50 by default, at most 500).
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(super) async fn dead_letters(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    let Some(source) = &console.dead_letters else {
+        return page_error(
+            StatusCode::NOT_FOUND,
+            "No dead letters' source is configured.",
+        );
+    };
+    let limit = field(&fields, "limit")
+        .and_then(|n| n.parse::<u32>().ok())
+        .map_or(50, |n| n.clamp(1, 500));
+    let (read, from) = read_dead_letters(source, limit as usize).await;
+    let letters = match read {
+        Ok(Ok(letters)) => letters,
+        Ok(Err(error)) => {
+            tracing::warn!(target: "idem::console", %error, "idem console: reading the dead letters failed");
+            return page_error(StatusCode::SERVICE_UNAVAILABLE, &error);
+        }
+        Err(_) => {
+            return page_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "The broker did not answer within 10 s: the dead letters of {} {:?} \
+                     cannot be read now.",
+                    from.kind, from.name
+                ),
+            )
+        }
+    };
+    let frame = console.frame(&viewer, None);
+    html(
+        StatusCode::OK,
+        pages::dead_letters(&frame, &from, limit, &letters),
+    )
+}
+
+/// Reads `limit` dead letters from `source`, within 10 s (a broker that does not answer
+/// is said so, not waited for), as the page shows them; and where they were read.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(super) async fn read_dead_letters(
+    source: &DeadLetters,
+    limit: usize,
+) -> (
+    Result<Result<Vec<pages::Letter>, String>, tokio::time::error::Elapsed>,
+    pages::LettersFrom,
+) {
+    const WITHIN: Duration = Duration::from_secs(10);
+    match source {
+        #[cfg(feature = "nats")]
+        DeadLetters::JetStream { jetstream, stream } => {
+            let read = crate::outbox::nats::dead_letters(jetstream, stream, limit);
+            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
+                read.map_err(|e| e.to_string())
+                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
+            });
+            let from = pages::LettersFrom {
+                kind: "the JetStream stream",
+                name: stream.clone(),
+                order: "newest first",
+            };
+            (read, from)
+        }
+        #[cfg(feature = "amqp")]
+        DeadLetters::Amqp { connection, queue } => {
+            let read = crate::outbox::amqp::dead_letters(connection, queue, limit);
+            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
+                read.map_err(|e| e.to_string())
+                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
+            });
+            let from = pages::LettersFrom {
+                kind: "the RabbitMQ queue",
+                name: queue.clone(),
+                order: "oldest first",
+            };
+            (read, from)
+        }
+    }
+}
+
+/// The request that wrote an outbox event, pending or dead.
+pub(super) async fn event_request(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(q): Query<EventQuery>,
+) -> Response {
+    let found = match console.store.operate().event_request(&q.id).await {
+        Ok(found) => found,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(&viewer, None);
+    let status = if found.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    html(status, pages::event_request(&frame, &q.id, found.as_ref()))
+}
+
+/// Which of the two bulk actions on dead events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadAction {
+    Redrive,
+    Discard,
+}
+
+impl DeadAction {
+    /// Its path under the console's base.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Self::Redrive => "/dead/redrive",
+            Self::Discard => "/dead/discard",
+        }
+    }
+
+    /// Its verb, capitalised, for a button.
+    pub(crate) fn verb(self) -> &'static str {
+        match self {
+            Self::Redrive => "Re-drive",
+            Self::Discard => "Discard",
+        }
+    }
+}
+
+pub(super) async fn redrive_preview(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    if let Some(refused) = console.read_only(&viewer) {
+        return refused;
+    }
+    preview(&console, &viewer, &fields, DeadAction::Redrive, None).await
+}
+
+pub(super) async fn discard_preview(
+    State(console): Console_,
+    viewer: Viewer,
+    Query(fields): Query<Fields>,
+) -> Response {
+    if let Some(refused) = console.read_only(&viewer) {
+        return refused;
+    }
+    preview(&console, &viewer, &fields, DeadAction::Discard, None).await
+}
+
+/// The confirmation page of `action` on the dead events `fields` name: the dry run, and
+/// the form that acts on what it counted. `warning` (after a confirmation that found the
+/// set changed) is shown above it, with 409.
+pub(super) async fn preview(
+    console: &Shared,
+    viewer: &Viewer,
+    fields: &[(String, String)],
+    action: DeadAction,
+    warning: Option<String>,
+) -> Response {
+    let filter = match event_filter(fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let preview = match console.store.operate().dead_preview(&filter, 20).await {
+        Ok(preview) => preview,
+        Err(e) => return failed(e),
+    };
+    let frame = console.frame(viewer, None);
+    let status = if warning.is_some() {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::OK
+    };
+    let max_age = console.store.operate().redrive_max_age();
+    html(
+        status,
+        pages::preview(
+            &frame,
+            action,
+            &filter,
+            &preview,
+            max_age,
+            warning.as_deref(),
+        ),
+    )
+}
+
+pub(super) async fn redrive(
+    State(console): Console_,
+    viewer: Viewer,
+    Form(fields): Form<Fields>,
+) -> Response {
+    confirm(&console, &viewer, &fields, DeadAction::Redrive).await
+}
+
+pub(super) async fn discard(
+    State(console): Console_,
+    viewer: Viewer,
+    Form(fields): Form<Fields>,
+) -> Response {
+    confirm(&console, &viewer, &fields, DeadAction::Discard).await
+}
+
+/// A confirmation of `action`: it acts on the events its preview counted (the filter
+/// within the bound the form carries), and only then. A form without a bound (a form
+/// made by hand, or one of an earlier version) acts on nothing: it is answered the
+/// preview.
+pub(super) async fn confirm(
+    console: &Shared,
+    viewer: &Viewer,
+    fields: &[(String, String)],
+    action: DeadAction,
+) -> Response {
+    let operator = match console.acting(viewer, fields) {
+        Ok(operator) => operator,
+        Err(refused) => return refused.page(),
+    };
+    let filter = match event_filter(fields) {
+        Ok(filter) => filter,
+        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
+    };
+    let Some(bound) = bound(fields) else {
+        return preview(console, viewer, fields, action, None).await;
+    };
+    let force = action == DeadAction::Redrive && field(fields, "force").is_some();
+    let audited = console.audited(&operator);
+    let done = match action {
+        DeadAction::Redrive => audited.redrive_confirmed(&filter, &bound, force).await,
+        DeadAction::Discard => audited.discard_confirmed(&filter, &bound).await,
+    };
+    let verb = match action {
+        DeadAction::Redrive => "redrive",
+        DeadAction::Discard => "discard",
+    };
+    let done = match done {
+        Ok(done) => done,
+        Err(ConfirmError::Changed { bounded, previewed }) => {
+            let warning = format!(
+                "Nothing was done: {bounded} dead event(s) are within what you confirmed now, \
+                 not the {previewed} it counted (one was parked by a transaction that was \
+                 running during your preview). Review them again."
+            );
+            return preview(console, viewer, fields, action, Some(warning)).await;
+        }
+        Err(ConfirmError::OutsideWindow {
+            selected,
+            outside,
+            oldest,
+            max_age,
+        }) => {
+            tracing::info!(
+                target: "idem::console",
+                operator = %operator,
+                action = verb,
+                selection = %filter,
+                outside,
+                "idem console: re-drive refused, events outside the re-drive window"
+            );
+            let frame = console.frame(viewer, None);
+            let page = pages::redrive_past_window(
+                &frame,
+                &filter,
+                &bound,
+                &pages::Window {
+                    selected,
+                    outside,
+                    oldest,
+                    max_age,
+                },
+            );
+            return html(StatusCode::CONFLICT, page);
+        }
+        Err(ConfirmError::Database(e)) => return failed(e),
+    };
+    tracing::info!(
+        target: "idem::console",
+        operator = %operator,
+        action = verb,
+        selection = %filter,
+        bound = %bound,
+        forced = force,
+        events = done.moved,
+        left = done.left,
+        "idem console: dead events {}",
+        if action == DeadAction::Redrive { "re-driven" } else { "discarded" }
+    );
+    let mut notice = match action {
+        DeadAction::Redrive => format!(
+            "Re-drove {} dead event(s): they are pending again.",
+            done.moved
+        ),
+        DeadAction::Discard => format!("Discarded {} dead event(s).", done.moved),
+    };
+    if done.moved < done.previewed {
+        notice.push_str(&format!(
+            " {} of the {} you confirmed had left the dead list meanwhile.",
+            done.previewed - done.moved,
+            done.previewed
+        ));
+    }
+    if done.left > 0 {
+        notice.push_str(&format!(
+            " {} dead event(s) parked after your preview match the filter too; they were left \
+             as they are.",
+            done.left
+        ));
+    }
+    let mut listed = filter.clone();
+    listed.ids = None;
+    back(
+        &viewer.base,
+        &format!("/dead{}", pages::filter_query(&listed)),
+        &notice,
+    )
+}
