@@ -672,17 +672,17 @@ mod tests {
         else {
             panic!("eight migrations so far")
         };
-        assert_eq!(*keys, crate::schema::DEFAULT.keys_sql);
+        assert_eq!(*keys, crate::table::SCHEMA_SQL);
         // The steps' and the requests' schemas are their first files, then the later
         // file's column.
         for (schema, first, table) in [
             (
-                crate::schema::DEFAULT.steps_sql,
+                crate::table::steps::STEPS_SCHEMA_SQL,
                 steps,
                 "\"idempotency_steps\"",
             ),
             (
-                crate::schema::DEFAULT.requests_sql,
+                crate::table::requests::REQUESTS_SCHEMA_SQL,
                 requests,
                 "\"idempotency_requests\"",
             ),
@@ -694,23 +694,17 @@ mod tests {
                 "{table}"
             );
         }
-        assert_eq!(*audit, crate::schema::DEFAULT.audit_sql);
+        assert_eq!(*audit, crate::table::audit::AUDIT_SCHEMA_SQL);
         // The outbox's schema is its first file with the later one's index in place of
         // the index it replaced.
         let first_index = outbox
             .find("-- The relay's scan")
             .expect("the first file's indexes");
         let upgrade = heads.find("CREATE INDEX").expect("the later file's index");
-        assert!(crate::schema::DEFAULT
-            .outbox_sql
-            .starts_with(&outbox[..first_index]));
-        assert!(crate::schema::DEFAULT
-            .outbox_sql
-            .contains(&heads[upgrade..]));
+        assert!(crate::table::outbox::OUTBOX_SCHEMA_SQL.starts_with(&outbox[..first_index]));
+        assert!(crate::table::outbox::OUTBOX_SCHEMA_SQL.contains(&heads[upgrade..]));
         let history = errors.find("ALTER TABLE").expect("the history's columns");
-        assert!(crate::schema::DEFAULT
-            .outbox_sql
-            .ends_with(&errors[history..]));
+        assert!(crate::table::outbox::OUTBOX_SCHEMA_SQL.ends_with(&errors[history..]));
     }
 
     #[test]
