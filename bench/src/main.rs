@@ -547,7 +547,7 @@ async fn serve_modes(db: &TestDb, size: u32) -> Result<Modes, Box<dyn std::error
             .await?;
         let addr = server::serve_with(pool.clone(), |store| match i {
             1 | 2 => store.pooler(idem::Pooler::Transaction),
-            3 => store.portable(),
+            3 => store.portable(true),
             _ => store,
         })
         .await?;

@@ -244,7 +244,7 @@ fn store_of(cli: &Cli, pool: sqlx::PgPool) -> Result<Store, Failure> {
         builder = builder.audit_table(audit);
     }
     if cli.portable {
-        builder = builder.portable();
+        builder = builder.portable(true);
     }
     if let Some(max_age) = cli.redrive_max_age {
         builder = builder.redrive_max_age(max_age);

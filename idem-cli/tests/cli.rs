@@ -658,7 +658,7 @@ async fn every_command_on_citus() {
         return;
     };
     let pool = direct_pool(cluster.options()).await;
-    let store = Store::builder(pool).portable().build().unwrap();
+    let store = Store::builder(pool).portable(true).build().unwrap();
     every_command(&cluster.url(), &["--portable"], &store).await;
     let listed = json(&cluster.url(), &["--portable"], &["key", "list"]);
     assert_eq!(

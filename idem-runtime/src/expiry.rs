@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::background::Stop;
 use crate::observe::metrics;
 use crate::Store;
 
@@ -117,11 +118,17 @@ impl Store {
         let removed = Arc::new(AtomicU64::new(0));
         let store = self.clone();
         let counter = Arc::clone(&removed);
+        let stop = Arc::new(Stop::default());
+        let asked = Arc::clone(&stop);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
+            while !asked
+                .tick_or_stop(async {
+                    ticks.tick().await;
+                })
+                .await
+            {
                 match store.purge_expired(batch_size).await {
                     Ok(0) => {}
                     Ok(n) => {
@@ -152,7 +159,11 @@ impl Store {
                 }
             }
         });
-        Ok(Sweeper { task, removed })
+        Ok(Sweeper {
+            task,
+            removed,
+            stop,
+        })
     }
 }
 
@@ -231,6 +242,7 @@ mod tests {
 pub struct Sweeper {
     task: tokio::task::JoinHandle<()>,
     removed: Arc<AtomicU64>,
+    stop: Arc<Stop>,
 }
 
 impl Sweeper {
@@ -239,8 +251,21 @@ impl Sweeper {
         self.removed.load(Ordering::Relaxed)
     }
 
-    /// Stops the sweeper after its current statement.
+    /// Stops the sweeper once the sweep it is in is done; [`Sweeper::stopped`] waits for
+    /// that. Its task outlives a dropped handle.
     pub fn stop(&self) {
+        self.stop.ask();
+    }
+
+    /// Stops the sweeper and waits until it has.
+    pub async fn stopped(self) {
+        self.stop();
+        self.task.await.ok();
+    }
+
+    /// Stops the sweeper at once, after its current statement (as a crash would: a batch
+    /// in progress rolls back).
+    pub fn abort(&self) {
         self.task.abort();
     }
 }

@@ -188,6 +188,7 @@
 #[doc(hidden)]
 pub mod __private;
 mod answers;
+mod background;
 pub mod complete;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]

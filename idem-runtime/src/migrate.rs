@@ -258,7 +258,7 @@ impl fmt::Display for VerifyError {
             Self::NotPortable { engine } => write!(
                 f,
                 "the database is distributed ({engine}), but the store is not portable: build \
-                 it with `.portable()` and distribute its table by principal ({PRODUCTION}, \
+                 it with `.portable(true)` and distribute its table by principal ({PRODUCTION}, \
                  \"Distributed PostgreSQL (Citus)\")"
             ),
             Self::NotDistributed { table, found } => write!(

@@ -348,8 +348,8 @@ impl StoreBuilder {
     /// records kept under the nobody value, but a store of another mode does not find
     /// a portable store's: switching a service out of the portable mode (or back to an
     /// earlier version) while such records are live runs their keys once more.
-    pub fn portable(mut self) -> Self {
-        self.dialect.portable = true;
+    pub fn portable(mut self, portable: bool) -> Self {
+        self.dialect.portable = portable;
         self
     }
 
@@ -385,9 +385,9 @@ impl StoreBuilder {
 
     /// Whether a commit that wrote events ([`Tx::emit`](crate::Tx::emit)) NOTIFYs the
     /// relays, so that a listening relay publishes them at once (default on; never in
-    /// portable mode). Off, the relays find events at their [`poll_interval`].
+    /// portable mode). Off, the relays find events at their polling interval ([`every`]).
     ///
-    /// [`poll_interval`]: crate::outbox::RelayBuilder::poll_interval
+    /// [`every`]: crate::outbox::RelayBuilder::every
     pub fn outbox_notify(mut self, notify: bool) -> Self {
         self.outbox_notify = notify;
         self
@@ -558,8 +558,8 @@ impl StoreBuilder {
     /// instead of running with keys global to its scope, so a missing authentication
     /// layer cannot make one tenant's key replay another's response. Signed webhook
     /// deliveries are still served: their sender has no principal.
-    pub fn require_principal(mut self) -> Self {
-        self.require_principal = true;
+    pub fn require_principal(mut self, required: bool) -> Self {
+        self.require_principal = required;
         self
     }
 

@@ -138,7 +138,7 @@ impl Drop for TestApp {
 pub async fn migrated_store(pool: PgPool, portable: bool) -> idem::Store {
     let builder = idem::Store::builder(pool);
     let store = if portable {
-        builder.portable()
+        builder.portable(true)
     } else {
         builder
     }

@@ -330,7 +330,7 @@ mod snippets {
     // Running in production: Citus.
     async fn citus(pool: PgPool) -> Result<(), Box<dyn Error>> {
         let store = Store::builder(pool)
-            .portable()
+            .portable(true)
             .principal_type(PrincipalType::Uuid)      // your tenant column's type: Text, Uuid or Bigint
             .principal(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.to_string()))
             .build()?;

@@ -227,7 +227,7 @@ async fn verify_and_distribute_find_a_table_left_local() {
     let pool = pool(&cluster, 4).await;
     let store = Store::builder(pool.clone())
         .table("ops.keys")
-        .portable()
+        .portable(true)
         .build()
         .unwrap();
     store.migrate().await.unwrap();

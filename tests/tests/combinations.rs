@@ -747,12 +747,12 @@ async fn start(
     builder = match site.mode {
         Mode::Default => builder,
         Mode::Pooler => builder.pooler(Pooler::Transaction),
-        Mode::Portable => builder.portable(),
+        Mode::Portable => builder.portable(true),
     };
     builder = match cell.principal {
         PrincipalSource::None | PrincipalSource::Endpoint => builder,
         PrincipalSource::Resolver => builder.principal(account),
-        PrincipalSource::Required => builder.principal(account).require_principal(),
+        PrincipalSource::Required => builder.principal(account).require_principal(true),
     };
     builder = match cell.concurrency {
         Concurrency::Reject => builder,

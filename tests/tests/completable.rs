@@ -298,7 +298,7 @@ async fn a_completer_that_abandons_what_it_parks_compensates_at_once() {
         let undone = Arc::new(AtomicU32::new(0));
         let completer = Completer::new(store.clone(), app.clone())
             .after(Duration::ZERO)
-            .limit(1)
+            .max_attempts(1)
             .abandon_parked(true)
             .compensate("processor", {
                 let undone = Arc::clone(&undone);

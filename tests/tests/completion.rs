@@ -325,7 +325,7 @@ async fn the_contract(mode: &Mode) {
     .await;
     let builder = idem::Store::builder(direct.clone());
     let store = if mode.portable {
-        builder.portable()
+        builder.portable(true)
     } else {
         builder
     }
@@ -392,12 +392,22 @@ async fn the_contract(mode: &Mode) {
     assert_eq!(late.status, 410, "{name}: {late:?}");
     assert!(late.replayed(), "{name}");
     assert!(charges_of(direct, "cus_forever").await.is_empty(), "{name}");
-    let audit: Vec<String> = sqlx::query_scalar("SELECT action FROM idem_audit ORDER BY id")
-        .fetch_all(direct)
-        .await
-        .expect("the audit trail");
-    // The operator's abandon, then the completer's, naming what it undid.
-    assert_eq!(audit, ["abandon", "abandoned"], "{name}");
+    // The operator's abandon, then the completer's, naming what it undid: written after
+    // the abandon's COMMIT, in a transaction of its own, so it may follow the 410 by a
+    // moment.
+    let trail = || async {
+        sqlx::query_scalar::<_, String>("SELECT action FROM idem_audit ORDER BY id")
+            .fetch_all(direct)
+            .await
+            .expect("the audit trail")
+    };
+    eventually(
+        &format!("{name}: the audit trail"),
+        Duration::from_secs(10),
+        || async { trail().await.len() >= 2 },
+    )
+    .await;
+    assert_eq!(trail().await, ["abandon", "abandoned"], "{name}");
     refuse(direct, "forever", None).await;
     drop((slow, fast));
 }

@@ -423,7 +423,7 @@ impl Site {
         for table in ["public.idempotency_keys", "tenant.idempotency_keys"] {
             let mut store = Store::builder(owner.clone()).table(table);
             if cell.mode == Mode::Portable {
-                store = store.portable();
+                store = store.portable(true);
             }
             store
                 .build()
@@ -508,7 +508,7 @@ impl Site {
         builder = match cell.mode {
             Mode::Default => builder,
             Mode::Pooler => builder.pooler(Pooler::Transaction),
-            Mode::Portable => builder.portable(),
+            Mode::Portable => builder.portable(true),
         };
         let store = builder.build().map_err(|e| format!("build: {e}"))?;
         store.verify().await.map_err(|e| format!("verify: {e}"))?;

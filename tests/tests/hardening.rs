@@ -385,7 +385,7 @@ async fn a_strict_store_refuses_a_request_without_a_principal() {
                 let tenant = parts.headers.get("x-tenant")?;
                 tenant.to_str().ok().map(str::to_owned)
             })
-            .require_principal()
+            .require_principal(true)
             .build()
             .unwrap();
         store.migrate().await.unwrap();

@@ -148,7 +148,7 @@ async fn a_captured_signed_delivery_acts_once_under_any_unsigned_header() {
         for strict in [false, true] {
             let mut store = resolving(pool.clone());
             if strict {
-                store = store.require_principal();
+                store = store.require_principal(true);
             }
             let s = serve(db, store, Router::new().route("/payments", post(payment))).await;
             let body = json!({ "amount": 500 }).to_string();
@@ -281,7 +281,7 @@ async fn change(db: &TestDb, portable: bool, before: Router<State>, after: Route
     let store = |pool: PgPool| {
         let builder = Store::builder(pool);
         if portable {
-            builder.portable()
+            builder.portable(true)
         } else {
             builder
         }

@@ -235,7 +235,7 @@ impl Service {
         Completer::new(self.store.clone(), self.router())
             .after(Duration::ZERO)
             .backoff(Duration::from_millis(1), Duration::from_millis(1))
-            .limit(2)
+            .max_attempts(2)
             .compensate("processor", move |undo| {
                 let world = Arc::clone(&world);
                 async move {

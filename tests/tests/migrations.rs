@@ -269,7 +269,7 @@ async fn verify_with(
 }
 
 fn portable(pool: sqlx::PgPool) -> Store {
-    Store::builder(pool).portable().build().unwrap()
+    Store::builder(pool).portable(true).build().unwrap()
 }
 
 /// Issue 20: on Citus, a store that is not portable stops at `verify` with one line
@@ -290,7 +290,7 @@ async fn a_store_that_is_not_portable_on_citus_is_refused() {
     assert_eq!(
         error.to_string(),
         "the database is distributed (Citus 13.0.1 (simulated)), but the store is not \
-         portable: build it with `.portable()` and distribute its table by principal \
+         portable: build it with `.portable(true)` and distribute its table by principal \
          (the guide's \"Topologies\", \"Distributed PostgreSQL (Citus)\")"
     );
 }

@@ -140,7 +140,7 @@ async fn the_portable_mode_holds_the_contract_with_every_principal_type() {
         (PrincipalType::Bigint, None, "bigint"),
     ] {
         with_test_db(async |db| {
-            let configure = |b: StoreBuilder| b.portable().principal_type(principal_type);
+            let configure = |b: StoreBuilder| b.portable(true).principal_type(principal_type);
             let s = start(db, configure).await;
             let column: String = sqlx::query_scalar(
                 "SELECT data_type FROM information_schema.columns \

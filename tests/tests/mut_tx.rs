@@ -89,7 +89,7 @@ async fn serve_notes_on(db: &TestDb, routes: Router<Store>, portable: bool) -> T
         .unwrap();
     let builder = Store::builder(pool.clone());
     let store = if portable {
-        builder.portable()
+        builder.portable(true)
     } else {
         builder
     }

@@ -376,8 +376,8 @@ async fn a_keys_backlog_goes_in_order_and_a_failure_gives_the_rest_back() {
         });
         let relay = store
             .relay(recorder.clone())
-            .batch_size(32)
-            .poll_interval(Duration::from_millis(20))
+            .batch(32)
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(10), Duration::from_millis(10))
             .spawn()
             .unwrap();
@@ -418,7 +418,7 @@ async fn a_slow_keys_backlog_does_not_hold_back_the_next_round() {
         };
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         // The first round has begun on the backlog.
@@ -460,7 +460,7 @@ async fn an_events_last_ten_failures_are_kept_with_their_times() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(10))
+            .every(Duration::from_millis(10))
             .backoff(Duration::from_millis(1), Duration::from_millis(1))
             .max_attempts(12)
             .spawn()
@@ -519,7 +519,7 @@ async fn the_relays_are_listed_with_their_host_and_process() {
             .map(|_| {
                 store
                     .relay(Recorder::default())
-                    .poll_interval(Duration::from_millis(20))
+                    .every(Duration::from_millis(20))
                     .spawn()
                     .unwrap()
             })
@@ -562,7 +562,7 @@ async fn the_relay_publishes_each_event_once_and_empties_the_outbox() {
         let recorder = Recorder::default();
         let stats = store
             .relay(recorder.clone())
-            .batch_size(16)
+            .batch(16)
             .run_until_idle()
             .await
             .unwrap();
@@ -590,7 +590,7 @@ async fn a_row_committed_late_is_never_lost() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(50))
+            .every(Duration::from_millis(50))
             .spawn()
             .unwrap();
         let (written, wait_written) = tokio::sync::oneshot::channel();
@@ -640,7 +640,7 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(10), Duration::from_millis(40))
             .max_attempts(3)
             .spawn()
@@ -868,9 +868,9 @@ async fn two_relays(store: &Store, pool: &PgPool, listen: bool) {
         .map(|_| {
             store
                 .relay(recorder.clone())
-                .batch_size(4)
+                .batch(4)
                 .listen(listen)
-                .poll_interval(Duration::from_millis(20))
+                .every(Duration::from_millis(20))
                 .spawn()
                 .unwrap()
         })
@@ -939,7 +939,7 @@ async fn two_relays_publish_each_event_once_in_key_order() {
 async fn two_relays_in_portable_mode() {
     with_test_db(async |db| {
         let pool = db.pool(12).await;
-        let store = Store::builder(pool.clone()).portable().build().unwrap();
+        let store = Store::builder(pool.clone()).portable(true).build().unwrap();
         store.migrate().await.unwrap();
         two_relays(&store, &pool, false).await;
     })
@@ -959,7 +959,7 @@ async fn two_relays_behind_a_transaction_pooler_poll() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         emit_many(&store, "p", 5, |_| None).await;
@@ -978,7 +978,7 @@ async fn a_commit_wakes_the_relay() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_secs(60))
+            .every(Duration::from_secs(60))
             .spawn()
             .unwrap();
         // Let it run its first round and start listening.
@@ -1016,7 +1016,7 @@ async fn an_outage_is_retried_until_it_ends() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(20), Duration::from_millis(100))
             .max_attempts(2)
             .spawn()
@@ -1085,7 +1085,7 @@ async fn an_event_the_destination_hangs_on_is_parked_while_others_flow() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(20), Duration::from_millis(50))
             .max_attempts(3)
             .spawn()
@@ -1151,7 +1151,7 @@ async fn a_refusal_still_parks_after_max_attempts() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(5), Duration::from_millis(20))
             .max_attempts(2)
             .spawn()
@@ -1207,7 +1207,7 @@ async fn without_notify_the_relay_polls() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(30))
+            .every(Duration::from_millis(30))
             .spawn()
             .unwrap();
         emit_many(&store, "q", 5, |_| None).await;
@@ -1239,7 +1239,7 @@ async fn one_notify_per_interval_and_the_woken_relay_lingers() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_secs(60))
+            .every(Duration::from_secs(60))
             .linger(Duration::from_secs(2))
             .spawn()
             .unwrap();
@@ -1293,7 +1293,7 @@ async fn a_long_outbox_table_name_emits_and_wakes_the_relay() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_secs(60))
+            .every(Duration::from_secs(60))
             .spawn()
             .unwrap();
         // Let it run its first round and start listening.
@@ -1426,7 +1426,7 @@ async fn a_relay_past_its_lease_deletes_nothing_another_relay_took() {
             .relay(stalling)
             .lease(Duration::from_millis(300))
             .publish_timeout(Duration::from_millis(100))
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         a_hold.reached().await;
@@ -1436,7 +1436,7 @@ async fn a_relay_past_its_lease_deletes_nothing_another_relay_took() {
         let (slow, mut b_hold) = Holding::new(b"0", false, Ok(()), &recorder);
         let b = store
             .relay(slow)
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         b_hold.reached().await;
@@ -1477,7 +1477,7 @@ async fn a_relay_past_its_lease_cannot_unpark_an_event() {
             .relay(stalling)
             .lease(Duration::from_millis(300))
             .publish_timeout(Duration::from_millis(100))
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         a_hold.reached().await;
@@ -1487,7 +1487,7 @@ async fn a_relay_past_its_lease_cannot_unpark_an_event() {
             .relay(Recorder::failing(|_| {
                 Some(PublishError::permanent("refused"))
             }))
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         round_over(|| b.stats().dead, 0).await;
@@ -1530,7 +1530,7 @@ async fn a_dead_relays_leases_end_with_it(
     // As a crash: no mark, and its connections drop.
     a.abort();
     let aborted = Instant::now();
-    let b = b.poll_interval(Duration::from_millis(50)).spawn().unwrap();
+    let b = b.every(Duration::from_millis(50)).spawn().unwrap();
     let events = recorder.wait_for(3, Duration::from_secs(10)).await;
     assert_eq!(events.len(), 3, "the key's events: {events:?}");
     assert!(
@@ -1583,7 +1583,7 @@ async fn behind_a_pooler_a_relay_with_a_direct_session_is_woken() {
         let recorder = Recorder::default();
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_secs(60))
+            .every(Duration::from_secs(60))
             .session(db.options.clone())
             .spawn()
             .unwrap();
@@ -1620,7 +1620,7 @@ async fn a_panicking_publisher_fails_its_event_and_the_relay_goes_on() {
         });
         let relay = store
             .relay(recorder.clone())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(10), Duration::from_millis(40))
             .max_attempts(3)
             .spawn()

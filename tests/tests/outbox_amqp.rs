@@ -196,7 +196,7 @@ async fn a_returned_message_is_not_a_success() {
         let relay = store
             .relay(AmqpPublisher::new(amqp_url(), ""))
             .backoff(Duration::from_millis(10), Duration::from_millis(10))
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .max_attempts(2)
             .spawn()
             .unwrap();
@@ -254,7 +254,7 @@ async fn a_publish_that_closes_its_channel_is_counted_and_parked() {
         let relay = store
             .relay(AmqpPublisher::new(amqp_url(), exchange.as_str()))
             .backoff(Duration::from_millis(10), Duration::from_millis(10))
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .max_attempts(3)
             .spawn()
             .unwrap();

@@ -42,7 +42,7 @@ async fn service(pool: PgPool, pooler: Pooler, portable: bool, prefix: &str) -> 
     };
     let mut store = Store::builder(pool.clone()).pooler(pooler);
     if portable {
-        store = store.portable();
+        store = store.portable(true);
     }
     let store = store.build().unwrap();
     (

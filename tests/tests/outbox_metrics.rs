@@ -86,7 +86,7 @@ async fn the_relay_counts_and_traces_what_it_does() {
         emit(&store, "emit", "m", 5).await;
         let relay = store
             .relay(Picky::default())
-            .poll_interval(Duration::from_millis(20))
+            .every(Duration::from_millis(20))
             .backoff(Duration::from_millis(10), Duration::from_millis(10))
             .spawn()
             .unwrap();
@@ -177,8 +177,8 @@ async fn the_relay_counts_and_traces_what_it_does() {
         emit(&store, "backlog", "b", 30).await;
         let busy = store
             .relay(Slow)
-            .batch_size(1)
-            .poll_interval(Duration::from_millis(20))
+            .batch(1)
+            .every(Duration::from_millis(20))
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(2000)).await;

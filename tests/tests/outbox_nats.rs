@@ -773,7 +773,7 @@ async fn a_broker_restart_mid_stream_loses_and_doubles_nothing() {
         let broker = Broker::new(&nats.url(), Duration::from_secs(120)).await;
         let relay = store
             .relay(JetStreamPublisher::new(broker.js.clone()))
-            .poll_interval(Duration::from_millis(50))
+            .every(Duration::from_millis(50))
             .backoff(Duration::from_millis(50), Duration::from_millis(200))
             .publish_timeout(Duration::from_secs(1))
             .max_attempts(1000)
@@ -814,7 +814,7 @@ async fn two_relays_and_two_consumers(store: &Store, pool: &PgPool) {
         .map(|_| {
             store
                 .relay(JetStreamPublisher::new(broker.js.clone()))
-                .batch_size(8)
+                .batch(8)
                 .spawn()
                 .unwrap()
         })
@@ -905,7 +905,7 @@ async fn two_relays_and_two_consumers_behind_pgbouncer() {
 async fn two_relays_and_two_consumers_in_portable_mode() {
     with_test_db(async |db| {
         let (pool, _) = ledger(db).await;
-        let store = Store::builder(pool.clone()).portable().build().unwrap();
+        let store = Store::builder(pool.clone()).portable(true).build().unwrap();
         two_relays_and_two_consumers(&store, &pool).await;
     })
     .await;

@@ -49,7 +49,7 @@ async fn a_keys_backlog_drains_in_a_round_per_batch() {
             let kept = Kept::default();
             let stats = store
                 .relay(kept.clone())
-                .batch_size(256)
+                .batch(256)
                 .run_until_idle()
                 .await
                 .unwrap();

@@ -202,7 +202,7 @@ async fn tenants(db: &TestDb, table: &str, configure: Configure) -> TestApp {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_principal_is_no_principal() {
     with_test_db(async |db| {
-        let strict = tenants(db, "strict_keys", idem::StoreBuilder::require_principal).await;
+        let strict = tenants(db, "strict_keys", |b| b.require_principal(true)).await;
         let body = json!({ "n": 1 });
         strict
             .post_with("/notes", Some("k1"), &body, &[("X-Tenant", "")])

@@ -165,7 +165,7 @@ impl Bench {
         let builder = match mode {
             Mode::Default => builder,
             Mode::Pooler => builder.pooler(Pooler::Transaction),
-            Mode::Portable => builder.portable(),
+            Mode::Portable => builder.portable(true),
         };
         let store = builder.build().unwrap();
         store.migrate().await.unwrap();

@@ -371,7 +371,7 @@ async fn a_portable_store_spreads_every_key_and_answers_records_kept_before() {
         assert_eq!(once(&before, "m1", 1, 60).await.unwrap(), (1, String::new()));
         assert_eq!(once(&before, "m2", 1, 1).await.unwrap(), (2, String::new()));
 
-        let after = Store::builder(pool.clone()).portable().build().unwrap();
+        let after = Store::builder(pool.clone()).portable(true).build().unwrap();
         assert_eq!(
             once(&after, "m1", 1, 60).await.unwrap(),
             (1, String::new()),

@@ -307,7 +307,7 @@ async fn a_step_calls_once_per_request_on_citus() {
         .await
         .expect("connect to the coordinator");
     let store = Store::builder(pool.clone())
-        .portable()
+        .portable(true)
         .build()
         .expect("store");
     store.migrate().await.expect("migrate");

@@ -127,7 +127,7 @@ async fn consume(
                 let (done, durable) = (Arc::clone(&done), durable.clone());
                 tokio::spawn(async move {
                     JetStreamConsumer::new(js, consumer)
-                        .batch_size(batch)
+                        .batch(batch)
                         .run(async |event: Received<serde_json::Value>| {
                             let result = event
                                 .once(&store, &durable)
@@ -274,7 +274,7 @@ async fn main() {
             let started = Instant::now();
             let stats = store
                 .relay(JetStreamPublisher::new(js.clone()))
-                .batch_size(batch)
+                .batch(batch)
                 .run_until_idle()
                 .await
                 .unwrap();
@@ -453,7 +453,7 @@ async fn main() {
             .unwrap();
         let relay = quiet_store
             .relay(JetStreamPublisher::new(js.clone()))
-            .poll_interval(Duration::from_millis(50))
+            .every(Duration::from_millis(50))
             .spawn()
             .unwrap();
         let (r3, d50, d99) = fresh_charges(&quiet, seconds, &format!("quiet{round}")).await;

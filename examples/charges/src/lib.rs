@@ -83,7 +83,7 @@ pub struct Config {
     /// [`connect_with`] and the same value.
     pub pooler: Pooler,
     /// idem's portable mode (`DB_PORTABLE=true`), for distributed PostgreSQL (Citus):
-    /// see [`StoreBuilder::portable`](idem::StoreBuilder::portable) and `schema.sql`.
+    /// see [`StoreBuilder::portable`](|b| b.portable(true)) and `schema.sql`.
     pub portable: bool,
     /// The subject prefix of the charge events written to idem's outbox (`NATS_URL` sets
     /// it, to `NATS_SUBJECT_PREFIX` or `charges`); `None` emits nothing.
@@ -632,7 +632,7 @@ pub fn configure(builder: StoreBuilder, config: &Config) -> StoreBuilder {
         None => store,
     };
     if config.portable {
-        store.portable()
+        store.portable(true)
     } else {
         store
     }
@@ -650,7 +650,7 @@ pub fn completer(
         .after(completion.after)
         .every(completion.every)
         .backoff(completion.backoff, Duration::from_secs(300))
-        .limit(completion.limit);
+        .max_attempts(completion.limit);
     match processor {
         Some(processor) => completer.compensate("processor", move |undo| {
             let processor = processor.clone();

@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::Completion;
+use crate::background::Stop;
 use crate::engine::{self, Attempt, Begun, Claim, Committed, Refusal};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{KeyInScope, Place};
@@ -171,7 +172,7 @@ impl Completer {
 
     /// How many definitive failures park a request as `failed` (default 5). Transient
     /// ones (409, 429, 502, 503, 504, the database unreachable) never count.
-    pub fn limit(mut self, limit: u32) -> Self {
+    pub fn max_attempts(mut self, limit: u32) -> Self {
         self.limit = limit.max(1);
         self
     }
@@ -213,17 +214,23 @@ impl Completer {
     /// [`every`](Completer::every) until [`CompleterTask::stop`]. Failures (the database
     /// restarting) are logged and tried again at the next look.
     pub fn spawn(self) -> CompleterTask {
+        let stop = Arc::new(Stop::default());
+        let asked = Arc::clone(&stop);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(self.every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
+            while !asked
+                .tick_or_stop(async {
+                    ticks.tick().await;
+                })
+                .await
+            {
                 if let Err(error) = self.run_due().await {
                     tracing::warn!(%error, "idem: looking for requests to complete failed; retrying at the next look");
                 }
             }
         });
-        CompleterTask { task }
+        CompleterTask { task, stop }
     }
 
     /// One look: runs each request that is due (older than the window and not
@@ -711,12 +718,26 @@ fn describe(refusal: &Refusal) -> String {
 #[derive(Debug)]
 pub struct CompleterTask {
     task: tokio::task::JoinHandle<()>,
+    stop: Arc<Stop>,
 }
 
 impl CompleterTask {
-    /// Stops the completer; a run in progress is dropped (its request's transaction
-    /// rolls back, and its lease runs out).
-    pub fn stop(self) {
+    /// Stops the completer once the look it is in is done; [`CompleterTask::stopped`]
+    /// waits for that. Its task outlives a dropped handle.
+    pub fn stop(&self) {
+        self.stop.ask();
+    }
+
+    /// Stops the completer and waits until it has.
+    pub async fn stopped(self) {
+        self.stop();
+        self.task.await.ok();
+    }
+
+    /// Stops the completer at once, even in the middle of a run (as a crash would): the
+    /// run's transaction rolls back, and its request is taken again when its lease runs
+    /// out.
+    pub fn abort(&self) {
         self.task.abort();
     }
 }

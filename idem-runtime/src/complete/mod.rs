@@ -34,7 +34,7 @@
 //! - **Failures.** A run answered 409, 429, 502, 503 or 504 is transient: tried again
 //!   after a backoff doubling up to [`Completer::backoff`]'s cap, never counted. Any other
 //!   answer that did not commit (the handler's `Err`, a panic, a 422) counts; at
-//!   [`Completer::limit`] the request is parked as `failed`, with its last error, for an
+//!   [`Completer::max_attempts`] the request is parked as `failed`, with its last error, for an
 //!   operator ([`Operate::abandoned`](crate::operate::Operate::abandoned) lists it), or abandoned at
 //!   once where the completer is told to ([`Completer::abandon_parked`]).
 //! - **Compensation.** [`Completer::compensate`] names a step's undo (a refund for a

@@ -208,14 +208,6 @@ pub enum Role {
     Admin,
 }
 
-/// The read-only console of `store`, bodies hidden: `Console::new(store).router()`.
-pub fn router<S>(store: Store) -> Router<S>
-where
-    S: Clone + Send + Sync + 'static,
-{
-    Console::new(store).router()
-}
-
 impl Console {
     /// The console of `store`: read-only, bodies and payloads hidden, the lag sampled
     /// every 30 s, the live pages refreshed every 5 s.
@@ -360,8 +352,9 @@ impl Console {
     }
 
     /// The console's router, to mount with [`Router::nest`] behind the service's
-    /// authentication. Call it within a tokio runtime: it starts the lag sampler, which
-    /// stops when the router (and every clone of it) is dropped.
+    /// authentication. It starts nothing: its first request starts the lag sampler (on
+    /// the runtime that serves it), which stops when the router (and every clone of it)
+    /// is dropped.
     pub fn router<S>(self) -> Router<S>
     where
         S: Clone + Send + Sync + 'static,
@@ -378,8 +371,8 @@ impl Console {
             relays: self.relay_stats.map(relays::Counters::new),
             #[cfg(any(feature = "nats", feature = "amqp"))]
             dead_letters: self.dead_letters,
+            sampling: std::sync::Once::new(),
         });
-        tokio::spawn(lag::sample(Arc::downgrade(&shared), self.lag_every));
         let mut router = Router::new()
             .route("/", get(overview))
             .route("/assets/{file}", get(assets::serve))
@@ -436,6 +429,8 @@ pub(crate) struct Shared {
     relays: Option<relays::Counters>,
     #[cfg(any(feature = "nats", feature = "amqp"))]
     dead_letters: Option<DeadLetters>,
+    /// Whether the lag sampler has started (at the first request).
+    sampling: std::sync::Once,
 }
 
 /// The handlers' state.
@@ -630,6 +625,9 @@ async fn framed_errors(
     request: Request,
     next: Next,
 ) -> Response {
+    console.sampling.call_once(|| {
+        tokio::spawn(lag::sample(Arc::downgrade(&console), console.lag_every));
+    });
     let mut response = next.run(request).await;
     let Some(ErrorPage(message)) = response.extensions_mut().remove::<ErrorPage>() else {
         return response;

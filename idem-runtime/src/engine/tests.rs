@@ -492,7 +492,7 @@ async fn an_answer_stored_alone_yields_to_a_request_in_between() {
 #[tokio::test]
 async fn a_portable_sweep_never_makes_a_key_in_use() {
     let db = Db::new().await;
-    let store = db.store_with(crate::StoreBuilder::portable);
+    let store = db.store_with(|b| b.portable(true));
     let expired = |key: &str, age: u32| {
         format!(
             "INSERT INTO {}.keys (scope, principal, key, fingerprint, field_hashes, status, expires_at) \

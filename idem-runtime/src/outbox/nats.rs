@@ -32,7 +32,7 @@
 //!
 //! To keep a message without a redelivery, the consumer reports in progress every message
 //! it holds, not only the one it works on. It fetches up to
-//! [`batch_size`](JetStreamConsumer::batch_size) messages at once when that many are
+//! [`batch`](JetStreamConsumer::batch) messages at once when that many are
 //! waiting (one message at a time when none is, waiting on the server for the next), works
 //! on them one after another in the stream's order, and reports each one still held in
 //! progress every third of the ack wait, counted from the fetch: a fetched message waits
@@ -210,7 +210,7 @@ impl JetStreamConsumer {
     /// a larger batch costs fewer round trips per message, and keeps more messages from
     /// the other consumers of the same durable consumer while this one works. The
     /// consumer's `max_ack_pending` bounds it too.
-    pub fn batch_size(mut self, size: usize) -> Self {
+    pub fn batch(mut self, size: usize) -> Self {
         self.batch_size = size.max(1);
         self
     }

@@ -31,6 +31,7 @@
 //! lock is no transaction), so the relay never holds back vacuum (an old snapshot would
 //! keep every deleted outbox row).
 
+use crate::background::Stop;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -263,7 +264,7 @@ impl<P: Publisher> RelayBuilder<P> {
     /// after another, each once the destination acknowledged the one before; when fewer
     /// keys than the batch are ready, a round takes several events of each, and goes on
     /// publishing them for up to a second.
-    pub fn batch_size(mut self, size: u32) -> Self {
+    pub fn batch(mut self, size: u32) -> Self {
         self.batch_size = size.max(1);
         self
     }
@@ -271,7 +272,7 @@ impl<P: Publisher> RelayBuilder<P> {
     /// How often the relay looks for events when nothing woke it (default 1 s): the
     /// fallback to `LISTEN`, and the only way behind a transaction pooler or in portable
     /// mode, where the relay polls.
-    pub fn poll_interval(mut self, every: Duration) -> Self {
+    pub fn every(mut self, every: Duration) -> Self {
         self.poll_interval = every;
         self
     }
@@ -403,7 +404,7 @@ impl<P: Publisher> RelayBuilder<P> {
         let (lease, timeout, longest) = (self.lease, self.publish_timeout, self.backoff.1);
         tokio::spawn(async move { check_windows(&*publisher, lease, timeout, longest).await });
         let counters = Arc::new(Counters::default());
-        let stopping = Arc::new(Stopping::default());
+        let stopping = Arc::new(Stop::default());
         let listen_options = self.listen_options();
         let running = Running {
             counters: Arc::clone(&counters),
@@ -431,7 +432,7 @@ impl<P: Publisher> RelayBuilder<P> {
         self.check()?;
         let running = Running {
             counters: Arc::new(Counters::default()),
-            stopping: Arc::new(Stopping::default()),
+            stopping: Arc::new(Stop::default()),
             listen: false,
             listen_options: None,
             session_options: self.session_options(),
@@ -492,20 +493,7 @@ impl std::error::Error for RelayError {}
 pub struct Relay {
     task: tokio::task::JoinHandle<()>,
     counters: Arc<Counters>,
-    stopping: Arc<Stopping>,
-}
-
-/// Tells a relay's task to stop after its current round.
-#[derive(Debug, Default)]
-struct Stopping {
-    asked: std::sync::atomic::AtomicBool,
-    wake: tokio::sync::Notify,
-}
-
-impl Stopping {
-    fn asked(&self) -> bool {
-        self.asked.load(Ordering::SeqCst)
-    }
+    stopping: Arc<Stop>,
 }
 
 impl Relay {
@@ -517,8 +505,7 @@ impl Relay {
     /// Stops the relay once the round it is in (publishing a batch and marking it) is
     /// done; [`Relay::stopped`] waits for that. Its task outlives a dropped `Relay`.
     pub fn stop(&self) {
-        self.stopping.asked.store(true, Ordering::SeqCst);
-        self.stopping.wake.notify_one();
+        self.stopping.ask();
     }
 
     /// Stops the relay and waits until it has.

@@ -85,7 +85,7 @@ async fn main() {
                 .relay(publisher)
                 .lease(millis("LEASE_MS", 2000))
                 .publish_timeout(millis("PUBLISH_TIMEOUT_MS", 1000))
-                .poll_interval(Duration::from_millis(50))
+                .every(Duration::from_millis(50))
                 .spawn()
                 .expect("start the relay");
             std::future::pending::<()>().await;

@@ -6,7 +6,7 @@ use super::*;
 pub(super) struct Running<P> {
     pub(super) builder: RelayBuilder<P>,
     pub(super) counters: Arc<Counters>,
-    pub(super) stopping: Arc<Stopping>,
+    pub(super) stopping: Arc<Stop>,
     pub(super) listen: bool,
     /// Where to open the `LISTEN` connection when not on the store's pool
     /// ([`RelayBuilder::listen`]).
@@ -177,7 +177,7 @@ impl<P: Publisher> Running<P> {
             } else {
                 self.builder.poll_interval
             });
-            let stop = self.stopping.wake.notified();
+            let stop = self.stopping.notified();
             match &mut listener {
                 Some(l) => {
                     tokio::select! {
