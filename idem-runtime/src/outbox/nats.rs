@@ -711,12 +711,15 @@ pub async fn dead_letters(
     stream: &str,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, DeadLettersError> {
-    let failed = |error: &dyn fmt::Display| DeadLettersError {
+    let failed = |error: Box<dyn std::error::Error + Send + Sync>| DeadLettersError {
         stream: stream.to_owned(),
-        error: error.to_string(),
+        error,
     };
-    let mut found = jetstream.get_stream(stream).await.map_err(|e| failed(&e))?;
-    let state = found.info().await.map_err(|e| failed(&e))?.state.clone();
+    let mut found = jetstream
+        .get_stream(stream)
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+    let state = found.info().await.map_err(|e| failed(Box::new(e)))?.state.clone();
     let mut letters = Vec::with_capacity(limit.min(1_000));
     let oldest = state
         .first_sequence
@@ -746,7 +749,7 @@ pub async fn dead_letters(
             }
             // Deleted from the stream (or never stored): the next one down.
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
-            Err(error) => return Err(failed(&error)),
+            Err(error) => return Err(failed(Box::new(error))),
         }
         sequence -= 1;
     }
@@ -757,7 +760,7 @@ pub async fn dead_letters(
 #[derive(Debug)]
 pub struct DeadLettersError {
     stream: String,
-    error: String,
+    error: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl fmt::Display for DeadLettersError {
@@ -770,7 +773,11 @@ impl fmt::Display for DeadLettersError {
     }
 }
 
-impl std::error::Error for DeadLettersError {}
+impl std::error::Error for DeadLettersError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -120,7 +120,7 @@ pub async fn dead_letters(
 ) -> Result<Vec<DeadLetter>, DeadLettersError> {
     let failed = |error: lapin::Error| DeadLettersError {
         queue: queue.to_owned(),
-        error: error.to_string(),
+        error,
     };
     if limit == 0 {
         return Ok(Vec::new());
@@ -305,7 +305,7 @@ fn cut(bytes: &[u8], max: usize) -> usize {
 #[derive(Debug)]
 pub struct DeadLettersError {
     queue: String,
-    error: String,
+    error: lapin::Error,
 }
 
 impl fmt::Display for DeadLettersError {
@@ -318,7 +318,11 @@ impl fmt::Display for DeadLettersError {
     }
 }
 
-impl std::error::Error for DeadLettersError {}
+impl std::error::Error for DeadLettersError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
 
 #[cfg(test)]
 mod tests {
