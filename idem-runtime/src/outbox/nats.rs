@@ -719,7 +719,12 @@ pub async fn dead_letters(
         .get_stream(stream)
         .await
         .map_err(|e| failed(Box::new(e)))?;
-    let state = found.info().await.map_err(|e| failed(Box::new(e)))?.state.clone();
+    let state = found
+        .info()
+        .await
+        .map_err(|e| failed(Box::new(e)))?
+        .state
+        .clone();
     let mut letters = Vec::with_capacity(limit.min(1_000));
     let oldest = state
         .first_sequence
