@@ -760,6 +760,24 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+impl Store {
+    /// A pass through `point`: never returns where the store's failpoints stop it there.
+    #[cfg(feature = "failpoints")]
+    pub(crate) async fn failpoint(&self, point: crate::failpoint::Point) {
+        if let Some(failpoints) = &self.inner.failpoints {
+            if failpoints.take(point) {
+                tracing::warn!(%point, "idem: a failpoint stopped here, as a process death would");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// A pass through `point`: nothing, without the feature `failpoints`.
+    #[cfg(not(feature = "failpoints"))]
+    #[inline(always)]
+    pub(crate) async fn failpoint(&self, _point: crate::failpoint::Point) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -821,22 +839,4 @@ mod tests {
             crate::schema::DEFAULT.keys_sql
         );
     }
-}
-
-impl Store {
-    /// A pass through `point`: never returns where the store's failpoints stop it there.
-    #[cfg(feature = "failpoints")]
-    pub(crate) async fn failpoint(&self, point: crate::failpoint::Point) {
-        if let Some(failpoints) = &self.inner.failpoints {
-            if failpoints.take(point) {
-                tracing::warn!(%point, "idem: a failpoint stopped here, as a process death would");
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-
-    /// A pass through `point`: nothing, without the feature `failpoints`.
-    #[cfg(not(feature = "failpoints"))]
-    #[inline(always)]
-    pub(crate) async fn failpoint(&self, _point: crate::failpoint::Point) {}
 }

@@ -66,6 +66,28 @@ fn every_rust_block_of_the_guide_is_compiled() {
     );
 }
 
+/// The guide's whole programs are also the workspace's `examples/guide`, word for word:
+/// the example a newcomer runs is the one the guide explains.
+#[test]
+fn the_guides_programs_are_the_guide_example() {
+    let mut compared = 0;
+    for (chapter, text) in CHAPTERS {
+        for (file, block) in rust_blocks(text) {
+            let Some(file) = file else { continue };
+            let path = format!("{}/../examples/guide/{file}", env!("CARGO_MANIFEST_DIR"));
+            let example = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{chapter}: examples/guide/{file}: {e}"));
+            assert_eq!(
+                squashed(&example),
+                squashed(block),
+                "{chapter}: its {file} is not examples/guide/{file}"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 3, "the guide's three programs");
+}
+
 #[test]
 fn every_chapter_is_read_and_listed_in_the_summary() {
     let mut read: Vec<&str> = CHAPTERS.iter().map(|(name, _)| *name).collect();

@@ -245,6 +245,22 @@ fn read_cursor(text: &str, what: &str) -> Result<(i64, String, String, String), 
     ))
 }
 
+/// The selected dead events, oldest first, after the `seq` $8 (NULL: from the first). $9
+/// how many. `seq` pages them ([`Page::next`]).
+pub(super) const DEAD_LIST: &str = "\
+SELECT seq, id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
+       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
+       extract(epoch FROM now() - created_at)::float8 AS age
+  FROM {table}
+ WHERE {selected} AND ($8::bigint IS NULL OR seq > $8)
+ ORDER BY seq
+ LIMIT $9";
+
+/// A `bigint` count column as a `u64`.
+pub(super) fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
+    Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,20 +312,4 @@ mod tests {
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(format_time(leap), "2000-02-29T00:00:00Z");
     }
-}
-
-/// The selected dead events, oldest first, after the `seq` $8 (NULL: from the first). $9
-/// how many. `seq` pages them ([`Page::next`]).
-pub(super) const DEAD_LIST: &str = "\
-SELECT seq, id, topic, ordering_key, attempts, coalesce(last_error, '') AS last_error,
-       extract(epoch FROM now() - dead_at)::float8 AS dead_for,
-       extract(epoch FROM now() - created_at)::float8 AS age
-  FROM {table}
- WHERE {selected} AND ($8::bigint IS NULL OR seq > $8)
- ORDER BY seq
- LIMIT $9";
-
-/// A `bigint` count column as a `u64`.
-pub(super) fn count(row: &PgRow, column: &str) -> Result<u64, sqlx::Error> {
-    Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
 }
