@@ -207,6 +207,28 @@ where
     .histories(4)
 }
 
+/// The kit's report on `handler`, run on a database of its own against a stand-in
+/// processor that honours keys, or ignores them.
+async fn report_on<H, T>(handler: H, honours_keys: bool) -> Report
+where
+    H: axum::handler::Handler<T, App> + Clone + Send + Sync + 'static,
+    T: 'static,
+{
+    let mut report = None;
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        let processor = if honours_keys {
+            StandIn::honouring_keys("processor").await
+        } else {
+            StandIn::ignoring_keys("processor").await
+        };
+        let processor = processor.unwrap();
+        report = Some(kit_for(&pool, &processor, handler).await.run().await);
+    })
+    .await;
+    report.expect("the kit ran")
+}
+
 fn assert_reports(report: &Report, what: impl Fn(&Broke) -> bool, advice: &str) {
     let found = report
         .findings()
@@ -270,96 +292,59 @@ async fn a_deploy_that_reorders_fields_and_adds_a_step_keeps_every_property() {
 
 #[tokio::test]
 async fn an_outside_call_without_a_step_is_reported() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, call_outside_a_step)
-            .await
-            .run()
-            .await;
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::OutsideCalledAgain { service, .. } if service == "processor"),
-            "a `tx.step`",
-        );
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::Invisible { service } if service == "processor"),
-            "a `tx.step`",
-        );
-    })
-    .await;
+    let report = report_on(call_outside_a_step, true).await;
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::OutsideCalledAgain { service, .. } if service == "processor"),
+        "a `tx.step`",
+    );
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::Invisible { service } if service == "processor"),
+        "a `tx.step`",
+    );
 }
 
 #[tokio::test]
 async fn a_write_through_the_pool_is_reported() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, write_through_the_pool)
-            .await
-            .run()
-            .await;
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::EffectTwice { effect, .. } if effect == "charges"),
-            "through `tx`",
-        );
-    })
-    .await;
+    let report = report_on(write_through_the_pool, true).await;
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::EffectTwice { effect, .. } if effect == "charges"),
+        "through `tx`",
+    );
 }
 
 #[tokio::test]
 async fn a_step_that_sends_its_own_key_is_reported() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, step_with_its_own_key)
-            .await
-            .run()
-            .await;
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
-            "send the step's key",
-        );
-    })
-    .await;
+    let report = report_on(step_with_its_own_key, true).await;
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
+        "send the step's key",
+    );
 }
 
 #[tokio::test]
 async fn a_write_left_to_a_spawned_task_is_reported() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let processor = StandIn::honouring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, write_in_a_spawned_task)
-            .await
-            .run()
-            .await;
-        // The task's write is not rolled back with the request that died before its
-        // COMMIT, and the retry's task writes again.
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::EffectTwice { effect, .. } if effect == "charges"),
-            "a spawned task",
-        );
-    })
-    .await;
+    let report = report_on(write_in_a_spawned_task, true).await;
+    // The task's write is not rolled back with the request that died before its
+    // COMMIT, and the retry's task writes again.
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::EffectTwice { effect, .. } if effect == "charges"),
+        "a spawned task",
+    );
 }
 
 #[tokio::test]
 async fn a_service_that_ignores_keys_is_named_as_the_cause() {
-    with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let processor = StandIn::ignoring_keys("processor").await.unwrap();
-        let report = kit_for(&pool, &processor, correct).await.run().await;
-        assert_reports(
-            &report,
-            |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
-            "ignores Idempotency-Key",
-        );
-    })
-    .await;
+    let report = report_on(correct, false).await;
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
+        "ignores Idempotency-Key",
+    );
 }
 
 #[tokio::test]
