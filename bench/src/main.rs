@@ -1118,7 +1118,7 @@ async fn growth(client: &reqwest::Client, base: &str, pool: &PgPool, options: &O
     let started = Instant::now();
     let removed = store
         .operate()
-        .audited(idem::operate::Operator::new("tests", "test"))
+        .audited(idem_tests::operator())
         .purge_expired(1_000)
         .await
         .expect("purge");

@@ -36,3 +36,9 @@ pub use processor::{Processor, ProcessorServer};
 pub use spans::{ClosedSpans, SpanFields};
 pub use stats::{percentiles, tally};
 pub use tools::{schemathesis, Signers};
+
+/// The operator the suite and the benchmark act as when they purge, sweep or re-drive
+/// (every such change goes through `Store::operate().audited(..)`).
+pub fn operator() -> idem::operate::Operator {
+    idem::operate::Operator::new("tests", "test")
+}

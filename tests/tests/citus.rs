@@ -560,7 +560,7 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     assert_eq!(
         store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .purge_expired(64)
             .await
             .unwrap(),
@@ -574,7 +574,7 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     assert_eq!(
         store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .purge_expired(64)
             .await
             .unwrap(),
@@ -606,7 +606,7 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
     // no delete on any worker, no WAL, no two-phase commit.
     store
         .operate()
-        .audited(idem::operate::Operator::new("tests", "test"))
+        .audited(idem_tests::operator())
         .purge_expired(1_000)
         .await
         .unwrap(); // prunes what the deletes left, once
@@ -622,7 +622,7 @@ async fn the_sweeper_empties_expired_rows_on_citus() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(1_000)
                 .await
                 .unwrap(),

@@ -118,7 +118,7 @@ async fn sweeps(s: &TestApp, store: &Store) {
     // Batches of two, until none is left.
     let removed = store
         .operate()
-        .audited(idem::operate::Operator::new("tests", "test"))
+        .audited(idem_tests::operator())
         .purge_expired(2)
         .await
         .expect("purge");

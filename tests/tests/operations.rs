@@ -175,7 +175,7 @@ async fn purge_reports_what_it_removed() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(1_000)
                 .await
                 .unwrap(),
@@ -184,7 +184,7 @@ async fn purge_reports_what_it_removed() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(1_000)
                 .await
                 .unwrap(),
@@ -211,7 +211,7 @@ async fn purge_skips_a_row_being_reclaimed() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(10)
                 .await
                 .unwrap(),
@@ -225,7 +225,7 @@ async fn purge_skips_a_row_being_reclaimed() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(10)
                 .await
                 .unwrap(),
@@ -256,7 +256,7 @@ async fn the_table_can_live_elsewhere() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(2)
                 .await
                 .unwrap(),
@@ -441,7 +441,7 @@ async fn a_sweep_never_answers_409() {
         .execute(&s.pool)
         .await
         .unwrap();
-        let sweep = tokio::spawn(async move { store.operate().audited(idem::operate::Operator::new("tests", "test")).purge_expired(20_000).await.unwrap() });
+        let sweep = tokio::spawn(async move { store.operate().audited(idem_tests::operator()).purge_expired(20_000).await.unwrap() });
         // Retries of those keys while the batches delete them: each is treated as new.
         let requests = (0..600).map(|i| {
             let key = format!("k{}", 1 + (i * 7919) % EXPIRED);

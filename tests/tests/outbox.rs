@@ -487,7 +487,7 @@ async fn an_events_last_ten_failures_are_kept_with_their_times() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .redrive_dead(&idem::operate::DeadSelection::All)
                 .await
                 .unwrap(),
@@ -676,7 +676,7 @@ async fn a_poison_event_is_parked_and_the_rest_flow() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .redrive_dead(&idem::operate::DeadSelection::All)
                 .await
                 .unwrap(),
@@ -755,7 +755,7 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
 
         let error = store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .redrive_dead(&DeadSelection::All)
             .await
             .unwrap_err();
@@ -782,7 +782,7 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         // The audited re-drive keeps the window too.
         let error = store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .redrive_dead(&idem::operate::DeadSelection::Ids(ids[..1].to_vec()))
             .await
             .unwrap_err();
@@ -796,7 +796,7 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .redrive_dead(&young)
                 .await
                 .unwrap(),
@@ -814,7 +814,7 @@ async fn a_redrive_past_the_window_moves_nothing_unless_forced() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .redrive_dead_forced(&DeadSelection::All)
                 .await
                 .unwrap(),

@@ -221,7 +221,7 @@ async fn a_returned_message_is_not_a_success() {
         queue(&channel, &name, None).await;
         store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .redrive_dead(&idem::operate::DeadSelection::All)
             .await
             .unwrap();

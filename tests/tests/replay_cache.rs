@@ -187,7 +187,7 @@ async fn a_purge_elsewhere_is_seen_within_max_stale_and_here_at_once() {
         assert_eq!(
             elsewhere
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_key("notes", "", "k")
                 .await
                 .unwrap(),
@@ -207,7 +207,7 @@ async fn a_purge_elsewhere_is_seen_within_max_stale_and_here_at_once() {
         assert_eq!(
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_key("notes", "", "k")
                 .await
                 .unwrap(),

@@ -194,7 +194,7 @@ async fn per_request_costs_on_one_node() {
         for _ in 0..SWEEPS {
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(1_000)
                 .await
                 .unwrap();
@@ -205,7 +205,7 @@ async fn per_request_costs_on_one_node() {
             assert_eq!(
                 store
                     .operate()
-                    .audited(idem::operate::Operator::new("tests", "test"))
+                    .audited(idem_tests::operator())
                     .purge_expired(1_000)
                     .await
                     .unwrap(),
@@ -320,7 +320,7 @@ async fn throughput_on_citus_by_workers() {
         for _ in 0..SWEEPS {
             store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(1_000)
                 .await
                 .unwrap();
@@ -338,7 +338,7 @@ async fn throughput_on_citus_by_workers() {
             assert_eq!(
                 store
                     .operate()
-                    .audited(idem::operate::Operator::new("tests", "test"))
+                    .audited(idem_tests::operator())
                     .purge_expired(1_000)
                     .await
                     .unwrap(),

@@ -437,7 +437,7 @@ async fn steps_expire_with_their_key() {
                 .expect("age the step");
             s.store
                 .operate()
-                .audited(idem::operate::Operator::new("tests", "test"))
+                .audited(idem_tests::operator())
                 .purge_expired(100)
                 .await
                 .expect("purge");

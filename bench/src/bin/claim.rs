@@ -536,7 +536,7 @@ async fn curve(load: &Load, pool: &PgPool, requests: u64, sizes: &[i64]) -> Resu
         let started = Instant::now();
         let swept = store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .purge_expired(1000)
             .await?;
         let sweep_s = started.elapsed().as_secs_f64();

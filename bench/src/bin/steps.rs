@@ -273,7 +273,7 @@ async fn step_rows(pool: &PgPool, seconds: u64) {
         let started = Instant::now();
         store
             .operate()
-            .audited(idem::operate::Operator::new("tests", "test"))
+            .audited(idem_tests::operator())
             .purge_expired(1_000)
             .await
             .expect("purge");
