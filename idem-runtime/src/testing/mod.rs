@@ -280,31 +280,35 @@ impl Kit {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_else(|| now_nanos() % 1_000_000_007)
         });
-        let mut runner = Runner {
-            attempts: Attempts {
-                kit: &self,
-                gate: Gate::start(&self.pool.connect_options()).await,
-            },
-            rng: Rng(seed),
-            nonce: now_nanos(),
-            keys: 0,
-            histories: 0,
-            kit: &self,
-        };
         let mut findings = Vec::new();
-        if let Err(error) = self.migrate().await {
-            findings.push(Finding {
+        let mut histories = 0;
+        match self.migrated().await {
+            Ok(home) => {
+                let mut runner = Runner {
+                    attempts: Attempts {
+                        kit: &self,
+                        gate: Gate::start(&self.pool.connect_options()).await,
+                    },
+                    rng: Rng(seed),
+                    nonce: now_nanos(),
+                    keys: 0,
+                    histories: 0,
+                    kit: &self,
+                    home,
+                };
+                for request in &self.requests {
+                    runner.prove(request, &mut findings).await;
+                }
+                histories = runner.histories;
+            }
+            Err(error) => findings.push(Finding {
                 request: "the store".into(),
                 broke: Broke::Setup {
                     what: format!("idem's tables cannot be migrated: {error}"),
                 },
                 history: Vec::new(),
                 advice: "check the store's settings and the test database".into(),
-            });
-        } else {
-            for request in &self.requests {
-                runner.prove(request, &mut findings).await;
-            }
+            }),
         }
         if self.requests.is_empty() {
             findings.push(Finding {
@@ -318,16 +322,19 @@ impl Kit {
         }
         Report {
             seed,
-            histories: runner.histories,
+            histories,
             findings,
         }
     }
 
-    async fn migrate(&self) -> Result<(), String> {
+    /// A store on the test's own pool, set up as the service's, with idem's tables
+    /// migrated: where the kit reads what an operator would see.
+    async fn migrated(&self) -> Result<Store, String> {
         let store = (self.configure)(Store::builder(self.pool.clone()))
             .build()
             .map_err(|e| e.to_string())?;
-        store.migrate().await.map_err(|e| e.to_string())
+        store.migrate().await.map_err(|e| e.to_string())?;
+        Ok(store)
     }
 
     async fn counts(&self) -> Result<Counts, String> {

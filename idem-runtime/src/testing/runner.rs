@@ -130,6 +130,8 @@ pub(super) struct Runner<'k> {
     pub(super) nonce: u64,
     pub(super) keys: u64,
     pub(super) histories: usize,
+    /// A store on the test's own pool ([`Kit::migrated`]).
+    pub(super) home: Store,
 }
 
 impl Runner<'_> {
@@ -599,15 +601,12 @@ impl Runner<'_> {
 
     /// Whether an operator sees `key` among the requests with a recorded step.
     async fn listed(&self, key: &str) -> bool {
-        let Ok(store) = (self.kit.configure)(Store::builder(self.kit.pool.clone())).build() else {
-            return false;
-        };
         let filter = AbandonedFilter {
             key_prefix: Some(key.to_owned()),
             idle_for: Some(Duration::ZERO),
             ..AbandonedFilter::default()
         };
-        store
+        self.home
             .operate()
             .abandoned_page(&filter, None, 10)
             .await
