@@ -58,12 +58,16 @@ impl Server {
         command
             .env("BIND_ADDR", addr.to_string())
             .env("DATABASE_URL", &mode.database_url)
-            .env("RUST_LOG", "error")
             .env_remove("DB_POOLER")
             .env_remove("DB_PORTABLE")
             .env_remove("NATS_URL")
-            .stdout(Stdio::null())
             .stderr(Stdio::inherit());
+        // The servers' logs, on this test's output, at the level `IDEM_SERVER_LOG` names
+        // (`warn,idem=info` says what each completer did); none by default.
+        match std::env::var("IDEM_SERVER_LOG") {
+            Ok(level) => command.env("RUST_LOG", level).stdout(Stdio::inherit()),
+            Err(_) => command.env("RUST_LOG", "error").stdout(Stdio::null()),
+        };
         for (name, value) in mode.env.iter().chain(&COMPLETION).chain(env) {
             command.env(name, value);
         }

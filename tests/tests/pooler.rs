@@ -469,3 +469,99 @@ async fn the_example_refuses_to_start_behind_a_transaction_pooler_without_its_se
     })
     .await;
 }
+
+/// The completer behind PgBouncer with one server connection, shared with a client that
+/// parses unnamed statements of its own as fast as it can: each of the completer's
+/// statements with arguments (the look for due requests, the lease, the state read and
+/// the failure's record) reaches the server connection its parse reached. Outside a
+/// transaction, sqlx's parse and its execute are two exchanges, and the other client's
+/// statement could come between them (the bind then meets the other's statement, with
+/// the wrong arguments): found as a completion that stayed leased for a minute in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completers_statements_keep_their_parse_and_execute_together_through_pgbouncer() {
+    const REQUESTS: i64 = 20;
+    const ROUNDS: i32 = 15;
+    with_test_db(async |db| {
+        let direct = db.pool(2).await;
+        Store::new(direct.clone()).migrate().await.expect("migrate");
+        sqlx::query(
+            "INSERT INTO idempotency_requests (scope, principal, key, fingerprint, method, target,
+                                               headers, body, created_at, expires_at)
+             SELECT 'pooled', '', 'k-' || n, sha256('x'), 'POST', '/pooled', '[]', '',
+                    now() - interval '1 hour', now() + interval '1 day'
+               FROM generate_series(1, $1) AS n",
+        )
+        .bind(REQUESTS)
+        .execute(&direct)
+        .await
+        .expect("the stored requests");
+
+        let bouncer = Pgbouncer::start_sized(db, 1);
+        let store = bouncer.store(4).await;
+        // Every run fails, is counted and is due again at once, never parked: each round
+        // leases, reads and records a failure for every request.
+        let router = axum::Router::new()
+            .fallback(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR });
+        let completer = idem::complete::Completer::new(store, router)
+            .after(Duration::ZERO)
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .max_attempts(1_000_000)
+            .batch(100);
+
+        let other = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(bouncer.options().statement_cache_capacity(0))
+            .await
+            .expect("the other client's pool");
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let others: Vec<_> = (0..4)
+            .map(|n| {
+                let (pool, done) = (other.clone(), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let mut ran = 0_u64;
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut tx = pool.begin().await.expect("the other's transaction");
+                        let got: i64 = sqlx::query_scalar("SELECT $1::int8 + 1")
+                            .bind(n)
+                            .persistent(false)
+                            .fetch_one(&mut *tx)
+                            .await
+                            .expect("the other's statement");
+                        assert_eq!(got, n + 1);
+                        tx.commit().await.expect("the other's commit");
+                        ran += 1;
+                    }
+                    ran
+                })
+            })
+            .collect();
+
+        let mut failures = Vec::new();
+        for round in 0..ROUNDS {
+            match completer.run_due().await {
+                Ok(ran) => assert_eq!(ran.len(), REQUESTS as usize, "round {round}: {ran:?}"),
+                Err(error) => failures.push(format!("round {round}: {error}")),
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut interleaved = 0;
+        for other in others {
+            interleaved += other.await.expect("the other client");
+        }
+        assert!(interleaved > 0, "the other client ran no statement");
+        assert!(failures.is_empty(), "{failures:#?}");
+        // Every lease counted a try and every failure was recorded under it.
+        let progress: Vec<(i32, i32)> = sqlx::query_as(
+            "SELECT DISTINCT tries, failures FROM idempotency_requests WHERE scope = 'pooled'",
+        )
+        .fetch_all(&direct)
+        .await
+        .expect("the requests' progress");
+        assert_eq!(
+            progress,
+            [(ROUNDS, ROUNDS)],
+            "{interleaved} statements between"
+        );
+    })
+    .await;
+}

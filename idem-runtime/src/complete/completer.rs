@@ -659,11 +659,12 @@ impl Completer {
             rows: 1,
         };
         let written = async {
-            let mut conn = inner.pool.acquire().await?;
+            let mut conn = inner.table.single(&inner.pool).await?;
             inner
                 .audit
                 .write(&mut conn, inner.table.persistent(), &row)
-                .await
+                .await?;
+            conn.finish().await
         };
         if let Err(error) = written.await {
             tracing::warn!(%error, "idem: the abandon's audit row could not be written");

@@ -589,13 +589,7 @@ impl Table {
     /// whether a row is expired) and the operators' calls fail fast with
     /// [`sqlx::Error::PoolTimedOut`] instead of waiting for the pool's own bound.
     pub(crate) async fn single(&self, pool: &PgPool) -> Result<Single, sqlx::Error> {
-        let connect = async {
-            Ok(match self.dialect.pooler {
-                Pooler::Session => Single::Direct(pool.acquire().await?),
-                Pooler::Transaction => Single::Pinned(pool.begin().await?),
-            })
-        };
-        self.bounded(connect).await
+        self.bounded(Single::open(self.dialect.pooler, pool)).await
     }
 
     /// A transaction of `pool` for an operator's action and its audit row
@@ -707,6 +701,19 @@ pub(crate) enum Single {
 }
 
 impl Single {
+    /// A connection of `pool` for one statement outside a request's transaction, behind
+    /// `pooler`: in a transaction of its own behind a transaction pooler. sqlx sends a
+    /// statement with arguments in two exchanges (parse, then bind and execute, each
+    /// ending in a `Sync`); between them, outside a transaction, a transaction pooler
+    /// may hand the client another server connection, or hand this one to another
+    /// client who parses its own unnamed statement over this one (invariant 12).
+    pub(crate) async fn open(pooler: Pooler, pool: &PgPool) -> Result<Self, sqlx::Error> {
+        Ok(match pooler {
+            Pooler::Session => Self::Direct(pool.acquire().await?),
+            Pooler::Transaction => Self::Pinned(pool.begin().await?),
+        })
+    }
+
     /// Commits the statement's own transaction, if it has one.
     pub(crate) async fn finish(self) -> Result<(), sqlx::Error> {
         match self {

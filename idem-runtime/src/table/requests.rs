@@ -16,7 +16,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row, SqlStr};
 
-use super::{statement, Dialect, Pooler, TableName};
+use super::{statement, Dialect, Pooler, Single, TableName};
 use crate::identity::KeyInScope;
 use crate::literal::{self, Literal};
 
@@ -392,12 +392,14 @@ impl RequestsTable {
         after: Duration,
         limit: u32,
     ) -> Result<Vec<Due>, sqlx::Error> {
+        let mut conn = Single::open(self.dialect.pooler, pool).await?;
         let rows = sqlx::query(self.due.clone())
             .persistent(self.persistent())
             .bind(after.as_secs_f64())
             .bind(i64::from(limit))
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?;
+        conn.finish().await?;
         rows.iter()
             .map(|row| {
                 Ok(Due {
@@ -419,14 +421,16 @@ impl RequestsTable {
         due: &Due,
         lease: Duration,
     ) -> Result<Option<Leased>, sqlx::Error> {
+        let mut conn = Single::open(self.dialect.pooler, pool).await?;
         let row = sqlx::query(self.lease.clone())
             .persistent(self.persistent())
             .bind(&due.scope)
             .bind(&due.principal)
             .bind(&due.key)
             .bind(lease.as_secs_f64())
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.finish().await?;
         row.as_ref()
             .map(|row| leased(row, due.remaining))
             .transpose()
@@ -441,6 +445,7 @@ impl RequestsTable {
         (scope, principal, key): (&str, &str, &str),
         failure: &Failure<'_>,
     ) -> Result<Option<String>, sqlx::Error> {
+        let mut conn = Single::open(self.dialect.pooler, pool).await?;
         let row = sqlx::query(self.failed.clone())
             .persistent(self.persistent())
             .bind(scope)
@@ -452,8 +457,9 @@ impl RequestsTable {
             .bind(i32::try_from(failure.limit).unwrap_or(i32::MAX))
             .bind(failure.abandon_parked)
             .bind(failure.tries)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.finish().await?;
         row.map(|row| row.try_get("state")).transpose()
     }
 
@@ -499,8 +505,10 @@ impl RequestsTable {
         pool: &PgPool,
         key: (&str, &str, &str),
     ) -> Result<Option<bool>, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        self.state_on(&mut conn, key).await
+        let mut conn = Single::open(self.dialect.pooler, pool).await?;
+        let state = self.state_on(&mut conn, key).await?;
+        conn.finish().await?;
+        Ok(state)
     }
 
     /// [`Self::state`] on `conn`.
