@@ -342,7 +342,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         })
 }
 
-/// A value's `Serialize` implementation failed.
+/// A value's `Serialize` implementation failed. It carries the implementation's message,
+/// all serde passes on (`serde::ser::Error::custom`), and no source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FingerprintError(String);
 

@@ -29,9 +29,13 @@ use crate::table::steps::RecordedStep;
 use crate::table::{Isolation, Record, ABANDONING};
 use crate::web::problem::Problems;
 use crate::web::response::{self, IDEMPOTENT_REPLAYED};
+use crate::StepError;
+
+/// A compensation's error, whatever its type, with its sources.
+type UndoError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A step's undo, registered by the step's name ([`Completer::compensate`]).
-type Compensation = Arc<dyn Fn(Undo) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+type Compensation = Arc<dyn Fn(Undo) -> BoxFuture<'static, Result<(), UndoError>> + Send + Sync>;
 
 /// What a compensation is given: the step it undoes, its recorded result, and a key of
 /// its own to send the outside service (the same on every try, so a service that honours
@@ -194,17 +198,19 @@ impl Completer {
     /// Registers the undo of the step `step` (as `tx.step(step, ..)` names it): run once,
     /// recorded as a step of its own (`compensate:<step>`), when a request that recorded
     /// that step is abandoned for good. `undo` gets the step's result and a key of its
-    /// own ([`Undo`]); an `Err` is retried with the backoff. Registered by name, so that a
-    /// restarted service, or another instance, can run it.
+    /// own ([`Undo`]); an `Err` is retried with the backoff, and logged and kept as the
+    /// request's last error with its sources (any error, a `String` or a
+    /// `Box<dyn Error + Send + Sync>`). Registered by name, so that a restarted service,
+    /// or another instance, can run it.
     pub fn compensate<F, Fut, E>(mut self, step: &str, undo: F) -> Self
     where
         F: Fn(Undo) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: fmt::Display,
+        E: Into<UndoError>,
     {
         let undo: Compensation = Arc::new(move |what: Undo| {
             let run = undo(what);
-            Box::pin(async move { run.await.map_err(|e| e.to_string()) })
+            Box::pin(async move { run.await.map_err(Into::into) })
         });
         self.compensations.insert(step.to_owned(), undo);
         self
@@ -629,7 +635,11 @@ impl Completer {
                 .await;
             if let Err(error) = ran {
                 return Err(Run::Failed {
-                    error: format!("the compensation of step {:?} failed: {error}", step.step),
+                    error: format!(
+                        "the compensation of step {:?} failed: {}",
+                        step.step,
+                        told(&error)
+                    ),
                     counted: true,
                 });
             }
@@ -705,6 +715,30 @@ fn transient(status: StatusCode) -> bool {
     )
 }
 
+/// A compensation's failure in words, its own error's sources included.
+fn told(error: &StepError<UndoError>) -> String {
+    match error {
+        StepError::Call(error) => format!("the step's call failed: {}", with_sources(&**error)),
+        other => other.to_string(),
+    }
+}
+
+/// `error`, then each of its sources after a colon, but for a source its error's own
+/// message already ends with (idem's errors, as sqlx's, say their source and return it).
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !line.ends_with(&said) {
+            line.push_str(": ");
+            line.push_str(&said);
+        }
+        source = cause.source();
+    }
+    line
+}
+
 fn describe(refusal: &Refusal) -> String {
     match refusal {
         Refusal::InUse => "a request with this key is running".into(),
@@ -758,5 +792,33 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    /// An error that keeps its source out of its message.
+    #[derive(Debug)]
+    struct Refused(std::io::Error);
+
+    impl fmt::Display for Refused {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the refund was refused")
+        }
+    }
+
+    impl std::error::Error for Refused {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_compensations_error_is_told_with_its_sources_each_once() {
+        let down = || std::io::Error::other("connection refused");
+        let step: StepError<UndoError> = StepError::Call(Box::new(Refused(down())));
+        assert_eq!(
+            told(&step),
+            "the step's call failed: the refund was refused: connection refused"
+        );
+        let step: StepError<UndoError> = StepError::Call("the processor is down".into());
+        assert_eq!(told(&step), "the step's call failed: the processor is down");
     }
 }

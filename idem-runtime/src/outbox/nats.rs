@@ -658,7 +658,9 @@ async fn working<O>(message: &Message, held: &mut Held, work: impl Future<Output
     }
 }
 
-/// Why a consumer stopped.
+/// Why a consumer stopped: its settings were refused (a dead-letter subject no stream
+/// captures, or one its own stream reads), said in one sentence that names the fix. It has
+/// no source: JetStream's own errors are not returned but waited out and asked again.
 #[derive(Debug)]
 pub struct ConsumeError(String);
 
