@@ -12,14 +12,21 @@
 //! which is also the principal idem keys are looked up under. Webhooks carry no bearer
 //! token: their signature is their authentication.
 
+mod admin;
 mod charge;
 pub mod consumer;
+mod error;
 pub mod events;
 pub mod openapi;
 mod processor;
 mod webhook;
 
+pub use admin::OPERATOR_HEADER;
 pub use charge::{Charge, NewCharge, NewRefund, Refund};
+pub use error::ApiError;
+
+use admin::{admin, Operators};
+use error::problem_type;
 pub use processor::{Processor, ProcessorError};
 pub use webhook::{provider_verifier, webhook_verifier, PaymentEvent, StripeEvent};
 
@@ -34,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idem::webhook::{GitHub, StandardWebhooks, Stripe, Verifier};
-use idem::{Pooler, Problem, StepError, Store, StoreBuilder};
+use idem::{Pooler, Problem, Store, StoreBuilder};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -655,11 +662,9 @@ pub fn completer(
         Some(processor) => completer.compensate("processor", move |undo| {
             let processor = processor.clone();
             async move {
-                let outcome: processor::Outcome = undo.result().map_err(|e| e.to_string())?;
-                processor
-                    .undo(undo.key(), outcome)
-                    .await
-                    .map_err(|e| e.to_string())
+                let outcome: processor::Outcome = undo.result()?;
+                processor.undo(undo.key(), outcome).await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             }
         }),
         None => completer,
@@ -714,92 +719,6 @@ pub fn router(idempotency: Store, config: Config) -> Router {
     }
 }
 
-/// The header the admin layer names the operator in, for idem's console's action log.
-pub const OPERATOR_HEADER: &str = "x-operator";
-
-/// The console's two tokens: `ADMIN_TOKEN` acts, `ADMIN_READONLY_TOKEN` only looks.
-struct Operators {
-    admin: Option<String>,
-    readonly: Option<String>,
-}
-
-/// idem's console, actions on (for the admin), behind [`admin_auth`] with `operators`:
-/// with the relay's figures and the ledger's dead letters when `config` has them.
-fn admin(store: Store, operators: Operators, config: &Config) -> Router {
-    let mut console = idem::console::Console::new(store)
-        .actions(true)
-        .operator_header(axum::http::HeaderName::from_static(OPERATOR_HEADER));
-    if let Some(relay) = &config.relay {
-        let relay = Arc::clone(relay);
-        console = console.relay_stats(move || relay.stats());
-    }
-    if let (Some(jetstream), Some(prefix)) = (&config.jetstream, &config.events) {
-        let (stream, _) = events::dead_letters(prefix);
-        console = console.jetstream_dead_letters(jetstream.clone(), stream);
-    }
-    console.router().layer(middleware::from_fn_with_state(
-        Arc::new(operators),
-        admin_auth,
-    ))
-}
-
-/// `Authorization: Bearer <ADMIN_TOKEN>` (the operator `admin`, [`Role::Admin`]) or
-/// `Bearer <ADMIN_READONLY_TOKEN>` (the operator `readonly`, [`Role::ReadOnly`]), or 401:
-/// the console has no authentication of its own. A service with several operators names
-/// each from its own identity provider here, and decides their role; whatever a client
-/// sent as the operator header is replaced, and the role is an extension, which no client
-/// can send.
-///
-/// [`Role::Admin`]: idem::console::Role::Admin
-/// [`Role::ReadOnly`]: idem::console::Role::ReadOnly
-async fn admin_auth(
-    axum::extract::State(operators): axum::extract::State<Arc<Operators>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    use idem::console::Role;
-
-    let sent = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let holds = |token: &Option<String>| {
-        token
-            .as_deref()
-            .is_some_and(|token| same(sent.as_bytes(), token.as_bytes()))
-    };
-    // Both compared, in constant time each: how long a refusal takes tells nothing.
-    let (admin, readonly) = (holds(&operators.admin), holds(&operators.readonly));
-    let (operator, role) = match (admin, readonly) {
-        (true, _) => ("admin", Role::Admin),
-        (false, true) => ("readonly", Role::ReadOnly),
-        (false, false) => {
-            let mut response = (
-                StatusCode::UNAUTHORIZED,
-                "send `Authorization: Bearer <ADMIN_TOKEN>` (or `<ADMIN_READONLY_TOKEN>`)\n",
-            )
-                .into_response();
-            response.headers_mut().insert(
-                WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"idem console\""),
-            );
-            return response;
-        }
-    };
-    request
-        .headers_mut()
-        .insert(OPERATOR_HEADER, HeaderValue::from_static(operator));
-    request.extensions_mut().insert(role);
-    next.run(request).await
-}
-
-/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// `Authorization: Bearer <account>`, or 401. Runs before idem, so idem's principal
 /// resolver always finds the account. A completion of a charge whose client went away
 /// ([`idem::complete::Completion`], which only idem's completer can put on a request)
@@ -835,134 +754,6 @@ pub async fn authenticate(mut request: Request, next: Next) -> Response {
     let account = Account(account.to_owned());
     request.extensions_mut().insert(account);
     next.run(request).await
-}
-
-fn problem_type(slug: &str) -> String {
-    format!("{PROBLEM_BASE}{slug}")
-}
-
-/// The service's error: a problem+json response. Database failures that mean "the
-/// database is unreachable" answer 503, anything else 500.
-#[derive(Debug)]
-pub struct ApiError(pub Problem);
-
-impl ApiError {
-    fn invalid(detail: impl Into<String>) -> Self {
-        Self(
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                problem_type("invalid-request"),
-                "Invalid request",
-            )
-            .with_detail(detail),
-        )
-    }
-
-    fn not_found(what: &str) -> Self {
-        Self(
-            Problem::new(
-                StatusCode::NOT_FOUND,
-                problem_type("not-found"),
-                "Not found",
-            )
-            .with_detail(format!("no such {what}")),
-        )
-    }
-}
-
-impl From<sqlx::Error> for ApiError {
-    fn from(error: sqlx::Error) -> Self {
-        // Text PostgreSQL cannot hold: a NUL character in a text value (22021) or a
-        // `\u0000` in jsonb (22P05). The request's content, not the service, is at fault.
-        let code = error.as_database_error().and_then(|e| e.code());
-        if matches!(code.as_deref(), Some("22021" | "22P05")) {
-            tracing::info!(%error, "request text refused by the database");
-            return Self::invalid("text must not contain NUL characters (U+0000)");
-        }
-        if idem::sqlstate::is_unavailable(&error) {
-            tracing::warn!(%error, "database unavailable");
-            Self(
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    problem_type("unavailable"),
-                    "Service unavailable",
-                )
-                .with_retry_after(Duration::from_secs(1)),
-            )
-        } else {
-            tracing::error!(%error, "database error");
-            Self(Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                problem_type("internal"),
-                "Internal error",
-            ))
-        }
-    }
-}
-
-impl From<idem::outbox::EmitError> for ApiError {
-    fn from(error: idem::outbox::EmitError) -> Self {
-        // The events are the service's own: a bad topic is a bug, answered 500.
-        sqlx::Error::from(error).into()
-    }
-}
-
-/// A step's failure: the processor's as the service's own 502 and 504, idem's as idem
-/// answers them (422 `key-reused`, 503 `step-unrecorded`), the database's as the
-/// service's other database errors. Each rolls the request back; a retry calls the
-/// processor again with the same key, or resumes after its recorded answer.
-impl From<StepError<ProcessorError>> for ApiError {
-    fn from(error: StepError<ProcessorError>) -> Self {
-        let timed_out = |after: Duration| {
-            Self(
-                Problem::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    problem_type("processor-timeout"),
-                    "Payment processor timed out",
-                )
-                .with_detail(format!(
-                    "the payment processor did not answer within {} ms; nothing was \
-                     committed; a retry calls it again under the same key",
-                    after.as_millis()
-                )),
-            )
-        };
-        match error {
-            StepError::Call(ProcessorError::Timeout(after)) => {
-                tracing::warn!(?after, "the payment processor did not answer in time");
-                timed_out(after)
-            }
-            StepError::Timeout(after) => {
-                tracing::warn!(?after, "the payment processor's step timed out");
-                timed_out(after)
-            }
-            StepError::Call(error) => {
-                tracing::warn!(%error, "payment processor call failed");
-                Self(
-                    Problem::new(
-                        StatusCode::BAD_GATEWAY,
-                        problem_type("processor-failed"),
-                        "Payment processor failed",
-                    )
-                    .with_detail(
-                        "the payment processor gave no answer to the charge; nothing was \
-                         committed; a retry calls it again under the same key",
-                    ),
-                )
-            }
-            StepError::Database(error) => error.into(),
-            other => match other.into_problem() {
-                Ok(problem) => Self(problem),
-                Err(error) => Self::from(StepError::Call(error)),
-            },
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        self.0.into_response()
-    }
 }
 
 #[cfg(test)]
@@ -1028,9 +819,9 @@ mod tests {
         );
         let error = admin_tokens_from_env(Some(token.clone()), Some(token)).unwrap_err();
         assert_eq!(error, "ADMIN_READONLY_TOKEN must differ from ADMIN_TOKEN");
-        assert!(same(b"abc", b"abc"));
-        assert!(!same(b"abc", b"abd"));
-        assert!(!same(b"abc", b"ab"));
+        assert!(admin::same(b"abc", b"abc"));
+        assert!(!admin::same(b"abc", b"abd"));
+        assert!(!admin::same(b"abc", b"ab"));
     }
 
     #[test]
