@@ -11,48 +11,53 @@
 //! [`Operate::abandoned_page`](crate::operate::Operate::abandoned_page): crate::operate::Operate::abandoned_page
 //! [`Operate::audited`](crate::operate::Operate::audited): crate::operate::Operate::audited
 
-use axum::extract::{Form, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
+use serde::Deserialize;
 
-use super::{
-    age_field, back, failed, field, filled, html, page_error, page_size, pages, Console_, Fields,
-    Shared, Viewer,
-};
+use super::form::{filled, lenient, page_size, parsed, present, Age, Fields};
+use super::{back, failed, html, page_error, pages, Console_, Shared, Viewer};
 use crate::operate::{format_age, AbandonedCursor, AbandonedFilter, CompletionStage, StepRecord};
 
-/// The list: `scope`, `principal`, `prefix` (of the key), `completion` (a
+/// What the list reads: `scope`, `principal`, `prefix` (of the key), `completion` (a
 /// [`CompletionStage`]), `idle` (the least time since the newest step; empty, the
 /// store's `abandoned_after`), `limit`, and `after` (the cursor of the page it
-/// continues). Oldest first step first.
+/// continues).
+#[derive(Deserialize)]
+pub(super) struct Listed {
+    #[serde(default, deserialize_with = "filled")]
+    scope: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    principal: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    prefix: Option<String>,
+    #[serde(default, deserialize_with = "parsed")]
+    completion: Option<CompletionStage>,
+    #[serde(default)]
+    idle: Age,
+    #[serde(default, deserialize_with = "lenient")]
+    limit: Option<u32>,
+    #[serde(default, deserialize_with = "parsed")]
+    after: Option<AbandonedCursor>,
+    done: Option<String>,
+}
+
+/// The list, filtered, a page at a time, oldest first step first.
 pub(super) async fn list(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<Listed>,
 ) -> Response {
-    let idle = field(&fields, "idle").map_or("", str::trim);
-    let idle_for = match age_field(Some(idle), "no step for") {
-        Ok(age) => age,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let completion = match filled(&fields, "completion").map(|c| c.parse::<CompletionStage>()) {
-        None => None,
-        Some(Ok(stage)) => Some(stage),
-        Some(Err(why)) => return page_error(StatusCode::BAD_REQUEST, &why),
-    };
-    let after = match filled(&fields, "after").map(|a| a.parse::<AbandonedCursor>()) {
-        None => None,
-        Some(Ok(cursor)) => Some(cursor),
-        Some(Err(why)) => return page_error(StatusCode::BAD_REQUEST, &why),
-    };
+    let after = fields.after;
     let filter = AbandonedFilter {
-        scope: filled(&fields, "scope"),
-        principal: filled(&fields, "principal"),
-        key_prefix: filled(&fields, "prefix"),
-        completion,
-        idle_for,
+        scope: fields.scope,
+        principal: fields.principal,
+        key_prefix: fields.prefix,
+        completion: fields.completion,
+        idle_for: fields.idle.age,
     };
-    let limit = page_size(&fields);
+    let limit = page_size(fields.limit, 100);
     let page = match console
         .store
         .operate()
@@ -62,10 +67,10 @@ pub(super) async fn list(
         Ok(page) => page,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let frame = console.frame(&viewer, fields.done);
     let listed = pages::AbandonedListed {
         filter: &filter,
-        idle,
+        idle: fields.idle.written.trim(),
         default_idle: format_age(console.store.operate().abandoned_after()),
         limit,
         after: after.as_ref(),
@@ -81,8 +86,23 @@ fn list_query(query: &str) -> bool {
         .all(|b| b.is_ascii_alphanumeric() || b"-_.~=&%".contains(&b))
 }
 
-/// The request an action names, as its form carries it: `scope`, `principal` (none when
-/// empty) and `key`, and the query of the list's page to go back to (`list`).
+/// What an action on one request carries: the request (`scope`, `principal`, none when
+/// empty, and `key`), the query of the list's page to go back to (`list`), the operator's
+/// token, and, for an abandon, whether its page was seen (`confirmed`).
+#[derive(Deserialize)]
+pub(super) struct Action {
+    scope: Option<String>,
+    #[serde(default)]
+    principal: String,
+    key: Option<String>,
+    list: Option<String>,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default, deserialize_with = "present")]
+    confirmed: bool,
+}
+
+/// The request an action names.
 struct Named<'a> {
     scope: &'a str,
     principal: &'a str,
@@ -91,15 +111,14 @@ struct Named<'a> {
 }
 
 impl<'a> Named<'a> {
-    /// The request `fields` name; `None` when they name no scope or no key
+    /// The request `action` names; `None` when it names no scope or no key
     /// ([`unnamed`]).
-    fn from_fields(fields: &'a [(String, String)]) -> Option<Self> {
-        let given = |name| field(fields, name).filter(|v| !v.is_empty());
+    fn from_action(action: &'a Action) -> Option<Self> {
         Some(Self {
-            scope: given("scope")?,
-            principal: field(fields, "principal").unwrap_or(""),
-            key: given("key")?,
-            list: given("list").filter(|q| list_query(q)),
+            scope: action.scope.as_deref()?,
+            principal: &action.principal,
+            key: action.key.as_deref()?,
+            list: action.list.as_deref().filter(|q| list_query(q)),
         })
     }
 
@@ -164,12 +183,12 @@ fn no_steps(named: &Named<'_>, verb: &str) -> Response {
 pub(super) async fn abandon_preview(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(action): Fields<Action>,
 ) -> Response {
     if let Some(refused) = console.read_only(&viewer) {
         return refused;
     }
-    match Named::from_fields(&fields) {
+    match Named::from_action(&action) {
         Some(named) => confirmation(&console, &viewer, &named).await,
         None => unnamed(),
     }
@@ -196,16 +215,16 @@ async fn confirmation(console: &Shared, viewer: &Viewer, named: &Named<'_>) -> R
 pub(super) async fn abandon(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(action): Fields<Action>,
 ) -> Response {
-    let operator = match console.acting(&viewer, &fields) {
+    let operator = match console.acting(&viewer, &action.csrf) {
         Ok(operator) => operator,
         Err(refused) => return refused.page(),
     };
-    let Some(named) = Named::from_fields(&fields) else {
+    let Some(named) = Named::from_action(&action) else {
         return unnamed();
     };
-    if field(&fields, "confirmed").is_none() {
+    if !action.confirmed {
         return confirmation(&console, &viewer, &named).await;
     }
     let marked = console
@@ -242,13 +261,13 @@ pub(super) async fn abandon(
 pub(super) async fn complete(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(action): Fields<Action>,
 ) -> Response {
-    let operator = match console.acting(&viewer, &fields) {
+    let operator = match console.acting(&viewer, &action.csrf) {
         Ok(operator) => operator,
         Err(refused) => return refused.page(),
     };
-    let Some(named) = Named::from_fields(&fields) else {
+    let Some(named) = Named::from_action(&action) else {
         return unnamed();
     };
     let sent = console

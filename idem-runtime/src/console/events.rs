@@ -2,38 +2,79 @@
 //! an event's request) and the dead events' actions (re-drive, discard), each previewed
 //! before it is confirmed.
 
+use super::form::{filled, lenient, page_size, parsed, present, After, Age, Fields};
 use super::*;
 
-/// A list's `after` field: the `seq` its page continues after; `Err` when it is not one.
-pub(super) fn after_seq(fields: &[(String, String)]) -> Result<Option<i64>, ()> {
-    match field(fields, "after").filter(|a| !a.is_empty()) {
-        None => Ok(None),
-        Some(text) => text.parse().map(Some).map_err(|_| ()),
-    }
+/// What the outbox's lists, and the dead events' previews and confirmations, read: the
+/// events named (`id`, repeated; `reason`; `topic`; `ordering_key`, a prefix;
+/// `older_than`, an age; none of them, or `all`: every event), the list's page (`after`,
+/// `limit`, `done`), and an action's token, bound (`through`, `as_of`, `expected`) and
+/// `force`.
+#[derive(Deserialize, Default)]
+pub(super) struct EventFields {
+    #[serde(default)]
+    id: Vec<String>,
+    reason: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    topic: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    ordering_key: Option<String>,
+    #[serde(default)]
+    older_than: Age,
+    #[serde(default, deserialize_with = "parsed")]
+    after: Option<After>,
+    #[serde(default, deserialize_with = "lenient")]
+    limit: Option<u32>,
+    done: Option<String>,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default, deserialize_with = "lenient")]
+    through: Option<i64>,
+    #[serde(default, deserialize_with = "lenient")]
+    as_of: Option<i64>,
+    #[serde(default, deserialize_with = "lenient")]
+    expected: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    force: bool,
 }
 
-/// The answer to an `after` that is not a list's position.
-pub(super) fn bad_after() -> Response {
-    page_error(
-        StatusCode::BAD_REQUEST,
-        "\"after\" is the position of a list's last row shown: follow the page's links.",
-    )
+impl EventFields {
+    /// The events the fields name.
+    fn filter(&self) -> EventFilter {
+        let ids: Vec<String> = self
+            .id
+            .iter()
+            .filter(|id| !id.is_empty())
+            .cloned()
+            .collect();
+        EventFilter {
+            ids: (!ids.is_empty()).then_some(ids),
+            reason: self.reason.clone(),
+            topic: self.topic.clone(),
+            ordering_key: self.ordering_key.clone(),
+            older_than: self.older_than.age,
+        }
+    }
+
+    /// The bound a confirmation carries, if it carries all of it.
+    fn bound(&self) -> Option<DeadBound> {
+        Some(DeadBound::new(self.through?, self.as_of?, self.expected?))
+    }
+
+    /// Where a list's page starts.
+    fn after(&self) -> Option<i64> {
+        self.after.map(|After(seq)| seq)
+    }
 }
 
 /// The pending events, filtered, a page at a time after `after`.
 pub(super) async fn pending(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
-    let filter = match event_filter(&fields) {
-        Ok(filter) => filter,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let Ok(after) = after_seq(&fields) else {
-        return bad_after();
-    };
-    let limit = page_size(&fields);
+    let (filter, after) = (fields.filter(), fields.after());
+    let limit = page_size(fields.limit, 100);
     let store = &console.store;
     let (page, relays) = match tokio::try_join!(
         store.operate().pending_events(&filter, after, limit),
@@ -45,7 +86,7 @@ pub(super) async fn pending(
     let frame = console.frame(&viewer, None);
     let shown = pages::Listed {
         filter: &filter,
-        older_than: field(&fields, "older_than").unwrap_or(""),
+        older_than: &fields.older_than.written,
         limit,
         paged: after.is_some(),
     };
@@ -60,7 +101,7 @@ pub(super) async fn pending(
 pub(super) async fn pending_event(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<EventQuery>,
+    Fields(q): Fields<EventQuery>,
 ) -> Response {
     let store = &console.store;
     let one = EventFilter {
@@ -105,16 +146,10 @@ pub(super) async fn pending_event(
 pub(super) async fn dead(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
-    let filter = match event_filter(&fields) {
-        Ok(filter) => filter,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let Ok(after) = after_seq(&fields) else {
-        return bad_after();
-    };
-    let limit = page_size(&fields);
+    let (filter, after) = (fields.filter(), fields.after());
+    let limit = page_size(fields.limit, 100);
     let store = &console.store;
     let (reasons, page, matching) = match tokio::try_join!(
         store.operate().dead_reasons(),
@@ -124,10 +159,10 @@ pub(super) async fn dead(
         Ok(found) => found,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let frame = console.frame(&viewer, fields.done.clone());
     let shown = pages::Listed {
         filter: &filter,
-        older_than: field(&fields, "older_than").unwrap_or(""),
+        older_than: &fields.older_than.written,
         limit,
         paged: after.is_some(),
     };
@@ -146,7 +181,7 @@ pub(super) struct EventQuery {
 pub(super) async fn dead_event(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<EventQuery>,
+    Fields(q): Fields<EventQuery>,
 ) -> Response {
     let store = &console.store;
     let (found, errors) = match tokio::try_join!(
@@ -169,13 +204,21 @@ pub(super) async fn dead_event(
     )
 }
 
+/// What the dead letters' page reads: how many to show.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+#[derive(Deserialize)]
+pub(super) struct LetterFields {
+    #[serde(default, deserialize_with = "lenient")]
+    limit: Option<u32>,
+}
+
 /// The consumers' dead letters, from their JetStream stream (the newest) or their
 /// RabbitMQ queue (the oldest): `limit` of them (50 by default, at most 500).
 #[cfg(any(feature = "nats", feature = "amqp"))]
 pub(super) async fn dead_letters(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<LetterFields>,
 ) -> Response {
     let Some(source) = &console.dead_letters else {
         return page_error(
@@ -183,9 +226,7 @@ pub(super) async fn dead_letters(
             "No dead letters' source is configured.",
         );
     };
-    let limit = field(&fields, "limit")
-        .and_then(|n| n.parse::<u32>().ok())
-        .map_or(50, |n| n.clamp(1, 500));
+    let limit = page_size(fields.limit, 50);
     let (read, from) = read_dead_letters(source, limit as usize).await;
     let letters = match read {
         Ok(Ok(letters)) => letters,
@@ -258,7 +299,7 @@ pub(super) async fn read_dead_letters(
 pub(super) async fn event_request(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<EventQuery>,
+    Fields(q): Fields<EventQuery>,
 ) -> Response {
     let found = match console.store.operate().event_request(&q.id).await {
         Ok(found) => found,
@@ -301,7 +342,7 @@ impl DeadAction {
 pub(super) async fn redrive_preview(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
     if let Some(refused) = console.read_only(&viewer) {
         return refused;
@@ -312,7 +353,7 @@ pub(super) async fn redrive_preview(
 pub(super) async fn discard_preview(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
     if let Some(refused) = console.read_only(&viewer) {
         return refused;
@@ -326,14 +367,11 @@ pub(super) async fn discard_preview(
 pub(super) async fn preview(
     console: &Shared,
     viewer: &Viewer,
-    fields: &[(String, String)],
+    fields: &EventFields,
     action: DeadAction,
     warning: Option<String>,
 ) -> Response {
-    let filter = match event_filter(fields) {
-        Ok(filter) => filter,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
+    let filter = fields.filter();
     let preview = match console.store.operate().dead_preview(&filter, 20).await {
         Ok(preview) => preview,
         Err(e) => return failed(e),
@@ -361,7 +399,7 @@ pub(super) async fn preview(
 pub(super) async fn redrive(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
     confirm(&console, &viewer, &fields, DeadAction::Redrive).await
 }
@@ -369,7 +407,7 @@ pub(super) async fn redrive(
 pub(super) async fn discard(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(fields): Fields<EventFields>,
 ) -> Response {
     confirm(&console, &viewer, &fields, DeadAction::Discard).await
 }
@@ -381,21 +419,18 @@ pub(super) async fn discard(
 pub(super) async fn confirm(
     console: &Shared,
     viewer: &Viewer,
-    fields: &[(String, String)],
+    fields: &EventFields,
     action: DeadAction,
 ) -> Response {
-    let operator = match console.acting(viewer, fields) {
+    let operator = match console.acting(viewer, &fields.csrf) {
         Ok(operator) => operator,
         Err(refused) => return refused.page(),
     };
-    let filter = match event_filter(fields) {
-        Ok(filter) => filter,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let Some(bound) = bound(fields) else {
+    let filter = fields.filter();
+    let Some(bound) = fields.bound() else {
         return preview(console, viewer, fields, action, None).await;
     };
-    let force = action == DeadAction::Redrive && field(fields, "force").is_some();
+    let force = action == DeadAction::Redrive && fields.force;
     let audited = console.audited(&operator);
     let done = match action {
         DeadAction::Redrive => audited.redrive_confirmed(&filter, &bound, force).await,
@@ -485,4 +520,44 @@ pub(super) async fn confirm(
         &format!("/dead{}", pages::filter_query(&listed)),
         &notice,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(query: &str) -> EventFields {
+        serde_html_form::from_str(query).expect("the fields")
+    }
+
+    #[test]
+    fn a_pages_fields_name_the_events_they_filter() {
+        let filter = fields(
+            "id=a&id=&id=b&reason=no+stream&topic=+charge.created+&ordering_key=&older_than=2h",
+        )
+        .filter();
+        assert_eq!(filter.ids, Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(filter.reason.as_deref(), Some("no stream"));
+        assert_eq!(filter.topic.as_deref(), Some("charge.created"));
+        assert_eq!(filter.ordering_key, None);
+        assert_eq!(filter.older_than, Some(Duration::from_secs(7_200)));
+        assert!(fields("all=1").filter().is_all());
+    }
+
+    #[test]
+    fn a_confirmation_carries_its_whole_bound_or_none() {
+        let whole = "through=41&as_of=1795860530123456&expected=12";
+        assert_eq!(
+            fields(whole).bound(),
+            Some(DeadBound::new(41, 1_795_860_530_123_456, 12))
+        );
+        for missing in ["through", "as_of", "expected"] {
+            let part: Vec<&str> = whole
+                .split('&')
+                .filter(|pair| !pair.starts_with(missing))
+                .collect();
+            assert_eq!(fields(&part.join("&")).bound(), None, "without {missing}");
+        }
+        assert_eq!(fields("through=x&as_of=1&expected=1").bound(), None);
+    }
 }

@@ -1,12 +1,13 @@
 //! The keys' pages (the overview, the list, one key) and their actions (purge, sweep),
 //! and the audit trail.
 
+use super::form::{filled, lenient, page_size, parsed, present, Age, Fields};
 use super::*;
 
 pub(super) async fn overview(
     State(console): Console_,
     viewer: Viewer,
-    Query(notice): Query<Notice>,
+    Fields(notice): Fields<Notice>,
 ) -> Response {
     let store = &console.store;
     let within = Duration::from_secs(3_600);
@@ -58,31 +59,41 @@ pub(super) fn outcomes() -> Option<Vec<(String, crate::Outcome, u64)>> {
     }
 }
 
-/// The key list: `scope`, `principal`, `prefix` (of the key), `older_than`, `expired`,
-/// `limit`, and `after` (the cursor of the page it continues).
+/// What the key list reads: `scope`, `principal`, `prefix` (of the key), `older_than`,
+/// `expired`, `limit`, and `after` (the cursor of the page it continues).
+#[derive(Deserialize)]
+pub(super) struct KeyList {
+    #[serde(default, deserialize_with = "filled")]
+    scope: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    principal: Option<String>,
+    #[serde(default, deserialize_with = "filled")]
+    prefix: Option<String>,
+    #[serde(default)]
+    older_than: Age,
+    #[serde(default, deserialize_with = "present")]
+    expired: bool,
+    #[serde(default, deserialize_with = "lenient")]
+    limit: Option<u32>,
+    #[serde(default, deserialize_with = "parsed")]
+    after: Option<KeyCursor>,
+    done: Option<String>,
+}
+
+/// The key list, filtered, a page at a time.
 pub(super) async fn keys(
     State(console): Console_,
     viewer: Viewer,
-    Query(fields): Query<Fields>,
+    Fields(fields): Fields<KeyList>,
 ) -> Response {
-    let older_than = match age_field(field(&fields, "older_than"), "older than") {
-        Ok(age) => age,
-        Err(how) => return page_error(StatusCode::BAD_REQUEST, &how),
-    };
-    let after = match field(&fields, "after").filter(|a| !a.is_empty()) {
-        None => None,
-        Some(text) => match text.parse::<KeyCursor>() {
-            Ok(cursor) => Some(cursor),
-            Err(why) => return page_error(StatusCode::BAD_REQUEST, &why),
-        },
-    };
+    let after = fields.after;
     let filter = KeyFilter {
-        scope: filled(&fields, "scope"),
-        principal: filled(&fields, "principal"),
-        key_prefix: filled(&fields, "prefix"),
-        older_than,
-        include_expired: field(&fields, "expired").is_some(),
-        limit: page_size(&fields),
+        scope: fields.scope,
+        principal: fields.principal,
+        key_prefix: fields.prefix,
+        older_than: fields.older_than.age,
+        include_expired: fields.expired,
+        limit: page_size(fields.limit, 100),
     };
     let page = match console
         .store
@@ -93,13 +104,13 @@ pub(super) async fn keys(
         Ok(page) => page,
         Err(e) => return failed(e),
     };
-    let frame = console.frame(&viewer, field(&fields, "done").map(str::to_owned));
+    let frame = console.frame(&viewer, fields.done);
     html(
         StatusCode::OK,
         pages::keys(
             &frame,
             &filter,
-            field(&fields, "older_than").unwrap_or(""),
+            &fields.older_than.written,
             after.is_some(),
             &page,
         ),
@@ -118,7 +129,7 @@ pub(super) struct KeyQuery {
 pub(super) async fn key(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<KeyQuery>,
+    Fields(q): Fields<KeyQuery>,
 ) -> Response {
     let store = &console.store;
     let (found, steps, events) = match tokio::try_join!(
@@ -178,24 +189,35 @@ pub(super) async fn outbox(State(console): Console_, viewer: Viewer) -> Response
     html(StatusCode::OK, pages::outbox(&frame, &shown))
 }
 
+/// What a key's purge carries: the key (`scope`, `principal`, none when empty, and
+/// `key`), and the operator's token.
+#[derive(Deserialize)]
+pub(super) struct Purge {
+    scope: Option<String>,
+    #[serde(default)]
+    principal: String,
+    key: Option<String>,
+    #[serde(default)]
+    csrf: String,
+}
+
 /// One key's record purged: a single-item action, whose confirmation is the key's page
 /// (it shows the record the button names).
 pub(super) async fn purge_key(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(fields): Fields<Purge>,
 ) -> Response {
-    let operator = match console.acting(&viewer, &fields) {
+    let operator = match console.acting(&viewer, &fields.csrf) {
         Ok(operator) => operator,
         Err(refused) => return refused.page(),
     };
-    let (Some(scope), Some(key)) = (field(&fields, "scope"), field(&fields, "key")) else {
+    let (Some(scope), Some(key)) = (fields.scope.as_deref(), fields.key.as_deref()) else {
         return page_error(StatusCode::BAD_REQUEST, "A purge names a scope and a key.");
     };
-    let principal = field(&fields, "principal").unwrap_or("");
     let n = match console
         .audited(&operator)
-        .purge_key(scope, principal, key)
+        .purge_key(scope, &fields.principal, key)
         .await
     {
         Ok(n) => n,
@@ -229,17 +251,27 @@ pub(super) async fn sweep_preview(State(console): Console_, viewer: Viewer) -> R
     html(StatusCode::OK, pages::sweep_preview(&frame, &counts))
 }
 
+/// What a sweep's confirmation carries: the count its page showed, and the operator's
+/// token.
+#[derive(Deserialize)]
+pub(super) struct Sweep {
+    #[serde(default, deserialize_with = "lenient")]
+    expected: Option<u64>,
+    #[serde(default)]
+    csrf: String,
+}
+
 /// A sweep, confirmed on its page (a form without `expected` is answered that page).
 pub(super) async fn sweep(
     State(console): Console_,
     viewer: Viewer,
-    Form(fields): Form<Fields>,
+    Fields(fields): Fields<Sweep>,
 ) -> Response {
-    let operator = match console.acting(&viewer, &fields) {
+    let operator = match console.acting(&viewer, &fields.csrf) {
         Ok(operator) => operator,
         Err(refused) => return refused.page(),
     };
-    let Some(expected) = field(&fields, "expected").and_then(|n| n.parse::<u64>().ok()) else {
+    let Some(expected) = fields.expected else {
         return sweep_preview(State(Arc::clone(&console)), viewer).await;
     };
     let n = match console.audited(&operator).purge_expired(1_000).await {
@@ -273,7 +305,7 @@ pub(super) struct AuditQuery {
 pub(super) async fn audit(
     State(console): Console_,
     viewer: Viewer,
-    Query(q): Query<AuditQuery>,
+    Fields(q): Fields<AuditQuery>,
 ) -> Response {
     let limit = 100;
     let entries = match console.store.operate().audit_log(limit, q.before).await {

@@ -95,8 +95,8 @@
 //! (`Console::jetstream_dead_letters`, feature `nats`), and the audit trail.
 //!
 //! The lag chart is drawn from samples the console takes itself, every
-//! [`Console::lag_sample_every`], from when [`Console::router`] is called (within a tokio
-//! runtime) until the router is dropped; it starts empty when the process does. The
+//! [`Console::lag_sample_every`], from the router's first request until the router is
+//! dropped; it starts empty when the process does. The
 //! relays' counters are sampled with it.
 //!
 //! [`DeadBound`]: crate::operate::DeadBound
@@ -105,6 +105,7 @@ mod abandoned;
 mod assets;
 mod csrf;
 mod events;
+mod form;
 mod keys;
 mod lag;
 mod pages;
@@ -117,7 +118,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::extract::{Form, FromRequestParts, NestedPath, Query, Request, State};
+use axum::extract::{FromRequestParts, NestedPath, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, LOCATION, X_FRAME_OPTIONS};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -538,11 +539,10 @@ impl Shared {
     /// The operator of a POST that may act: an admin whose form carries their CSRF
     /// token. Else why not, the role checked first, so that a read-only operator is
     /// refused whatever token they send.
-    fn acting(&self, viewer: &Viewer, fields: &[(String, String)]) -> Result<String, Refused> {
+    fn acting(&self, viewer: &Viewer, token: &str) -> Result<String, Refused> {
         if !self.may_act(viewer) {
             return Err(Refused::ReadOnly);
         }
-        let token = field(fields, "csrf").unwrap_or("");
         if !self.csrf.verify(&viewer.operator, token) {
             return Err(Refused::Token);
         }
@@ -666,141 +666,7 @@ fn see_other(location: &str) -> Response {
     response
 }
 
-/// A page's fields (a query's or a form's), in order, a name repeated for a list.
-type Fields = Vec<(String, String)>;
-
-fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    fields
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
-/// A field that is there and not blank, trimmed.
-fn filled(fields: &[(String, String)], name: &str) -> Option<String> {
-    field(fields, name)
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
-}
-
-/// How many rows a list shows: its `limit` field, 1 to 500, else 100.
-fn page_size(fields: &[(String, String)]) -> u32 {
-    field(fields, "limit")
-        .and_then(|n| n.parse::<u32>().ok())
-        .map_or(100, |n| n.clamp(1, 500))
-}
-
-/// A form's age field named `label`: `None` when left empty, else the age as operators
-/// write it, or the line that says how to write one (a 400 page).
-fn age_field(text: Option<&str>, label: &str) -> Result<Option<Duration>, String> {
-    let Some(text) = text.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    crate::operate::parse_age(text)
-        .map(Some)
-        .ok_or_else(|| format!("\"{label}\" is a whole number and a unit: 90s, 30m, 24h or 7d."))
-}
-
-/// The events a page's fields name: `id` (repeated), `reason`, `topic`, `ordering_key`
-/// (a prefix), `older_than` (an age); none of them (or `all`): every event. A bad age is
-/// the line that says how to write one.
-fn event_filter(fields: &[(String, String)]) -> Result<EventFilter, String> {
-    let ids: Vec<String> = fields
-        .iter()
-        .filter(|(n, v)| n == "id" && !v.is_empty())
-        .map(|(_, v)| v.clone())
-        .collect();
-    Ok(EventFilter {
-        ids: (!ids.is_empty()).then_some(ids),
-        reason: field(fields, "reason")
-            .filter(|r| !r.is_empty())
-            .map(str::to_owned),
-        topic: filled(fields, "topic"),
-        ordering_key: filled(fields, "ordering_key"),
-        older_than: age_field(field(fields, "older_than"), "older than")?,
-    })
-}
-
-/// The bound a confirmation form carries (`through`, `as_of`, `expected`), if it carries
-/// all three.
-fn bound(fields: &[(String, String)]) -> Option<DeadBound> {
-    let number = |name: &str| field(fields, name)?.parse::<i64>().ok();
-    let expected = u64::try_from(number("expected")?).ok()?;
-    Some(DeadBound::new(
-        number("through")?,
-        number("as_of")?,
-        expected,
-    ))
-}
-
 #[derive(Deserialize, Default)]
 struct Notice {
     done: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fields(pairs: &[(&str, &str)]) -> Fields {
-        pairs
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn a_pages_fields_name_the_events_they_filter() {
-        let filter = event_filter(&fields(&[
-            ("id", "a"),
-            ("id", ""),
-            ("id", "b"),
-            ("reason", "no stream"),
-            ("topic", " charge.created "),
-            ("ordering_key", ""),
-            ("older_than", "2h"),
-        ]))
-        .unwrap();
-        assert_eq!(filter.ids, Some(vec!["a".to_owned(), "b".to_owned()]));
-        assert_eq!(filter.reason.as_deref(), Some("no stream"));
-        assert_eq!(filter.topic.as_deref(), Some("charge.created"));
-        assert_eq!(filter.ordering_key, None);
-        assert_eq!(filter.older_than, Some(Duration::from_secs(7_200)));
-        assert!(event_filter(&fields(&[("all", "1")])).unwrap().is_all());
-        let wrong = event_filter(&fields(&[("older_than", "2 hours")])).unwrap_err();
-        assert!(wrong.contains("90s, 30m, 24h or 7d"), "{wrong}");
-    }
-
-    #[test]
-    fn a_confirmation_carries_its_whole_bound_or_none() {
-        let whole = fields(&[
-            ("through", "41"),
-            ("as_of", "1795860530123456"),
-            ("expected", "12"),
-        ]);
-        assert_eq!(
-            bound(&whole),
-            Some(DeadBound::new(41, 1_795_860_530_123_456, 12))
-        );
-        for missing in ["through", "as_of", "expected"] {
-            let part: Fields = whole
-                .iter()
-                .filter(|(n, _)| n != missing)
-                .cloned()
-                .collect();
-            assert_eq!(bound(&part), None, "without {missing}");
-        }
-        assert_eq!(
-            bound(&fields(&[
-                ("through", "x"),
-                ("as_of", "1"),
-                ("expected", "1")
-            ])),
-            None
-        );
-        assert_eq!(page_size(&fields(&[("limit", "0")])), 1);
-        assert_eq!(page_size(&fields(&[("limit", "9999")])), 500);
-        assert_eq!(page_size(&[]), 100);
-    }
 }
