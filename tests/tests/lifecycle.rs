@@ -30,6 +30,10 @@
 //! - nothing is invisible: a key whose processor's call was recorded ends charged,
 //!   answering 410, or listed by `Operate::abandoned` for an operator.
 //!
+//! The histories run in two topologies, each a test: the service directly on PostgreSQL,
+//! and behind PgBouncer in transaction mode (`Pooler::Transaction`), the gate in front of
+//! the pooler.
+//!
 //! A failure prints the shrunk history and the seed. CI runs `IDEM_MODEL_CASES` histories
 //! (default 16) from a seed of the day's date unless `IDEM_MODEL_SEED` is set; long runs
 //! by hand (RELIABILITY.md).
@@ -48,8 +52,8 @@ use idem::failpoint::{Failpoints, Point};
 use idem::operate::Operator;
 use idem::outbox::Event;
 use idem::testing::Gate;
-use idem::{idempotent, Store, Tx};
-use idem_tests::with_test_db;
+use idem::{idempotent, Pooler, Store, Tx};
+use idem_tests::{with_test_db, Pgbouncer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use serde::{Deserialize, Serialize};
@@ -118,9 +122,12 @@ async fn charge(
     if *state.failing.lock().unwrap() {
         return Err(StatusCode::INTERNAL_SERVER_ERROR);
     }
+    // Unnamed, as a statement behind a transaction pooler must be (the model also runs
+    // there), and as it may be anywhere.
     sqlx::query("INSERT INTO charges (key, processor_id) VALUES ($1, $2)")
         .bind(&req.key)
         .bind(&processor_id)
+        .persistent(false)
         .execute(&mut **tx)
         .await
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
@@ -166,6 +173,9 @@ enum Action {
     /// The completer of a (restarted) instance looks once; it dies before an undo, if
     /// one runs and `dies`.
     Complete { dies: bool },
+    /// The completer looks while `key`'s client retries: the two race for the key, and
+    /// their statements for the database's (and a pooler's) connections.
+    Race { key: u8 },
     /// An operator gives `key` up for good.
     Abandon { key: u8 },
     /// An operator sends `key` to be completed now.
@@ -192,6 +202,7 @@ fn action() -> impl Strategy<Value = Action> {
             .prop_map(|(key, healed, dies)| Action::Send { key, healed, dies }),
         1 => (0..KEYS).prop_map(|key| Action::Twice { key }),
         2 => any::<bool>().prop_map(|dies| Action::Complete { dies }),
+        1 => (0..KEYS).prop_map(|key| Action::Race { key }),
         2 => (0..KEYS).prop_map(|key| Action::Abandon { key }),
         1 => (0..KEYS).prop_map(|key| Action::CompleteNow { key }),
         1 => Just(Action::Deploy),
@@ -364,6 +375,17 @@ impl Service {
                     Ok(ran) => self.history.push(format!("{action:?} -> {ran:?}")),
                     Err(point) => self.history.push(format!("{action:?} -> died {point}")),
                 }
+            }
+            Action::Race { key } => {
+                let key = format!("k{key}");
+                *self.state.failing.lock().unwrap() = false;
+                let completer = self.completer();
+                let (ran, (status, body)) =
+                    tokio::join!(completer.run_due(), self.send_detached(&key));
+                let ran = ran.map_err(|e| format!("the completer's look failed: {e}"))?;
+                self.history
+                    .push(format!("{action:?} -> {ran:?} and {status}"));
+                self.answered(&key, status, body)?;
             }
             Action::Abandon { key } => {
                 let operator = self.store.operate().audited(Operator::new("ops", "model"));
@@ -553,7 +575,18 @@ impl Service {
     }
 }
 
-async fn history(actions: Vec<Action>) -> Result<(), String> {
+/// Where the service reaches PostgreSQL.
+#[derive(Debug, Clone, Copy)]
+enum Topology {
+    /// Directly.
+    Direct,
+    /// Through PgBouncer in transaction mode (four server connections for the store's
+    /// eight), with `Pooler::Transaction`: where a statement's parse and its execute may
+    /// reach two server connections (the completer's did).
+    Pooler,
+}
+
+async fn history(actions: Vec<Action>, topology: Topology) -> Result<(), String> {
     let outcome = Arc::new(Mutex::new(Ok(())));
     let out = Arc::clone(&outcome);
     with_test_db(async move |db| {
@@ -565,11 +598,21 @@ async fn history(actions: Vec<Action>) -> Result<(), String> {
         .await
         .unwrap();
         let failpoints = Arc::new(Failpoints::new());
-        let gate = Gate::start(&db.options).await;
+        // The gate stands where the network does: before the pooler, when there is one.
+        let (bouncer, target, pooler) = match topology {
+            Topology::Direct => (None, db.options.clone(), Pooler::Session),
+            Topology::Pooler => {
+                let bouncer = Pgbouncer::start(db);
+                let options = bouncer.options().statement_cache_capacity(0);
+                (Some(bouncer), options, Pooler::Transaction)
+            }
+        };
+        let gate = Gate::start(&target).await;
         let gated = PgPoolOptions::new()
             .max_connections(8)
-            .connect_lazy_with(gate.options(db.options.clone()));
+            .connect_lazy_with(gate.options(target));
         let store = Store::builder(gated)
+            .pooler(pooler)
             .acquire_timeout(Duration::from_millis(250))
             .failpoints(Arc::clone(&failpoints))
             .step_timeout(Duration::from_secs(5))
@@ -606,6 +649,7 @@ async fn history(actions: Vec<Action>) -> Result<(), String> {
             e.push_str(&format!("\nwhat happened:\n  {}", service.history.join("\n  ")));
         }
         *out.lock().unwrap() = result;
+        drop(bouncer);
     })
     .await;
     let result = outcome.lock().unwrap().clone();
@@ -614,6 +658,17 @@ async fn history(actions: Vec<Action>) -> Result<(), String> {
 
 #[test]
 fn every_actor_on_a_key_keeps_the_model() {
+    keeps_the_model(Topology::Direct);
+}
+
+#[test]
+fn every_actor_on_a_key_keeps_the_model_behind_pgbouncer() {
+    keeps_the_model(Topology::Pooler);
+}
+
+/// `IDEM_MODEL_CASES` generated histories in `topology`, from the seed of the day (or
+/// `IDEM_MODEL_SEED`); a failure panics with the shrunk history.
+fn keeps_the_model(topology: Topology) {
     let cases: u32 = std::env::var("IDEM_MODEL_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -644,11 +699,13 @@ fn every_actor_on_a_key_keeps_the_model() {
     let histories = prop::collection::vec(action(), 1..12);
     let result = runner.run(&histories, |actions| {
         runtime
-            .block_on(history(actions))
+            .block_on(history(actions, topology))
             .map_err(TestCaseError::fail)
     });
     if let Err(failure) = result {
-        panic!("the model found a history that breaks it (IDEM_MODEL_SEED={seed}):\n{failure}");
+        panic!(
+            "the model found a history that breaks it ({topology:?}, IDEM_MODEL_SEED={seed}):\n{failure}"
+        );
     }
-    println!("{cases} histories kept the model (IDEM_MODEL_SEED={seed})");
+    println!("{cases} histories kept the model ({topology:?}, IDEM_MODEL_SEED={seed})");
 }
