@@ -540,7 +540,9 @@ impl Service {
                 return Err(format!("{key}: {events} events for {charges} charges"));
             }
             // A request that recorded its call is committed, abandoned or listed; a call
-            // whose record was lost (the one window left) has nothing to list.
+            // whose record was lost (the one window left) has nothing to list, and one
+            // that was refunded was abandoned, even where an operator purged the 410
+            // since (the key is free again, by that decision).
             let status: Option<i16> = sqlx::query_scalar(
                 "SELECT status FROM idempotency_keys WHERE scope = 'charges' AND key = $1",
             )
@@ -549,7 +551,12 @@ impl Service {
             .await
             .map_err(|e| e.to_string())?
             .flatten();
-            if called > lost && charges == 0 && status != Some(410) && !listed.contains(&key) {
+            let undone = u32::try_from(refunded).unwrap_or(u32::MAX);
+            if called > lost + undone
+                && charges == 0
+                && status != Some(410)
+                && !listed.contains(&key)
+            {
                 return Err(format!(
                     "{key}: its processor's call was recorded, and it is neither charged, \
                      abandoned, nor listed for an operator (its row's status: {status:?})"
