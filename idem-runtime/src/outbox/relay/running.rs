@@ -2,6 +2,7 @@
 //! session, and what it keeps from one round to the next.
 
 use super::*;
+use std::sync::atomic::AtomicUsize;
 
 pub(super) struct Running<P> {
     pub(super) builder: RelayBuilder<P>,
@@ -374,68 +375,65 @@ impl<P: Publisher> Running<P> {
             .checked_sub(builder.publish_timeout)
             .unwrap_or(started)
             .min(started + CHAIN_TIME);
+        // One task per chain, not one per event: with one ordering key the whole take is
+        // one chain, and a spawn and a join for each of its events (the round spawning a
+        // chain's next publish once it heard of the one before) took nearly a third of one
+        // key's drain. The chains still run concurrently, each in its own task.
         let mut publishing = JoinSet::new();
-        // The row each task publishes, and the rest of its chain, to go on with once it
-        // is acknowledged.
-        let mut held = HashMap::with_capacity(taken);
-        let publish = |publishing: &mut JoinSet<_>, row: &ClaimedRow| {
-            let publisher = Arc::clone(&builder.publisher);
-            let timeout = builder.publish_timeout;
-            let event = to_event(row);
-            let task = publishing.spawn(async move {
-                match tokio::time::timeout(timeout, publisher.publish(&event)).await {
-                    Ok(result) => result,
-                    // No answer says nothing about the event: the destination is
-                    // unreachable or too slow, the outage's case.
-                    Err(_) => Err(PublishError::unavailable(format!(
-                        "no acknowledgement within {timeout:?}"
-                    ))),
-                }
+        // Each task's chain, shared with it: the task counts the rows acknowledged there,
+        // so that a task that panicked still tells which row it was publishing.
+        let mut held = HashMap::with_capacity(chains.len());
+        for rows in chains {
+            let chain = Arc::new(Chain {
+                rows,
+                acknowledged: AtomicUsize::new(0),
             });
-            task.id()
-        };
-        for chain in chains {
-            let mut rest = chain.into_iter();
-            if let Some(row) = rest.next() {
-                held.insert(publish(&mut publishing, &row), (row, rest));
-            }
+            let task = publishing.spawn(publish_chain(
+                Arc::clone(&builder.publisher),
+                Arc::clone(&chain),
+                builder.publish_timeout,
+                last_start,
+            ));
+            held.insert(task.id(), chain);
         }
         let mut published = Vec::with_capacity(taken);
         let mut failed = Vec::new();
         while let Some(joined) = publishing.join_next_with_id().await {
-            let (task, result) = match joined {
-                Ok((task, result)) => (task, result),
+            let (task, error, panic) = match joined {
+                Ok((task, error)) => (task, error, false),
                 // A publisher that panicked fails its event like any error that may pass:
                 // retried after a backoff, parked at the limit. Left leased, the event was
                 // taken again at every lease, panicked again, and held its ordering key
-                // back for ever.
-                Err(error) => {
-                    let task = error.id();
-                    let error = PublishError::retry(panicked(error));
-                    if let Some((row, _)) = held.get(&task) {
-                        tracing::error!(parent: span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
-                    }
-                    (task, Err(error))
-                }
+                // back for ever. The panic ends its chain's task, as it ended the event's
+                // own task before, and the chain's count says which event it was: no
+                // publish needs wrapping to catch it (nor a crate to wrap it with).
+                Err(error) => (error.id(), Some(PublishError::retry(panicked(error))), true),
             };
-            let Some((row, mut rest)) = held.remove(&task) else {
+            let Some(chain) = held.remove(&task) else {
                 continue;
             };
-            match result {
-                Ok(()) => {
-                    metrics::delay(row.age);
-                    kept.suspects.forget(row.seq);
-                    published.push(row.seq);
-                    if Instant::now() <= last_start {
-                        if let Some(next) = rest.next() {
-                            held.insert(publish(&mut publishing, &next), (next, rest));
-                            continue;
-                        }
-                    }
-                }
-                Err(error) => failed.push((row, error)),
+            let acknowledged = chain.acknowledged.load(Ordering::Acquire);
+            // A task's future, and its share of the chain with it, is dropped before its
+            // end is reported: the rows come back without a copy.
+            let rows = Arc::try_unwrap(chain)
+                .map_or_else(|shared| shared.rows.clone(), |chain| chain.rows);
+            let mut rows = rows.into_iter();
+            for row in rows.by_ref().take(acknowledged) {
+                metrics::delay(row.age);
+                kept.suspects.forget(row.seq);
+                published.push(row.seq);
             }
-            release.extend(rest.map(|row| row.seq));
+            // The row after the acknowledged ones failed, or its chain ran out of time
+            // before it; either way the rest of the chain goes back.
+            if let Some(error) = error {
+                if let Some(row) = rows.next() {
+                    if panic {
+                        tracing::error!(parent: span, event_id = %row.id, topic = %row.topic, %error, "idem: an outbox publisher panicked");
+                    }
+                    failed.push((row, error));
+                }
+            }
+            release.extend(rows.map(|row| row.seq));
         }
         (published, failed, release)
     }
@@ -736,6 +734,43 @@ pub(super) fn chains(mut rows: Vec<ClaimedRow>) -> (Vec<Vec<ClaimedRow>>, Vec<i6
         }
     }
     (chains, orphans)
+}
+
+/// A chain of a round, shared by the round and the task that publishes it: its rows in
+/// order, and how many of them the destination acknowledged so far.
+struct Chain {
+    rows: Vec<ClaimedRow>,
+    acknowledged: AtomicUsize,
+}
+
+/// Publishes `chain`'s rows in order, each within `timeout` and only once the one before
+/// it was acknowledged, starting none after the first past `last_start`: the error of the
+/// row that failed, if one did (the one after the acknowledged ones).
+async fn publish_chain<P: Publisher>(
+    publisher: Arc<P>,
+    chain: Arc<Chain>,
+    timeout: Duration,
+    last_start: Instant,
+) -> Option<PublishError> {
+    for (done, row) in chain.rows.iter().enumerate() {
+        if done > 0 && Instant::now() > last_start {
+            return None;
+        }
+        let event = to_event(row);
+        match tokio::time::timeout(timeout, publisher.publish(&event)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Some(error),
+            // No answer says nothing about the event: the destination is unreachable or
+            // too slow, the outage's case.
+            Err(_) => {
+                return Some(PublishError::unavailable(format!(
+                    "no acknowledgement within {timeout:?}"
+                )))
+            }
+        }
+        chain.acknowledged.store(done + 1, Ordering::Release);
+    }
+    None
 }
 
 pub(super) fn to_event(row: &ClaimedRow) -> OutboxEvent {
