@@ -265,8 +265,9 @@ async fn main() {
     for keys in spreads.iter().copied() {
         let mut smallest = None;
         for &size in &backlogs {
-            // One ordering key drains one event per round (per-key order): its curve
-            // stops at 50 000.
+            // One ordering key's events are published one at a time, each after the one
+            // before was acknowledged (per-key order), 256 a round: its curve stops at
+            // 50 000.
             if keys == Some(1) && size > 50_000 {
                 continue;
             }
