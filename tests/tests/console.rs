@@ -763,6 +763,11 @@ async fn error_pages(app: &TestApp) {
     let stylesheet = "<link rel=\"stylesheet\" href=\"/admin/idem/assets/console.";
     for (path, token, status) in [
         ("/admin/idem/abandoned?completion=done", TOKEN, 400),
+        // Each page's fields are read by one typed reader: what does not parse, or is
+        // missing, is a page of the console too, never a plain-text rejection.
+        ("/admin/idem/keys?older_than=soon", TOKEN, 400),
+        ("/admin/idem/dead?after=x", TOKEN, 400),
+        ("/admin/idem/dead/event", TOKEN, 400),
         ("/admin/idem/dead/redrive?all=1", READONLY, 403),
         (
             "/admin/idem/abandoned/abandon?scope=charges&principal=acct_1&key=nothing",
@@ -781,6 +786,19 @@ async fn error_pages(app: &TestApp) {
         }
         assert_assets(app, path, Some(token)).await;
     }
+    // An action's form is a form: a JSON body is refused with a page, before anything.
+    let response = app
+        .client
+        .post(app.url("/admin/idem/sweep"))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "expected": 1 }))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status().as_u16(), 415);
+    let page = response.text().await.unwrap_or_default();
+    assert!(page.contains("<h1>415 "), "{page}");
+    assert!(page.contains("application/x-www-form-urlencoded"), "{page}");
 }
 
 fn config(pooler: Pooler, portable: bool) -> Config {
