@@ -229,18 +229,20 @@ pub(super) async fn dead_letters(
     let limit = page_size(fields.limit, 50);
     let (read, from) = read_dead_letters(source, limit as usize).await;
     let letters = match read {
-        Ok(Ok(letters)) => letters,
-        Ok(Err(error)) => {
+        Ok(letters) => letters,
+        Err(Unread::Failed(error)) => {
             tracing::warn!(target: "idem::console", %error, "idem console: reading the dead letters failed");
             return page_error(StatusCode::SERVICE_UNAVAILABLE, &error);
         }
-        Err(_) => {
+        Err(Unread::TimedOut) => {
             return page_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!(
-                    "The broker did not answer within 10 s: the dead letters of {} {:?} \
+                    "The broker did not answer within {} s: the dead letters of {} {:?} \
                      cannot be read now.",
-                    from.kind, from.name
+                    LETTERS_WITHIN.as_secs(),
+                    from.kind,
+                    from.name
                 ),
             )
         }
@@ -252,46 +254,64 @@ pub(super) async fn dead_letters(
     )
 }
 
-/// Reads `limit` dead letters from `source`, within 10 s (a broker that does not answer
-/// is said so, not waited for), as the page shows them; and where they were read.
+/// How long the dead letters' page waits for the broker.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+const LETTERS_WITHIN: Duration = Duration::from_secs(10);
+
+/// Why the dead letters could not be read.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(super) enum Unread {
+    /// The broker answered with an error, said here.
+    Failed(String),
+    /// The broker did not answer within [`LETTERS_WITHIN`].
+    TimedOut,
+}
+
+/// Reads `limit` dead letters from `source`, within [`LETTERS_WITHIN`] (a broker that does
+/// not answer is said so, not waited for), as the page shows them; and where they were
+/// read.
 #[cfg(any(feature = "nats", feature = "amqp"))]
 pub(super) async fn read_dead_letters(
     source: &DeadLetters,
     limit: usize,
-) -> (
-    Result<Result<Vec<pages::Letter>, String>, tokio::time::error::Elapsed>,
-    pages::LettersFrom,
-) {
-    const WITHIN: Duration = Duration::from_secs(10);
+) -> (Result<Vec<pages::Letter>, Unread>, pages::LettersFrom) {
     match source {
         #[cfg(feature = "nats")]
         DeadLetters::JetStream { jetstream, stream } => {
             let read = crate::outbox::nats::dead_letters(jetstream, stream, limit);
-            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
-                read.map_err(|e| e.to_string())
-                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
-            });
             let from = pages::LettersFrom {
                 kind: "the JetStream stream",
                 name: stream.clone(),
                 order: "newest first",
             };
-            (read, from)
+            (within(read).await, from)
         }
         #[cfg(feature = "amqp")]
         DeadLetters::Amqp { connection, queue } => {
             let read = crate::outbox::amqp::dead_letters(connection, queue, limit);
-            let read = tokio::time::timeout(WITHIN, read).await.map(|read| {
-                read.map_err(|e| e.to_string())
-                    .map(|letters| letters.into_iter().map(pages::Letter::from).collect())
-            });
             let from = pages::LettersFrom {
                 kind: "the RabbitMQ queue",
                 name: queue.clone(),
                 order: "oldest first",
             };
-            (read, from)
+            (within(read).await, from)
         }
+    }
+}
+
+/// One broker's dead letters, read within [`LETTERS_WITHIN`], as the page shows them.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+async fn within<L, E>(
+    read: impl std::future::Future<Output = Result<Vec<L>, E>>,
+) -> Result<Vec<pages::Letter>, Unread>
+where
+    pages::Letter: From<L>,
+    E: std::fmt::Display,
+{
+    match tokio::time::timeout(LETTERS_WITHIN, read).await {
+        Ok(Ok(letters)) => Ok(letters.into_iter().map(pages::Letter::from).collect()),
+        Ok(Err(error)) => Err(Unread::Failed(error.to_string())),
+        Err(_) => Err(Unread::TimedOut),
     }
 }
 
