@@ -266,6 +266,14 @@ pub mod extract {
     pub use crate::web::extract::{FingerprintBody, Principal};
 }
 
+/// The attribute's promise without the attribute: [`IdempotencyLayer`](layer::IdempotencyLayer)
+/// makes any tower service of HTTP requests idempotent (a hand-written axum route, a
+/// `tower::ServiceBuilder` stack, another framework's service), and lends it the
+/// request's [`Transaction`](layer::Transaction).
+pub mod layer {
+    pub use crate::web::layer::{Ended, Idempotency, IdempotencyLayer, Locked, Transaction};
+}
+
 /// Exactly-once work outside a handler: a queue consumer's message, a scheduled job
 /// ([`Store::run_once`](crate::Store::run_once)).
 pub mod jobs {

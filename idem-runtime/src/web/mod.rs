@@ -8,6 +8,7 @@
 
 pub(crate) mod escape;
 pub(crate) mod extract;
+pub(crate) mod layer;
 pub(crate) mod policy;
 pub(crate) mod problem;
 pub(crate) mod response;
@@ -118,8 +119,15 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
-        let store = state.store();
-        let params = match RawPathParams::from_request_parts(parts, state).await {
+        Self::read(state.store(), parts).await
+    }
+}
+
+impl<S> Guard<S> {
+    /// Reads the key, the principal and the target of the request `parts` begin, for
+    /// `store`: the macro's extractor, and the layer's first act (`web::layer`).
+    pub(crate) async fn read(store: Store, parts: &mut Parts) -> Result<Self, Response> {
+        let params = match RawPathParams::from_request_parts(parts, &()).await {
             Ok(params) => Some(params),
             // No parameters on this route.
             Err(RawPathParamsRejection::MissingPathParams(_)) => None,
@@ -145,6 +153,12 @@ impl<S: HoldsStore> FromRequestParts<S> for Guard<S> {
             completion: None,
             state: PhantomData,
         })
+    }
+
+    /// Whether the request was routed (axum's `MatchedPath`): a layer outside the router
+    /// fingerprints the request's path instead.
+    pub(crate) fn is_routed(&self) -> bool {
+        self.route.is_some()
     }
 }
 
@@ -202,7 +216,7 @@ impl<S> Guard<S> {
     /// has them (`web::policy` says which wins).
     pub async fn claim(
         self,
-        spec: &'static Spec,
+        spec: &Spec,
         principal: Option<String>,
         key: Option<KeyRead>,
         fields: Fields,

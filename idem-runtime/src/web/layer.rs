@@ -1,0 +1,457 @@
+//! The tower layer: the attribute's promise for a service it does not rewrite.
+//!
+//! [`IdempotencyLayer`] does with a request what the code `#[idempotent]` generates does:
+//! reads a [`Guard`], fingerprints, claims with [`Guard::claim`], and hands the
+//! answer to [`Claimed::finish`]. It differs where a macro sees what a layer cannot: the
+//! fields are JSON pointers or a function of the body's bytes, the service reaches the
+//! transaction through a [`Transaction`] in the request's extensions, and the answer's
+//! status alone says whether it commits.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, StatusCode};
+use serde::Serialize;
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::problem::{problem_type, Problem, Problems};
+use super::{Answer, Claimed, Fields, Guard, Spec};
+use crate::store::Store;
+use crate::table::Isolation;
+use crate::tx::Tx;
+
+/// How much of a request's body the layer reads to fingerprint it: axum's own default
+/// limit on a body extractor.
+const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// The field a request's path is fingerprinted under when no router matched it (a layer
+/// around a whole service rather than its routes): no JSON pointer is spelt so.
+const PATH: &str = "(path)";
+
+/// The field the value of [`IdempotencyLayer::fingerprint`]'s function is fingerprinted
+/// under.
+const FUNCTION: &str = "(fingerprint)";
+
+/// Makes any `tower::Service` over HTTP requests idempotent, as `#[idempotent]` makes a
+/// handler: the `Idempotency-Key` header, the claim in a PostgreSQL transaction, the
+/// replay of the stored answer, and the 409, 422 and 503 problems.
+///
+/// The service reaches the request's transaction through the [`Transaction`] the layer
+/// puts in the request's extensions (an axum handler takes it as an argument). Its
+/// writes through it commit with the key's record and the stored answer; an answer
+/// below 500 commits and is replayed, a 5xx (or the service's error) rolls everything
+/// back, and the client may retry.
+///
+/// The fingerprint is the request's method and route (axum's matched path, or the path
+/// outside a router) with its query string, and the body: all of its bytes, the values
+/// at the JSON pointers given to [`fields`](Self::fields), or what the function given to
+/// [`fingerprint`](Self::fingerprint) reads from them. The layer reads bodies of up to
+/// 2 MiB.
+///
+/// ```no_run
+/// use axum::routing::post;
+/// use axum::{Json, Router};
+/// use idem::layer::{IdempotencyLayer, Transaction};
+/// use idem::Store;
+/// use serde_json::{json, Value};
+///
+/// async fn create_charge(transaction: Transaction, Json(req): Json<Value>) -> Json<Value> {
+///     let mut locked = transaction.lock().await.expect("within its request");
+///     let mut tx = locked.tx();
+///     let id: i64 = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1) RETURNING id")
+///         .bind(req["amount"].as_i64())
+///         .fetch_one(&mut *tx)
+///         .await
+///         .expect("a charge");
+///     Json(json!({ "id": id }))
+/// }
+///
+/// fn app(store: Store) -> Router {
+///     let charges = IdempotencyLayer::new(store, "charges").fields(["/amount", "/currency"]);
+///     Router::new().route("/charges", post(create_charge).layer(charges))
+/// }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    store: Store,
+    scope: &'static str,
+    ttl: Duration,
+    body: BodyFingerprint,
+}
+
+/// What of the body is fingerprinted.
+#[derive(Clone)]
+enum BodyFingerprint {
+    /// Every byte.
+    Whole,
+    /// The values at these JSON pointers (RFC 6901); null where the body has none.
+    Pointers(Vec<&'static str>),
+    /// The value a function of the user's reads from the bytes.
+    Function(Arc<dyn Fn(&[u8], &mut Fields) -> Result<(), String> + Send + Sync>),
+}
+
+impl IdempotencyLayer {
+    /// A layer whose keys live in `scope` on `store`, replayed for a day, with the whole
+    /// body fingerprinted.
+    ///
+    /// # Panics
+    ///
+    /// When `scope` is not 1 to 64 characters of ASCII letters, digits, `_`, `-`, `.`,
+    /// `:` or `/` (what `#[idempotent]` checks at compile time): a mistake in the
+    /// service's code, found where the router is built.
+    pub fn new(store: Store, scope: &'static str) -> Self {
+        let valid = !scope.is_empty()
+            && scope.len() <= 64
+            && scope.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'/')
+            });
+        assert!(
+            valid,
+            "IdempotencyLayer::new: the scope {scope:?} must be 1 to 64 characters of ASCII letters, digits, `_`, `-`, `.`, `:` or `/`, such as \"charges\""
+        );
+        Self {
+            store,
+            scope,
+            ttl: Duration::from_secs(24 * 60 * 60),
+            body: BodyFingerprint::Whole,
+        }
+    }
+
+    /// How long a stored answer is replayed (the attribute's `ttl`).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Fingerprints the values at these JSON pointers (RFC 6901: `"/amount"`,
+    /// `"/customer/id"`) of a JSON body instead of its bytes, as the attribute's
+    /// `fields = [..]` does: a retry that spells the body otherwise, or changes what no
+    /// pointer names, is the same request. A pointer the body lacks counts as `null`; a
+    /// body that is not JSON is answered 400.
+    ///
+    /// # Panics
+    ///
+    /// When a pointer is neither empty nor begins with `/`.
+    pub fn fields(mut self, pointers: impl IntoIterator<Item = &'static str>) -> Self {
+        let pointers: Vec<_> = pointers.into_iter().collect();
+        if let Some(bad) = pointers
+            .iter()
+            .find(|p| !p.is_empty() && !p.starts_with('/'))
+        {
+            panic!("IdempotencyLayer::fields: {bad:?} is not a JSON pointer; write \"/{bad}\"");
+        }
+        self.body = BodyFingerprint::Pointers(pointers);
+        self
+    }
+
+    /// Fingerprints what `read` makes of the body's bytes instead of the bytes: the
+    /// fields of a form, a protobuf message's, a JSON body's in a shape pointers cannot
+    /// name. Its error is answered 400, with its text as the problem's detail, and
+    /// nothing runs.
+    pub fn fingerprint<F, V, E>(mut self, read: F) -> Self
+    where
+        F: Fn(&[u8]) -> Result<V, E> + Send + Sync + 'static,
+        V: Serialize,
+        E: fmt::Display,
+    {
+        let read = move |bytes: &[u8], fields: &mut Fields| match read(bytes) {
+            Ok(value) => {
+                fields.add(FUNCTION, &value);
+                Ok(())
+            }
+            Err(error) => Err(error.to_string()),
+        };
+        self.body = BodyFingerprint::Function(Arc::new(read));
+        self
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("scope", &self.scope)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        let spec = Spec {
+            scope: self.scope,
+            ttl: self.ttl,
+            required: true,
+            conflict_wait: None,
+            isolation: Isolation::ReadCommitted,
+            statement_timeout: None,
+        };
+        let settings = Settings {
+            store: self.store.clone(),
+            spec,
+            body: self.body.clone(),
+        };
+        Idempotency {
+            inner,
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+/// What every request through one layered service shares.
+struct Settings {
+    store: Store,
+    spec: Spec,
+    body: BodyFingerprint,
+}
+
+/// The service [`IdempotencyLayer`] wraps around another.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("scope", &self.settings.spec.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service that was made ready is the one called (tower's `Service` docs).
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        let settings = Arc::clone(&self.settings);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            match settings.claim(parts, Body::new(body)).await {
+                Ok((claimed, request)) => run(claimed, inner, request).await,
+                Err(answer) => Ok(answer),
+            }
+        })
+    }
+}
+
+impl Settings {
+    /// Claims the request's key: the request to run, with its [`Transaction`] in its
+    /// extensions, or the answer that ends it (a replay, a problem).
+    async fn claim(
+        &self,
+        mut parts: Parts,
+        body: Body,
+    ) -> Result<(Claimed, Request<Body>), Response> {
+        let problems = Problems::of(&self.store);
+        let guard = Guard::<()>::read(self.store.clone(), &mut parts).await?;
+        let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+            let detail = format!(
+                "the body could not be read whole, up to {BODY_LIMIT} bytes; nothing was done"
+            );
+            return Err(invalid(problems, StatusCode::PAYLOAD_TOO_LARGE, detail));
+        };
+        let mut fields = guard.fingerprint(&self.spec);
+        if !guard.is_routed() {
+            fields.add(PATH, parts.uri.path());
+        }
+        if let Err(detail) = self.body.add(&bytes, &mut fields) {
+            return Err(invalid(problems, StatusCode::BAD_REQUEST, detail));
+        }
+        let claimed = guard.claim(&self.spec, None, None, fields).await?;
+        Ok((claimed, Request::from_parts(parts, Body::from(bytes))))
+    }
+}
+
+impl BodyFingerprint {
+    /// Adds what this layer fingerprints of `bytes`, or says why it cannot.
+    fn add(&self, bytes: &[u8], fields: &mut Fields) -> Result<(), String> {
+        match self {
+            Self::Whole => {
+                fields.add(crate::fingerprint::WHOLE_BODY, &Raw(bytes));
+                Ok(())
+            }
+            Self::Pointers(pointers) => {
+                let body: serde_json::Value = serde_json::from_slice(bytes)
+                    .map_err(|e| format!("the body is not JSON ({e}); nothing was done"))?;
+                for pointer in pointers {
+                    let value = body.pointer(pointer).unwrap_or(&serde_json::Value::Null);
+                    fields.add(pointer, value);
+                }
+                Ok(())
+            }
+            Self::Function(read) => read(bytes, fields),
+        }
+    }
+}
+
+/// A body's bytes, fingerprinted as bytes (not as a sequence of numbers).
+struct Raw<'a>(&'a [u8]);
+
+impl Serialize for Raw<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// A request the layer refuses before it claims: `invalid-request`.
+fn invalid(problems: Problems<'_>, status: StatusCode, detail: String) -> Response {
+    let title = status.canonical_reason().unwrap_or("Invalid request");
+    problems
+        .problem(status, problem_type::INVALID_REQUEST, title)
+        .with_detail(detail)
+        .into_response()
+}
+
+/// Runs the claimed request through `inner`, then takes the transaction back from the
+/// [`Transaction`] it lent (from then on, a copy kept past the answer finds it ended)
+/// and commits or rolls back with the answer.
+async fn run<S, ResBody>(
+    claimed: Claimed,
+    mut inner: S,
+    mut request: Request<Body>,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = http::Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    let span = claimed.span();
+    let store = claimed.store.clone();
+    let slot = Arc::new(Mutex::new(Some(claimed)));
+    request.extensions_mut().insert(Transaction {
+        slot: Arc::clone(&slot),
+    });
+    let answered = inner.call(request).instrument(span).await;
+    // Waits for a copy that still holds the lock; whatever it wrote is in the
+    // transaction, and it can write no more.
+    let Some(claimed) = slot.lock().await.take() else {
+        // Only this function takes it, once: never reached.
+        let problem =
+            Problems::of(&store).internal("the request's transaction was taken before its answer");
+        return Ok(problem.into_response());
+    };
+    match answered {
+        Ok(response) => Ok(claimed.finish(Answer::ok(response.map(Body::new))).await),
+        Err(error) => {
+            let _ = claimed
+                .finish(Answer::err(StatusCode::INTERNAL_SERVER_ERROR))
+                .await;
+            Err(error)
+        }
+    }
+}
+
+/// The request's transaction, lent by [`IdempotencyLayer`] to the service it wraps, in
+/// the request's extensions: an axum handler takes it as an argument. Writes through it
+/// commit with the key's record and the stored answer, or not at all.
+///
+/// The layer takes the transaction back when the service answers: a copy kept past the
+/// answer (moved to a spawned task, say) finds it [`Ended`], so a write can never land
+/// outside its request.
+#[derive(Clone)]
+pub struct Transaction {
+    slot: Arc<Mutex<Option<Claimed>>>,
+}
+
+impl Transaction {
+    /// Waits for the transaction (one user at a time), or says that its request has
+    /// been answered.
+    pub async fn lock(&self) -> Result<Locked, Ended> {
+        let slot = Arc::clone(&self.slot).lock_owned().await;
+        let guard = OwnedMutexGuard::try_map(slot, Option::as_mut).map_err(|_| Ended)?;
+        Ok(Locked { guard })
+    }
+}
+
+impl fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction").finish_non_exhaustive()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Transaction {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        parts.extensions.get::<Self>().cloned().ok_or_else(|| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "{}{}",
+                    crate::problem::DEFAULT_PROBLEM_BASE,
+                    problem_type::INTERNAL
+                ),
+                "No idempotency layer",
+            )
+            .with_detail(
+                "the handler takes idem's Transaction, and no IdempotencyLayer wraps its route",
+            )
+        })
+    }
+}
+
+/// The request's transaction, held: [`tx`](Self::tx) lends it to the service's
+/// statements until this is dropped.
+pub struct Locked {
+    guard: OwnedMappedMutexGuard<Option<Claimed>, Claimed>,
+}
+
+impl Locked {
+    /// The transaction, as `#[idempotent]` lends it to a handler: `&mut *tx` is an
+    /// sqlx executor, and [`Tx::step`] records a call to another service.
+    pub fn tx(&mut self) -> Tx<'_> {
+        self.guard.tx()
+    }
+}
+
+impl fmt::Debug for Locked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locked").finish_non_exhaustive()
+    }
+}
+
+/// The request whose [`Transaction`] this was has been answered: its transaction is
+/// committed or rolled back, and takes no more writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ended;
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request's transaction has ended: its answer was given, and it takes no more writes")
+    }
+}
+
+impl std::error::Error for Ended {}
