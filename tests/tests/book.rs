@@ -442,6 +442,33 @@ mod console {
     }
 }
 
+/// "Without the macro": the attribute chapter's layered handler and router.
+mod layer_chapter {
+    use super::{ApiError, Charge, NewCharge};
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use idem::layer::{IdempotencyLayer, Locked};
+    use idem::Store;
+
+    async fn create_charge(
+        mut locked: Locked,
+        Json(req): Json<NewCharge>,
+    ) -> Result<(StatusCode, Json<Charge>), ApiError> {
+        let mut tx = locked.tx();
+        let id = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1) RETURNING id")
+            .bind(req.amount)
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok((StatusCode::CREATED, Json(Charge { id })))
+    }
+
+    fn charges(store: Store) -> Router {
+        let layer = IdempotencyLayer::new(store, "charges").fields(["/amount"]);
+        Router::new().route("/charges", post(create_charge).layer(layer))
+    }
+}
+
 /// "Testing your handlers": the complete test, as written (it runs, on a database of its
 /// own).
 #[rustfmt::skip]
@@ -525,5 +552,19 @@ async fn a_charge_is_made_exactly_once(pool: PgPool) {
         .run()
         .await;
     report.assert_exactly_once();
+}
+
+use sqlx::postgres::PgConnectOptions;
+
+/// A new database on `DATABASE_URL`'s server, named `name`, for one test.
+async fn fresh_database(name: &str) -> PgPool {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL names the server");
+    let server = PgPool::connect(&url).await.expect("the server");
+    let (drop, create) = (format!("DROP DATABASE IF EXISTS {name}"), format!("CREATE DATABASE {name}"));
+    // sqlx runs a statement it cannot check only when told that it was checked.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&server).await.expect("dropped");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(&server).await.expect("created");
+    let options: PgConnectOptions = url.parse().expect("a URL");
+    PgPool::connect_with(options.database(name)).await.expect("the new database")
 }
 }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::layer::{Ended, IdempotencyLayer, Transaction};
+use idem::layer::{Ended, IdempotencyLayer, Locked, Transaction};
 use idem::testing::Gate;
 use idem::Store;
 use idem_tests::{gated_store, with_test_db, Pgbouncer, TestApp, TestDb};
@@ -19,10 +19,9 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
-/// A hand-written handler under the layer: writes a row through the lent transaction,
+/// A hand-written handler under the layer: writes a row through the transaction it holds,
 /// can sleep, and answers 502 (rolled back) when asked to fail.
-async fn note(transaction: Transaction, Json(v): Json<Value>) -> (StatusCode, Json<Value>) {
-    let mut locked = transaction.lock().await.expect("within its request");
+async fn note(mut locked: Locked, Json(v): Json<Value>) -> (StatusCode, Json<Value>) {
     let mut tx = locked.tx();
     let id: i64 = sqlx::query_scalar("INSERT INTO notes (body) VALUES ($1) RETURNING id")
         .bind(v.to_string())
@@ -31,7 +30,6 @@ async fn note(transaction: Transaction, Json(v): Json<Value>) -> (StatusCode, Js
         .fetch_one(&mut *tx)
         .await
         .expect("a note");
-    drop(locked);
     if let Some(ms) = v["sleep_ms"].as_u64() {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -287,11 +285,11 @@ async fn around_any_tower_service() {
     .await;
 }
 
-/// A handler that takes `Transaction` on a route no layer wraps is answered 500, a
+/// A handler that takes `Locked` on a route no layer wraps is answered 500, a
 /// problem that names the mistake.
 #[tokio::test]
 async fn a_transaction_without_its_layer_is_a_problem() {
-    async fn unwrapped(_: Transaction) -> StatusCode {
+    async fn unwrapped(_: Locked) -> StatusCode {
         StatusCode::OK
     }
     let app: Router = Router::new().route("/", post(unwrapped));

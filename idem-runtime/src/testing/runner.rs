@@ -175,7 +175,7 @@ impl Runner<'_> {
                     request: name.clone(),
                     broke: broke.clone(),
                     history: outcome.words.clone(),
-                    advice: advise(self.kit, broke, &moves, &outcome.calls),
+                    advice: advise(self.kit, &once, broke, &moves, &outcome.calls),
                 };
                 match kept.iter_mut().find(|k| k.broke.same_as(broke)) {
                     Some(k) if k.history.len() > finding.history.len() => *k = finding,
@@ -560,6 +560,17 @@ impl Runner<'_> {
                 &after.outside[n],
             );
             let service = service.name().to_owned();
+            // A death between a step's call and its record is the one window where the
+            // call is made again (with the same key): each allows one more.
+            let called = a.calls.len() - b.calls.len();
+            let (_, most) = once.bounds(deploys, |o| o.calls[n]);
+            if called > most + lost_calls * most.max(1) {
+                broke.push(Broke::OutsideCalledAgain {
+                    service: service.clone(),
+                    once: most,
+                    found: called,
+                });
+            }
             let made = a.effects - b.effects;
             let (least, most) = once.bounds(deploys, |o| o.outside_effects[n]);
             if made > most {
@@ -573,17 +584,6 @@ impl Runner<'_> {
                     service: service.clone(),
                     once: least,
                     found: made,
-                });
-            }
-            // A death between a step's call and its record is the one window where the
-            // call is made again (with the same key): each allows one more.
-            let called = a.calls.len() - b.calls.len();
-            let (_, most) = once.bounds(deploys, |o| o.calls[n]);
-            if called > most + lost_calls * most.max(1) {
-                broke.push(Broke::OutsideCalledAgain {
-                    service: service.clone(),
-                    once: most,
-                    found: called,
                 });
             }
             let unrecorded = (m.calls.len() - b.calls.len()).saturating_sub(lost_calls);
@@ -615,8 +615,14 @@ impl Runner<'_> {
 }
 
 /// What to change, for `broke` in the history `moves`, whose calls to each stand-in were
-/// `calls`.
-fn advise(kit: &Kit, broke: &Broke, moves: &[Move], calls: &[Vec<Option<String>>]) -> String {
+/// `calls`; `once` is what the request does when nothing goes wrong.
+fn advise(
+    kit: &Kit,
+    once: &Once,
+    broke: &Broke,
+    moves: &[Move],
+    calls: &[Vec<Option<String>>],
+) -> String {
     let deaths: Vec<Point> = moves
         .iter()
         .filter_map(|m| match m {
@@ -645,7 +651,12 @@ fn advise(kit: &Kit, broke: &Broke, moves: &[Move], calls: &[Vec<Option<String>>
                 .map(|n| calls[n].iter().collect())
                 .unwrap_or_default();
             let honours = stand_in.is_some_and(|n| kit.outside[n].honours_keys());
-            if !honours && deaths.contains(&Point::StepCalled) {
+            let stepped = once.points().any(|(point, _)| point == Point::StepCalled);
+            if !stepped {
+                format!(
+                    "`{service}` acted more than once, and the request makes no step: make the call a `tx.step`, and send the service the key the step gives its closure"
+                )
+            } else if !honours && deaths.contains(&Point::StepCalled) {
                 format!(
                     "`{service}` ignores Idempotency-Key, so a death between its call and the step's record makes it act twice, and nothing in the handler can prevent it: use the service's own key, or reconcile with it"
                 )

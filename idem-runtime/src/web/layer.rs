@@ -49,7 +49,8 @@ const FUNCTION: &str = "(fingerprint)";
 /// replay of the stored answer, and the 409, 422 and 503 problems.
 ///
 /// The service reaches the request's transaction through the [`Transaction`] the layer
-/// puts in the request's extensions (an axum handler takes it as an argument). Its
+/// puts in the request's extensions (an axum handler takes it, or [`Locked`], as an
+/// argument). Its
 /// writes through it commit with the key's record and the stored answer; an answer
 /// below 500 commits and is replayed, a 5xx (or the service's error) rolls everything
 /// back, and the client may retry.
@@ -63,19 +64,18 @@ const FUNCTION: &str = "(fingerprint)";
 /// ```no_run
 /// use axum::routing::post;
 /// use axum::{Json, Router};
-/// use idem::layer::{IdempotencyLayer, Transaction};
+/// use idem::layer::{IdempotencyLayer, Locked};
 /// use idem::Store;
 /// use serde_json::{json, Value};
 ///
-/// async fn create_charge(transaction: Transaction, Json(req): Json<Value>) -> Json<Value> {
-///     let mut locked = transaction.lock().await.expect("within its request");
+/// async fn create_charge(mut locked: Locked, Json(req): Json<Value>) -> Result<Json<Value>, String> {
 ///     let mut tx = locked.tx();
 ///     let id: i64 = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1) RETURNING id")
 ///         .bind(req["amount"].as_i64())
 ///         .fetch_one(&mut *tx)
 ///         .await
-///         .expect("a charge");
-///     Json(json!({ "id": id }))
+///         .map_err(|e| e.to_string())?;
+///     Ok(Json(json!({ "id": id })))
 /// }
 ///
 /// fn app(store: Store) -> Router {
@@ -406,24 +406,43 @@ impl<S: Send + Sync> FromRequestParts<S> for Transaction {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
         parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "{}{}",
-                    crate::problem::DEFAULT_PROBLEM_BASE,
-                    problem_type::INTERNAL
-                ),
+            internal(
                 "No idempotency layer",
-            )
-            .with_detail(
-                "the handler takes idem's Transaction, and no IdempotencyLayer wraps its route",
+                "the handler takes idem's Transaction or Locked, and no IdempotencyLayer wraps its route",
             )
         })
     }
 }
 
+/// A 500 problem of the layer's, which no store's settings shape: the request has none.
+fn internal(title: &'static str, detail: &'static str) -> Problem {
+    let kind = format!(
+        "{}{}",
+        crate::problem::DEFAULT_PROBLEM_BASE,
+        problem_type::INTERNAL
+    );
+    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, kind, title).with_detail(detail)
+}
+
 /// The request's transaction, held: [`tx`](Self::tx) lends it to the service's
-/// statements until this is dropped.
+/// statements until this is dropped. An axum handler under the layer takes it as an
+/// argument, and holds the transaction while it runs:
+///
+/// ```no_run
+/// # use axum::{http::StatusCode, Json};
+/// # use serde_json::Value;
+/// use idem::layer::Locked;
+///
+/// async fn create_charge(mut locked: Locked, Json(req): Json<Value>) -> Result<StatusCode, String> {
+///     let mut tx = locked.tx();
+///     sqlx::query("INSERT INTO charges (amount) VALUES ($1)")
+///         .bind(req["amount"].as_i64())
+///         .execute(&mut *tx)
+///         .await
+///         .map_err(|e| e.to_string())?;
+///     Ok(StatusCode::CREATED)
+/// }
+/// ```
 pub struct Locked {
     guard: OwnedMappedMutexGuard<Option<Claimed>, Claimed>,
 }
@@ -433,6 +452,20 @@ impl Locked {
     /// sqlx executor, and [`Tx::step`] records a call to another service.
     pub fn tx(&mut self) -> Tx<'_> {
         self.guard.tx()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Locked {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let transaction = Transaction::from_request_parts(parts, state).await?;
+        // Extracted within its request, whose transaction the layer holds until the
+        // handler answers.
+        transaction
+            .lock()
+            .await
+            .map_err(|Ended| internal("Transaction ended", "the request's transaction has ended"))
     }
 }
 
