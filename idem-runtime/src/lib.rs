@@ -125,6 +125,13 @@
 //! record them with [`Tx::emit`] and let a relay deliver them ([`outbox`]).
 
 //!
+//! # Without the macro
+//!
+//! [`layer::IdempotencyLayer`] gives a tower service the same contract: a hand-written
+//! axum route, a `tower::ServiceBuilder` stack, another framework's service. Its handler
+//! takes [`layer::Locked`] where it would take `Tx`, and the fingerprint is the body's
+//! bytes, the values at JSON pointers, or a function of the bytes.
+//!
 //! # Queue consumers and jobs
 //!
 //! The same guarantee without HTTP: [`Store::run_once`](crate::Store::run_once) runs a message's work once per

@@ -99,8 +99,12 @@ enum BodyFingerprint {
     /// The values at these JSON pointers (RFC 6901); null where the body has none.
     Pointers(Vec<&'static str>),
     /// The value a function of the user's reads from the bytes.
-    Function(Arc<dyn Fn(&[u8], &mut Fields) -> Result<(), String> + Send + Sync>),
+    Function(Arc<ReadFields>),
 }
+
+/// [`IdempotencyLayer::fingerprint`]'s function, adding its value to the fields, or
+/// saying why the body has none.
+type ReadFields = dyn Fn(&[u8], &mut Fields) -> Result<(), String> + Send + Sync;
 
 impl IdempotencyLayer {
     /// A layer whose keys live in `scope` on `store`, replayed for a day, with the whole
