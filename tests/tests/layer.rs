@@ -12,7 +12,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::layer::{Ended, IdempotencyLayer, Locked, Transaction};
-use idem::testing::Gate;
+use idem::testing::{Effect, Gate, Kit, StandIn};
 use idem::Store;
 use idem_tests::{gated_store, with_test_db, Pgbouncer, TestApp, TestDb};
 use serde_json::{json, Value};
@@ -306,4 +306,84 @@ async fn a_transaction_without_its_layer_is_a_problem() {
         .as_str()
         .unwrap()
         .contains("no IdempotencyLayer"));
+}
+
+/// A layered charge: the processor called in a step (`in_a_step`) or straight (wrong),
+/// then a row written through the transaction.
+async fn charge(in_a_step: bool, mut locked: Locked, v: Value) -> (StatusCode, Json<Value>) {
+    let url = v["processor"].as_str().unwrap_or_default().to_owned();
+    let call = |key: Option<String>| async move {
+        let mut sent = reqwest::Client::new().post(url);
+        if let Some(key) = key {
+            sent = sent.header("idempotency-key", key);
+        }
+        sent.send().await?.error_for_status()?.json::<Value>().await
+    };
+    let mut tx = locked.tx();
+    let charged = if in_a_step {
+        tx.step("processor", |key| call(Some(key)))
+            .await
+            .map_err(drop)
+    } else {
+        call(None).await.map_err(drop)
+    };
+    let Ok(charged) = charged else {
+        return (StatusCode::BAD_GATEWAY, Json(json!({})));
+    };
+    let id = charged["id"].as_str().unwrap_or_default().to_owned();
+    let inserted = sqlx::query("INSERT INTO notes (body) VALUES ($1)")
+        .bind(&id)
+        .execute(&mut *tx)
+        .await;
+    match inserted {
+        Ok(_) => (StatusCode::CREATED, Json(json!({ "id": id }))),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({}))),
+    }
+}
+
+/// The test kit's report on the layered charge, on a database of its own.
+async fn kit_over_the_layer(in_a_step: bool) -> idem::testing::Report {
+    let mut report = None;
+    with_test_db(async |db| {
+        let pool = db.pool(8).await;
+        sqlx::raw_sql("CREATE TABLE notes (id bigserial PRIMARY KEY, body text NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let processor = StandIn::honouring_keys("processor").await.unwrap();
+        let body = json!({ "amount": 100, "processor": processor.url() }).to_string();
+        let handler = move |locked: Locked, Json(v): Json<Value>| charge(in_a_step, locked, v);
+        let run = Kit::new(pool, move |store| {
+            let layer = IdempotencyLayer::new(store, "charges").fields(["/amount"]);
+            Router::new().route("/charges", post(handler).layer(layer))
+        })
+        .request(move || {
+            Request::post("/charges")
+                .header("content-type", "application/json")
+                .body(Body::from(body.clone()))
+                .unwrap()
+        })
+        .effect(Effect::rows("notes"))
+        .outside(&processor)
+        .histories(4)
+        .run();
+        report = Some(run.await);
+    })
+    .await;
+    report.expect("the kit ran")
+}
+
+/// The test kit over a layered handler: with its call in a step, every death at every
+/// durable point, copies at once and the outage, each ending in the client's retry, keep
+/// exactly-once; with the call outside a step, the kit's deaths make it again. The layer
+/// and the attribute commit through the same `Claimed`, past the same failpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_kit_proves_a_layered_handler_and_catches_a_wrong_one() {
+    let (right, wrong) = tokio::join!(kit_over_the_layer(true), kit_over_the_layer(false));
+    right.assert_exactly_once();
+    assert!(right.histories() > 8, "{right}");
+    let again = |f: &idem::testing::Finding| {
+        matches!(f.broke(), idem::testing::Broke::OutsideCalledAgain { .. })
+    };
+    assert!(wrong.findings().iter().any(again), "{wrong}");
 }
