@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use idem::layer::{IdempotencyLayer, Locked};
 use idem::{idempotent, Store, StoreBuilder, Tx};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -76,6 +77,11 @@ pub(crate) async fn serve_with(
         .build()
         .map_err(std::io::Error::other)?;
     let named = Named(idempotency.pooler() == idem::Pooler::Session);
+    let charges = IdempotencyLayer::new(idempotency.clone(), "layered").fields([
+        "/amount",
+        "/currency",
+        "/customer",
+    ]);
     let state = AppState {
         idempotency,
         pool,
@@ -84,6 +90,7 @@ pub(crate) async fn serve_with(
     let app = Router::new()
         .route("/bare", post(bare))
         .route("/idem", post(idem))
+        .route("/layer", post(layered).layer(charges))
         .route("/hold", post(hold))
         .route("/wait", post(wait))
         .route("/naive", post(naive))
@@ -224,6 +231,18 @@ async fn idem(
     mut tx: Tx,
     Json(req): Json<NewCharge>,
 ) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
+    let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
+    Ok((StatusCode::CREATED, Json(charge)))
+}
+
+/// (c') idem's layer around the same handler, written without the attribute: the same
+/// fields, as JSON pointers.
+async fn layered(
+    State(named): State<Named>,
+    mut locked: Locked,
+    Json(req): Json<NewCharge>,
+) -> Result<(StatusCode, Json<Charge>), (StatusCode, String)> {
+    let mut tx = locked.tx();
     let charge = insert(&mut tx, &req, named).await.map_err(failed)?;
     Ok((StatusCode::CREATED, Json(charge)))
 }

@@ -5,6 +5,7 @@
 //! has: JSON pointers and a function as the fingerprint, a path outside a router, the
 //! service's error, and a `Transaction` kept past its answer, which finds it ended.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -386,4 +387,153 @@ async fn the_test_kit_proves_a_layered_handler_and_catches_a_wrong_one() {
         matches!(f.broke(), idem::testing::Broke::OutsideCalledAgain { .. })
     };
     assert!(wrong.findings().iter().any(again), "{wrong}");
+}
+
+/// A request dropped while its service runs (a client gone, a timeout) rolls back and
+/// frees its key, though a copy of its `Transaction` lives on in a task, which then finds
+/// it ended (invariant 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_request_frees_its_key_whatever_copy_of_its_transaction_lives_on() {
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        let store = Store::builder(pool.clone()).build().unwrap();
+        prepare(db, &store).await;
+        let (tell, told) = tokio::sync::mpsc::unbounded_channel::<Result<(), Ended>>();
+        let service = tower::ServiceBuilder::new()
+            .layer(IdempotencyLayer::new(store, "dropped"))
+            .service_fn(move |request: Request<Body>| {
+                let tell = tell.clone();
+                async move {
+                    let transaction = request.extensions().get::<Transaction>().cloned().unwrap();
+                    {
+                        let mut locked = transaction.lock().await.unwrap();
+                        sqlx::query("INSERT INTO notes (body) VALUES ('dropped')")
+                            .execute(&mut *locked.tx())
+                            .await
+                            .unwrap();
+                    }
+                    let late = transaction.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(800)).await;
+                        let _ = tell.send(late.lock().await.map(drop));
+                    });
+                    if request.uri().path() == "/slow" {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    Ok::<_, Infallible>(axum::http::Response::new(Body::empty()))
+                }
+            });
+        let call = |path: &str| {
+            let request = Request::post(path)
+                .header("idempotency-key", "k-1")
+                .body(Body::empty())
+                .unwrap();
+            service.clone().oneshot(request)
+        };
+        let dropped = tokio::time::timeout(Duration::from_millis(300), call("/slow")).await;
+        assert!(dropped.is_err(), "the slow request was dropped");
+        // The key is free at once: no 409 while the copy lives.
+        let retried = call("/fast").await.unwrap();
+        assert_eq!(retried.status(), 200);
+        assert_eq!(
+            idem_tests::count(&pool, "notes").await,
+            1,
+            "the dropped request's write rolled back"
+        );
+        let mut told = told;
+        assert!(matches!(told.recv().await, Some(Err(Ended { .. }))));
+        assert!(matches!(told.recv().await, Some(Err(Ended { .. }))));
+    })
+    .await;
+}
+
+/// What the layer refuses before it claims: a body over its limit (413), two `Locked`
+/// in one handler, which would wait for each other (500), two layers on one route (500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_refuses_what_it_cannot_hold() {
+    async fn twice(_: Locked, _: Locked) -> StatusCode {
+        StatusCode::CREATED
+    }
+    with_test_db(async |db| {
+        let pool = db.pool(4).await;
+        let store = Store::builder(pool.clone()).build().unwrap();
+        prepare(db, &store).await;
+        let layer = |scope| IdempotencyLayer::new(store.clone(), scope);
+        let app = Router::new()
+            .route("/notes", post(note).layer(layer("notes")))
+            .route("/twice", post(twice).layer(layer("twice")))
+            .route(
+                "/stacked",
+                post(note).layer(
+                    tower::ServiceBuilder::new()
+                        .layer(layer("outer"))
+                        .layer(layer("inner")),
+                ),
+            );
+        let s = TestApp::serve(pool, app).await;
+        let big = s
+            .client
+            .post(s.url("/notes"))
+            .header("idempotency-key", "k-1")
+            .body(vec![b' '; 2 * 1024 * 1024 + 1]);
+        idem_tests::send(big)
+            .await
+            .assert_problem(413, "invalid-request");
+        let held = s.post("/twice", Some("k-1"), &json!({})).await;
+        assert_eq!(held.status, 500);
+        assert!(held.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("already held"));
+        let stacked = s.post("/stacked", Some("k-1"), &json!({ "n": 1 })).await;
+        assert_eq!(stacked.status, 500);
+        assert!(stacked.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("two IdempotencyLayers"));
+        assert_eq!(s.count("notes").await, 0);
+    })
+    .await;
+}
+
+/// A store on a pool that never connects: the layer's settings are checked where it is
+/// made.
+fn unconnected() -> Store {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    Store::new(pool)
+}
+
+#[tokio::test]
+#[should_panic(expected = "must be 1 to 64 characters")]
+async fn a_scope_the_attribute_would_refuse_panics_where_the_layer_is_made() {
+    let _ = IdempotencyLayer::new(unconnected(), "two words");
+}
+
+#[tokio::test]
+#[should_panic(expected = "is not between one second and 100 years")]
+async fn a_ttl_of_nothing_panics_where_the_layer_is_made() {
+    let _ = IdempotencyLayer::new(unconnected(), "notes").ttl(Duration::ZERO);
+}
+
+#[tokio::test]
+async fn pointers_are_checked_where_the_layer_is_made() {
+    for (pointers, message) in [
+        (vec!["amount"], "is not a JSON pointer"),
+        (vec!["/a~2"], "is not a JSON pointer"),
+        (vec!["/amount", "/amount"], "is given twice"),
+        (vec![], "name at least one JSON pointer"),
+    ] {
+        let made = std::panic::catch_unwind(|| {
+            IdempotencyLayer::new(unconnected(), "notes").fields(pointers.clone())
+        });
+        let panic = made.expect_err("refused");
+        let text = match panic.downcast_ref::<String>() {
+            Some(text) => text.as_str(),
+            None => panic.downcast_ref::<&str>().copied().unwrap_or_default(),
+        };
+        assert!(text.contains(message), "{pointers:?}: {text}");
+    }
+    let _ = IdempotencyLayer::new(unconnected(), "notes").fields(["", "/a~0b/~1c/0"]);
 }

@@ -4,7 +4,8 @@
 //!
 //! 1. the profile: `--requests N` requests of each kind, `--concurrency C` at a time
 //!    (the bench's server over HTTP on loopback): the bare handler, the floor (the bare
-//!    handler and one complete key row), idem's fresh request, its replay, its replay
+//!    handler and one complete key row), idem's fresh request (by the attribute, and by
+//!    `IdempotencyLayer`), its replay, its replay
 //!    from a store with a replay cache (`StoreBuilder::replay_cache`) and its 409.
 //!    For each, PostgreSQL's CPU per request (the time of its processes, from `/proc`),
 //!    and where the server loads `pg_stat_statements`, each statement's calls, execution
@@ -17,7 +18,7 @@
 //!    smallest.
 //!
 //! `cargo run --release -p idem-bench --bin claim -- [--requests 20000] [--concurrency 16]
-//! [--sizes 1000000,10000000] [--profile-only] [--kinds bare,floor,fresh,replay,cached,409]`
+//! [--sizes 1000000,10000000] [--profile-only] [--kinds bare,floor,fresh,layer,replay,cached,409]`
 //!
 //! `DATABASE_URL` names the server (default `postgres://postgres@127.0.0.1:5432/postgres`).
 
@@ -143,6 +144,8 @@ enum Kind {
     Bare,
     Floor,
     Fresh,
+    /// Fresh requests through `IdempotencyLayer` instead of the attribute.
+    Layer,
     /// Replays of the keys `replayed-0..n` (the 201s of a fresh batch before).
     Replay(u64),
     /// The same, to a server whose store keeps answers in memory
@@ -158,6 +161,7 @@ impl Kind {
             Self::Bare => "/bare",
             Self::Floor => "/floor",
             Self::Fresh | Self::Replay(_) | Self::Cached(_) => "/idem",
+            Self::Layer => "/layer",
             Self::Conflict => "/hold",
         }
     }
@@ -165,7 +169,7 @@ impl Kind {
     fn key(self, run: u64, n: u64) -> Option<String> {
         match self {
             Self::Bare => None,
-            Self::Floor | Self::Fresh => Some(format!("k-{run}-{n}")),
+            Self::Floor | Self::Fresh | Self::Layer => Some(format!("k-{run}-{n}")),
             Self::Replay(keys) | Self::Cached(keys) => Some(format!("replayed-{}", n % keys)),
             Self::Conflict => Some("held".to_owned()),
         }
@@ -406,7 +410,7 @@ fn short(query: &str) -> String {
 
 async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error> {
     // Connections opened, statements prepared, caches warm: not measured.
-    for kind in [Kind::Bare, Kind::Floor, Kind::Fresh] {
+    for kind in [Kind::Bare, Kind::Floor, Kind::Fresh, Kind::Layer] {
         load.batch(kind, 500).await?;
     }
     let keys = 256;
@@ -417,6 +421,7 @@ async fn profile(load: &Load, pool: &PgPool, requests: u64) -> Result<(), Error>
         ("bare", Kind::Bare),
         ("floor", Kind::Floor),
         ("idem fresh", Kind::Fresh),
+        ("idem layer", Kind::Layer),
         ("idem replay", Kind::Replay(keys)),
         ("idem replay, cached", Kind::Cached(keys)),
         ("idem 409", Kind::Conflict),

@@ -10,7 +10,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,17 +37,13 @@ use crate::tx::Tx;
 /// limit on a body extractor.
 const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
-/// The field a request's path is fingerprinted under when no router matched it (a layer
-/// around a whole service rather than its routes): no JSON pointer is spelt so.
-const PATH: &str = "(path)";
-
 /// The field the value of [`IdempotencyLayer::fingerprint`]'s function is fingerprinted
 /// under.
 const FUNCTION: &str = "(fingerprint)";
 
 /// Makes any `tower::Service` over HTTP requests idempotent, as `#[idempotent]` makes a
 /// handler: the `Idempotency-Key` header, the claim in a PostgreSQL transaction, the
-/// replay of the stored answer, and the 409, 422 and 503 problems.
+/// replay of the stored answer, and the 400, 409, 413, 422 and 503 problems.
 ///
 /// The service reaches the request's transaction through the [`Transaction`] the layer
 /// puts in the request's extensions (an axum handler takes it, or [`Locked`], as an
@@ -59,7 +56,10 @@ const FUNCTION: &str = "(fingerprint)";
 /// outside a router) with its query string, and the body: all of its bytes, the values
 /// at the JSON pointers given to [`fields`](Self::fields), or what the function given to
 /// [`fingerprint`](Self::fingerprint) reads from them. The layer reads bodies of up to
-/// 2 MiB.
+/// 2 MiB (413 past it).
+///
+/// Put it on routes (a method router's `layer`, or `Router::route_layer`): on
+/// `Router::layer` it also wraps the fallback, and a 404 would be stored under its key.
 ///
 /// ```no_run
 /// use axum::routing::post;
@@ -134,7 +134,18 @@ impl IdempotencyLayer {
     }
 
     /// How long a stored answer is replayed (the attribute's `ttl`).
+    ///
+    /// # Panics
+    ///
+    /// When `ttl` is under a second or over 100 years, which `#[idempotent]` refuses
+    /// at compile time: an answer kept for less is no answer, and one kept for more is
+    /// past what PostgreSQL's timestamps hold.
     pub fn ttl(mut self, ttl: Duration) -> Self {
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+        assert!(
+            (Duration::from_secs(1)..=CENTURY).contains(&ttl),
+            "IdempotencyLayer::ttl: {ttl:?} is not between one second and 100 years"
+        );
         self.ttl = ttl;
         self
     }
@@ -147,14 +158,23 @@ impl IdempotencyLayer {
     ///
     /// # Panics
     ///
-    /// When a pointer is neither empty nor begins with `/`.
+    /// When no pointer is given, or one is not a JSON pointer (empty, or `/` and tokens
+    /// whose `~` is `~0` or `~1`), or one is given twice.
     pub fn fields(mut self, pointers: impl IntoIterator<Item = &'static str>) -> Self {
         let pointers: Vec<_> = pointers.into_iter().collect();
-        if let Some(bad) = pointers
-            .iter()
-            .find(|p| !p.is_empty() && !p.starts_with('/'))
-        {
-            panic!("IdempotencyLayer::fields: {bad:?} is not a JSON pointer; write \"/{bad}\"");
+        assert!(
+            !pointers.is_empty(),
+            "IdempotencyLayer::fields: name at least one JSON pointer, or leave `fields` out to fingerprint the whole body"
+        );
+        for (n, pointer) in pointers.iter().enumerate() {
+            assert!(
+                is_pointer(pointer),
+                "IdempotencyLayer::fields: {pointer:?} is not a JSON pointer (RFC 6901), such as \"/amount\""
+            );
+            assert!(
+                !pointers[..n].contains(pointer),
+                "IdempotencyLayer::fields: {pointer:?} is given twice"
+            );
         }
         self.body = BodyFingerprint::Pointers(pointers);
         self
@@ -182,11 +202,32 @@ impl IdempotencyLayer {
     }
 }
 
+/// Whether `pointer` is a JSON pointer (RFC 6901): empty, or tokens after `/` in which
+/// `~` only begins `~0` or `~1`.
+fn is_pointer(pointer: &str) -> bool {
+    let escapes_ok = |token: &str| {
+        let mut bytes = token.bytes();
+        while let Some(b) = bytes.next() {
+            if b == b'~' && !matches!(bytes.next(), Some(b'0' | b'1')) {
+                return false;
+            }
+        }
+        true
+    };
+    pointer.is_empty() || (pointer.starts_with('/') && pointer[1..].split('/').all(escapes_ok))
+}
+
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let body = match &self.body {
+            BodyFingerprint::Whole => "the whole body",
+            BodyFingerprint::Pointers(_) => "JSON pointers",
+            BodyFingerprint::Function(_) => "a function of the body",
+        };
         f.debug_struct("IdempotencyLayer")
             .field("scope", &self.scope)
             .field("ttl", &self.ttl)
+            .field("fingerprint", &body)
             .finish_non_exhaustive()
     }
 }
@@ -263,7 +304,7 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             match settings.claim(parts, Body::new(body)).await {
-                Ok((claimed, request)) => run(claimed, inner, request).await,
+                Ok((claimed, request)) => run(claimed, inner, request, settings.spec.scope).await,
                 Err(answer) => Ok(answer),
             }
         })
@@ -279,17 +320,23 @@ impl Settings {
         body: Body,
     ) -> Result<(Claimed, Request<Body>), Response> {
         let problems = Problems::of(&self.store);
+        // One request, one transaction (invariant 1): a second layer inside the first
+        // would claim in a transaction of its own.
+        if parts.extensions.get::<Transaction>().is_some() {
+            let detail = "two IdempotencyLayers wrap this route: keep one";
+            return Err(internal("Idempotency layers stacked", detail).into_response());
+        }
         let guard = Guard::<()>::read(self.store.clone(), &mut parts).await?;
-        let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
-            let detail = format!(
-                "the body could not be read whole, up to {BODY_LIMIT} bytes; nothing was done"
-            );
-            return Err(invalid(problems, StatusCode::PAYLOAD_TOO_LARGE, detail));
+        let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
+            Ok(bytes) => bytes,
+            Err(error) => return Err(unread(problems, &error)),
+        };
+        // Outside a router, the request's path is its route.
+        let guard = match guard.is_routed() {
+            true => guard,
+            false => guard.unrouted(parts.uri.path()),
         };
         let mut fields = guard.fingerprint(&self.spec);
-        if !guard.is_routed() {
-            fields.add(PATH, parts.uri.path());
-        }
         if let Err(detail) = self.body.add(&bytes, &mut fields) {
             return Err(invalid(problems, StatusCode::BAD_REQUEST, detail));
         }
@@ -329,6 +376,22 @@ impl Serialize for Raw<'_> {
     }
 }
 
+/// A body the layer could not read whole: over its limit (413), or broken off (400).
+fn unread(problems: Problems<'_>, error: &axum::Error) -> Response {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if error.is::<http_body_util::LengthLimitError>() {
+            let detail = format!(
+                "the body is over {BODY_LIMIT} bytes, all the layer reads; nothing was done"
+            );
+            return invalid(problems, StatusCode::PAYLOAD_TOO_LARGE, detail);
+        }
+        cause = error.source();
+    }
+    let detail = format!("the body could not be read ({error}); nothing was done");
+    invalid(problems, StatusCode::BAD_REQUEST, detail)
+}
+
 /// A request the layer refuses before it claims: `invalid-request`.
 fn invalid(problems: Problems<'_>, status: StatusCode, detail: String) -> Response {
     let title = status.canonical_reason().unwrap_or("Invalid request");
@@ -345,6 +408,7 @@ async fn run<S, ResBody>(
     claimed: Claimed,
     mut inner: S,
     mut request: Request<Body>,
+    scope: &'static str,
 ) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = http::Response<ResBody>>,
@@ -353,13 +417,20 @@ where
 {
     let span = claimed.span();
     let store = claimed.store.clone();
+    // The only strong reference but a held `Locked`'s: if this future is dropped (a
+    // client gone, a timeout), the transaction rolls back once no `Locked` holds it
+    // (invariant 7), whatever copies of the `Transaction` live on.
     let slot = Arc::new(Mutex::new(Some(claimed)));
+    let ended = Arc::new(AtomicBool::new(false));
     request.extensions_mut().insert(Transaction {
-        slot: Arc::clone(&slot),
+        slot: Arc::downgrade(&slot),
+        ended: Arc::clone(&ended),
     });
-    let answered = inner.call(request).instrument(span).await;
-    // Waits for a copy that still holds the lock; whatever it wrote is in the
-    // transaction, and it can write no more.
+    let service = super::escape::running(scope, inner.call(request));
+    let answered = service.instrument(span).await;
+    // From the answer on, no one gets the transaction, even one who asked for it
+    // before; this waits for a `Locked` still held, whose writes are the request's.
+    ended.store(true, Ordering::Release);
     let Some(claimed) = slot.lock().await.take() else {
         // Only this function takes it, once: never reached.
         let problem =
@@ -381,19 +452,57 @@ where
 /// the request's extensions: an axum handler takes it as an argument. Writes through it
 /// commit with the key's record and the stored answer, or not at all.
 ///
-/// The layer takes the transaction back when the service answers: a copy kept past the
-/// answer (moved to a spawned task, say) finds it [`Ended`], so a write can never land
-/// outside its request.
+/// The layer takes the transaction back when the service answers, after any [`Locked`]
+/// still held is dropped (a write made through it commits with the request): a copy
+/// kept past the answer (moved to a spawned task, say) then finds it [`Ended`], even if
+/// it asked before the answer, so a write can never land outside its request. A copy
+/// does not keep the transaction open: a request dropped before its answer rolls back
+/// as soon as no `Locked` holds it.
+///
+/// Around a service that is not an axum handler:
+///
+/// ```no_run
+/// use axum::body::Body;
+/// use http::{Request, Response};
+/// use idem::layer::{IdempotencyLayer, Transaction};
+/// use tower::ServiceBuilder;
+///
+/// # fn f(store: idem::Store) {
+/// let service = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(store, "notes"))
+///     .service_fn(|request: Request<Body>| async move {
+///         let transaction = request.extensions().get::<Transaction>().cloned();
+///         let mut locked = transaction.ok_or("no layer")?.lock().await?;
+///         sqlx::query("INSERT INTO notes (body) VALUES ('a note')")
+///             .execute(&mut *locked.tx())
+///             .await?;
+///         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Response::new(Body::empty()))
+///     });
+/// # }
+/// ```
+///
+/// [`lock`](Self::lock) waits while the transaction is held: a task that holds a
+/// `Locked` and locks again waits forever.
 #[derive(Clone)]
 pub struct Transaction {
-    slot: Arc<Mutex<Option<Claimed>>>,
+    slot: Weak<Mutex<Option<Claimed>>>,
+    /// Set when the service has answered.
+    ended: Arc<AtomicBool>,
 }
 
 impl Transaction {
     /// Waits for the transaction (one user at a time), or says that its request has
     /// been answered.
     pub async fn lock(&self) -> Result<Locked, Ended> {
-        let slot = Arc::clone(&self.slot).lock_owned().await;
+        let slot = self.slot.upgrade().ok_or(Ended)?.lock_owned().await;
+        self.locked(slot)
+    }
+
+    /// The transaction in `slot`, unless the request has been answered.
+    fn locked(&self, slot: OwnedMutexGuard<Option<Claimed>>) -> Result<Locked, Ended> {
+        if self.ended.load(Ordering::Acquire) {
+            return Err(Ended);
+        }
         let guard = OwnedMutexGuard::try_map(slot, Option::as_mut).map_err(|_| Ended)?;
         Ok(Locked { guard })
     }
@@ -464,11 +573,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Locked {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
         let transaction = Transaction::from_request_parts(parts, state).await?;
-        // Extracted within its request, whose transaction the layer holds until the
-        // handler answers.
+        // Not `lock`, which would wait forever for a `Locked` this request already
+        // holds (two `Locked` arguments, a middleware's): one holder at a time.
+        let held = || {
+            internal("Transaction held", "the request's transaction is already held (two Locked arguments, or a middleware's): take it once")
+        };
+        let slot = transaction
+            .slot
+            .upgrade()
+            .ok_or_else(|| internal("Transaction ended", "the request's transaction has ended"))?;
+        let slot = slot.try_lock_owned().map_err(|_| held())?;
         transaction
-            .lock()
-            .await
+            .locked(slot)
             .map_err(|Ended| internal("Transaction ended", "the request's transaction has ended"))
     }
 }

@@ -103,6 +103,8 @@ pub struct Guard<S> {
     signed: bool,
     method: Method,
     route: Option<MatchedPath>,
+    /// The route of a request no router matched: its path ([`Guard::unrouted`]).
+    unrouted: Option<String>,
     params: Option<RawPathParams>,
     query: Option<String>,
     /// Whether the endpoint is completable ([`Guard::completable`]).
@@ -146,6 +148,7 @@ impl<S> Guard<S> {
             store,
             method: parts.method.clone(),
             route: parts.extensions.get::<MatchedPath>().cloned(),
+            unrouted: None,
             params,
             query: parts.uri.query().map(str::to_owned),
             completable: false,
@@ -155,10 +158,16 @@ impl<S> Guard<S> {
         })
     }
 
-    /// Whether the request was routed (axum's `MatchedPath`): a layer outside the router
-    /// fingerprints the request's path instead.
+    /// Whether the request was routed (axum's `MatchedPath`).
     pub(crate) fn is_routed(&self) -> bool {
         self.route.is_some()
+    }
+
+    /// Fingerprints `path` as the route of a request no router matched: a layer around
+    /// a service that is not a router.
+    pub(crate) fn unrouted(mut self, path: &str) -> Self {
+        self.unrouted = Some(path.to_owned());
+        self
     }
 }
 
@@ -166,7 +175,10 @@ impl<S> Guard<S> {
     /// Starts the fingerprint with the request's target: method, route, path
     /// parameters and query string.
     pub fn fingerprint(&self, spec: &Spec) -> Fields {
-        let route = self.route.as_ref().map_or("", MatchedPath::as_str);
+        let route = match (&self.route, &self.unrouted) {
+            (Some(route), _) => route.as_str(),
+            (None, unrouted) => unrouted.as_deref().unwrap_or(""),
+        };
         let params = self.params.iter().flat_map(RawPathParams::iter);
         let mut builder = Fingerprint::builder(spec.scope, self.method.as_str(), route, params);
         if let Some(query) = &self.query {
