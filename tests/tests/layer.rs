@@ -136,13 +136,17 @@ async fn holds_the_contract(s: &TestApp) {
     assert_eq!(s.keys().await, 4);
 }
 
+/// [`holds_the_contract`] through `store`, on `db`.
+async fn serves_the_contract(db: &TestDb, store: Store) {
+    prepare(db, &store).await;
+    holds_the_contract(&TestApp::serve(db.pool(4).await, app(&store)).await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_holds_the_contract_in_the_default_mode() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::builder(pool.clone()).build().unwrap();
-        prepare(db, &store).await;
-        holds_the_contract(&TestApp::serve(pool, app(&store)).await).await;
+        let store = Store::builder(db.pool(8).await).build().unwrap();
+        serves_the_contract(db, store).await;
     })
     .await;
 }
@@ -150,10 +154,8 @@ async fn the_layer_holds_the_contract_in_the_default_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_holds_the_contract_in_the_portable_mode() {
     with_test_db(async |db| {
-        let pool = db.pool(8).await;
-        let store = Store::builder(pool.clone()).portable(true).build().unwrap();
-        prepare(db, &store).await;
-        holds_the_contract(&TestApp::serve(pool, app(&store)).await).await;
+        let store = Store::builder(db.pool(8).await).portable(true).build();
+        serves_the_contract(db, store.unwrap()).await;
     })
     .await;
 }
@@ -162,9 +164,7 @@ async fn the_layer_holds_the_contract_in_the_portable_mode() {
 async fn the_layer_holds_the_contract_behind_a_transaction_pooler() {
     with_test_db(async |db| {
         let pgbouncer = Pgbouncer::start(db);
-        let store = pgbouncer.store(8).await;
-        prepare(db, &store).await;
-        holds_the_contract(&TestApp::serve(db.pool(4).await, app(&store)).await).await;
+        serves_the_contract(db, pgbouncer.store(8).await).await;
     })
     .await;
 }
