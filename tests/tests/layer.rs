@@ -448,10 +448,18 @@ async fn a_dropped_request_frees_its_key_whatever_copy_of_its_transaction_lives_
 }
 
 /// What the layer refuses before it claims: a body over its limit (413), two `Locked`
-/// in one handler, which would wait for each other (500), two layers on one route (500).
+/// in one handler, which would wait for each other (500), a layer around an idempotent
+/// endpoint, another layer or `#[idempotent]`, which would claim twice (500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_refuses_what_it_cannot_hold() {
     async fn twice(_: Locked, _: Locked) -> StatusCode {
+        StatusCode::CREATED
+    }
+    #[idem::idempotent(scope = "attribute")]
+    async fn attribute(mut tx: idem::Tx, Json(_): Json<Value>) -> StatusCode {
+        let _ = sqlx::query("INSERT INTO notes (body) VALUES ('attribute')")
+            .execute(&mut *tx)
+            .await;
         StatusCode::CREATED
     }
     with_test_db(async |db| {
@@ -469,7 +477,17 @@ async fn the_layer_refuses_what_it_cannot_hold() {
                         .layer(layer("outer"))
                         .layer(layer("inner")),
                 ),
-            );
+            )
+            .route("/attribute", post(attribute).layer(layer("outer")))
+            .route(
+                "/small",
+                post(note).layer(
+                    tower::ServiceBuilder::new()
+                        .layer(axum::extract::DefaultBodyLimit::max(64))
+                        .layer(layer("small")),
+                ),
+            )
+            .with_state(store.clone());
         let s = TestApp::serve(pool, app).await;
         let big = s
             .client
@@ -479,19 +497,30 @@ async fn the_layer_refuses_what_it_cannot_hold() {
         idem_tests::send(big)
             .await
             .assert_problem(413, "invalid-request");
+        // The route's own limit, as its extractors read it.
+        let n = "1".repeat(80);
+        s.post("/small", Some("k-1"), &json!({ "n": n }))
+            .await
+            .assert_problem(413, "invalid-request");
+        assert_eq!(
+            s.post("/small", Some("k-2"), &json!({ "n": 1 }))
+                .await
+                .status,
+            201
+        );
         let held = s.post("/twice", Some("k-1"), &json!({})).await;
         assert_eq!(held.status, 500);
         assert!(held.json()["detail"]
             .as_str()
             .unwrap()
             .contains("already held"));
-        let stacked = s.post("/stacked", Some("k-1"), &json!({ "n": 1 })).await;
-        assert_eq!(stacked.status, 500);
-        assert!(stacked.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("two IdempotencyLayers"));
-        assert_eq!(s.count("notes").await, 0);
+        for path in ["/stacked", "/attribute"] {
+            let stacked = s.post(path, Some("k-1"), &json!({ "n": 1 })).await;
+            assert_eq!(stacked.status, 500, "{path}");
+            let detail = stacked.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains("idempotent itself"), "{path}: {detail}");
+        }
+        assert_eq!(s.count("notes").await, 1, "the one that fitted");
     })
     .await;
 }

@@ -303,6 +303,12 @@ async fn an_outside_call_without_a_step_is_reported() {
         |b| matches!(b, Broke::Invisible { service } if service == "processor"),
         "a `tx.step`",
     );
+    // The service acted twice too: the advice is the step, not a step's key.
+    assert_reports(
+        &report,
+        |b| matches!(b, Broke::OutsideEffectTwice { service, .. } if service == "processor"),
+        "the request makes no step: make the call a `tx.step`",
+    );
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
+use axum::RequestExt;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, StatusCode};
@@ -33,13 +34,9 @@ use crate::store::Store;
 use crate::table::Isolation;
 use crate::tx::Tx;
 
-/// How much of a request's body the layer reads to fingerprint it: axum's own default
-/// limit on a body extractor.
-const BODY_LIMIT: usize = 2 * 1024 * 1024;
-
 /// The field the value of [`IdempotencyLayer::fingerprint`]'s function is fingerprinted
 /// under.
-const FUNCTION: &str = "(fingerprint)";
+const BY_FUNCTION: &str = "(fingerprint)";
 
 /// Makes any `tower::Service` over HTTP requests idempotent, as `#[idempotent]` makes a
 /// handler: the `Idempotency-Key` header, the claim in a PostgreSQL transaction, the
@@ -55,8 +52,8 @@ const FUNCTION: &str = "(fingerprint)";
 /// The fingerprint is the request's method and route (axum's matched path, or the path
 /// outside a router) with its query string, and the body: all of its bytes, the values
 /// at the JSON pointers given to [`fields`](Self::fields), or what the function given to
-/// [`fingerprint`](Self::fingerprint) reads from them. The layer reads bodies of up to
-/// 2 MiB (413 past it).
+/// [`fingerprint`](Self::fingerprint) reads from them. The layer reads bodies up to the
+/// route's limit (axum's `DefaultBodyLimit`: 2 MiB unless set; 413 past it).
 ///
 /// Put it on routes (a method router's `layer`, or `Router::route_layer`): on
 /// `Router::layer` it also wraps the fallback, and a 404 would be stored under its key.
@@ -116,6 +113,7 @@ impl IdempotencyLayer {
     /// `:` or `/` (what `#[idempotent]` checks at compile time): a mistake in the
     /// service's code, found where the router is built.
     pub fn new(store: Store, scope: &'static str) -> Self {
+        // The attribute's check (`idem-macros/src/attr.rs`, `parse_scope`), at run time.
         let valid = !scope.is_empty()
             && scope.len() <= 64
             && scope.bytes().all(|b| {
@@ -141,6 +139,7 @@ impl IdempotencyLayer {
     /// at compile time: an answer kept for less is no answer, and one kept for more is
     /// past what PostgreSQL's timestamps hold.
     pub fn ttl(mut self, ttl: Duration) -> Self {
+        // The attribute's bounds (`idem-macros/src/attr.rs`, `parse_ttl`).
         const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
         assert!(
             (Duration::from_secs(1)..=CENTURY).contains(&ttl),
@@ -158,8 +157,9 @@ impl IdempotencyLayer {
     ///
     /// # Panics
     ///
-    /// When no pointer is given, or one is not a JSON pointer (empty, or `/` and tokens
-    /// whose `~` is `~0` or `~1`), or one is given twice.
+    /// When no pointer is given, one is given twice, or one is not a JSON pointer (RFC
+    /// 6901: empty, for the whole body, or `/`-separated tokens in which `~` only begins
+    /// `~0` or `~1`).
     pub fn fields(mut self, pointers: impl IntoIterator<Item = &'static str>) -> Self {
         let pointers: Vec<_> = pointers.into_iter().collect();
         assert!(
@@ -192,7 +192,7 @@ impl IdempotencyLayer {
     {
         let read = move |bytes: &[u8], fields: &mut Fields| match read(bytes) {
             Ok(value) => {
-                fields.add(FUNCTION, &value);
+                fields.add(BY_FUNCTION, &value);
                 Ok(())
             }
             Err(error) => Err(error.to_string()),
@@ -320,25 +320,24 @@ impl Settings {
         body: Body,
     ) -> Result<(Claimed, Request<Body>), Response> {
         let problems = Problems::of(&self.store);
-        // One request, one transaction (invariant 1): a second layer inside the first
-        // would claim in a transaction of its own.
-        if parts.extensions.get::<Transaction>().is_some() {
-            let detail = "two IdempotencyLayers wrap this route: keep one";
-            return Err(internal("Idempotency layers stacked", detail).into_response());
-        }
+        // The route is part of what a key is reused for; a service no router matched
+        // has only its path to tell one endpoint from another.
+        let path = parts.uri.path().to_owned();
         let guard = Guard::<()>::read(self.store.clone(), &mut parts).await?;
-        let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        let guard = guard.unrouted(&path);
+        // The route's own body limit (axum's `DefaultBodyLimit`), as its extractors
+        // would read the body.
+        let (parts, body) = Request::from_parts(parts, body)
+            .with_limited_body()
+            .into_parts();
+        let bytes = match axum::body::to_bytes(body, usize::MAX).await {
             Ok(bytes) => bytes,
             Err(error) => return Err(unread(problems, &error)),
         };
-        // Outside a router, the request's path is its route.
-        let guard = match guard.is_routed() {
-            true => guard,
-            false => guard.unrouted(parts.uri.path()),
-        };
         let mut fields = guard.fingerprint(&self.spec);
         if let Err(detail) = self.body.add(&bytes, &mut fields) {
-            return Err(invalid(problems, StatusCode::BAD_REQUEST, detail));
+            let problem = problems.invalid_request(StatusCode::BAD_REQUEST);
+            return Err(problem.with_detail(detail).into_response());
         }
         let claimed = guard.claim(&self.spec, None, None, fields).await?;
         Ok((claimed, Request::from_parts(parts, Body::from(bytes))))
@@ -381,22 +380,15 @@ fn unread(problems: Problems<'_>, error: &axum::Error) -> Response {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = cause {
         if error.is::<http_body_util::LengthLimitError>() {
-            let detail = format!(
-                "the body is over {BODY_LIMIT} bytes, all the layer reads; nothing was done"
-            );
-            return invalid(problems, StatusCode::PAYLOAD_TOO_LARGE, detail);
+            let detail = "the body is over the route's limit (axum's DefaultBodyLimit, 2 MiB unless set); nothing was done";
+            let problem = problems.invalid_request(StatusCode::PAYLOAD_TOO_LARGE);
+            return problem.with_detail(detail).into_response();
         }
         cause = error.source();
     }
     let detail = format!("the body could not be read ({error}); nothing was done");
-    invalid(problems, StatusCode::BAD_REQUEST, detail)
-}
-
-/// A request the layer refuses before it claims: `invalid-request`.
-fn invalid(problems: Problems<'_>, status: StatusCode, detail: String) -> Response {
-    let title = status.canonical_reason().unwrap_or("Invalid request");
     problems
-        .problem(status, problem_type::INVALID_REQUEST, title)
+        .invalid_request(StatusCode::BAD_REQUEST)
         .with_detail(detail)
         .into_response()
 }
@@ -519,7 +511,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Transaction {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
         parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            internal(
+            lent_problem(
                 "No idempotency layer",
                 "the handler takes idem's Transaction or Locked, and no IdempotencyLayer wraps its route",
             )
@@ -527,8 +519,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Transaction {
     }
 }
 
-/// A 500 problem of the layer's, which no store's settings shape: the request has none.
-fn internal(title: &'static str, detail: &'static str) -> Problem {
+/// A 500 problem of a handler's `Transaction` or `Locked`, which no store's settings
+/// shape: a route without the layer has none.
+fn lent_problem(title: &'static str, detail: &'static str) -> Problem {
     let kind = format!(
         "{}{}",
         crate::problem::DEFAULT_PROBLEM_BASE,
@@ -576,16 +569,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Locked {
         // Not `lock`, which would wait forever for a `Locked` this request already
         // holds (two `Locked` arguments, a middleware's): one holder at a time.
         let held = || {
-            internal("Transaction held", "the request's transaction is already held (two Locked arguments, or a middleware's): take it once")
+            lent_problem("Transaction held", "the request's transaction is already held (two Locked arguments, or a middleware's): take it once")
         };
-        let slot = transaction
-            .slot
-            .upgrade()
-            .ok_or_else(|| internal("Transaction ended", "the request's transaction has ended"))?;
+        let slot = transaction.slot.upgrade().ok_or_else(|| {
+            lent_problem("Transaction ended", "the request's transaction has ended")
+        })?;
         let slot = slot.try_lock_owned().map_err(|_| held())?;
-        transaction
-            .locked(slot)
-            .map_err(|Ended| internal("Transaction ended", "the request's transaction has ended"))
+        transaction.locked(slot).map_err(|Ended| {
+            lent_problem("Transaction ended", "the request's transaction has ended")
+        })
     }
 }
 

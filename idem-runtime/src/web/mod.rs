@@ -129,6 +129,12 @@ impl<S> Guard<S> {
     /// Reads the key, the principal and the target of the request `parts` begin, for
     /// `store`: the macro's extractor, and the layer's first act (`web::layer`).
     pub(crate) async fn read(store: Store, parts: &mut Parts) -> Result<Self, Response> {
+        // One request, one claim (invariant 1): an idempotent endpoint inside an
+        // `IdempotencyLayer` would claim in a transaction of its own.
+        if parts.extensions.get::<layer::Transaction>().is_some() {
+            let detail = "an IdempotencyLayer wraps this route, which is idempotent itself (a second layer, or #[idempotent]): keep one";
+            return Err(Problems::of(&store).internal(detail).into_response());
+        }
         let params = match RawPathParams::from_request_parts(parts, &()).await {
             Ok(params) => Some(params),
             // No parameters on this route.
@@ -158,15 +164,12 @@ impl<S> Guard<S> {
         })
     }
 
-    /// Whether the request was routed (axum's `MatchedPath`).
-    pub(crate) fn is_routed(&self) -> bool {
-        self.route.is_some()
-    }
-
-    /// Fingerprints `path` as the route of a request no router matched: a layer around
-    /// a service that is not a router.
+    /// Fingerprints `path` as the route if no router matched the request: a layer
+    /// around a service that is not a router.
     pub(crate) fn unrouted(mut self, path: &str) -> Self {
-        self.unrouted = Some(path.to_owned());
+        if self.route.is_none() {
+            self.unrouted = Some(path.to_owned());
+        }
         self
     }
 }

@@ -399,6 +399,12 @@ impl<'a> Problems<'a> {
         .with_detail(detail)
     }
 
+    /// A request refused before anything ran (`invalid-request`), titled by `status`.
+    pub(crate) fn invalid_request(self, status: StatusCode) -> Problem {
+        let title = status.canonical_reason().unwrap_or("Invalid request");
+        self.problem(status, problem_type::INVALID_REQUEST, title)
+    }
+
     /// Rewrites an extractor's rejection (axum answers those in plain text) as a
     /// problem, keeping its status and its text as the detail. Rejections that already
     /// are problems pass through untouched.
@@ -423,8 +429,7 @@ impl<'a> Problems<'a> {
             StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
             other => other,
         };
-        let title = status.canonical_reason().unwrap_or("Invalid request");
-        let mut problem = self.problem(status, problem_type::INVALID_REQUEST, title);
+        let mut problem = self.invalid_request(status);
         let is_json = parts
             .headers
             .get(CONTENT_TYPE)
