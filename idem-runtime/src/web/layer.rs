@@ -5,7 +5,8 @@
 //! answer to [`Claimed::finish`]. It differs where a macro sees what a layer cannot: the
 //! fields are JSON pointers or a function of the body's bytes, the service reaches the
 //! transaction through a [`Transaction`] in the request's extensions, and the answer's
-//! status alone says whether it commits.
+//! status (or the service's error) says whether it commits, where the attribute reads
+//! the handler's `Result`.
 
 use std::fmt;
 use std::future::Future;
@@ -44,10 +45,9 @@ const BY_FUNCTION: &str = "(fingerprint)";
 ///
 /// The service reaches the request's transaction through the [`Transaction`] the layer
 /// puts in the request's extensions (an axum handler takes it, or [`Locked`], as an
-/// argument). Its
-/// writes through it commit with the key's record and the stored answer; an answer
-/// below 500 commits and is replayed, a 5xx (or the service's error) rolls everything
-/// back, and the client may retry.
+/// argument). Its writes through it commit with the key's record and the stored
+/// answer; an answer below 500 commits and is replayed, a 5xx (or the service's error)
+/// rolls everything back, and the client may retry.
 ///
 /// The fingerprint is the request's method and route (axum's matched path, or the path
 /// outside a router) with its query string, and the body: all of its bytes, the values
