@@ -4,6 +4,7 @@
 mod attr;
 mod errors;
 mod expand;
+mod grpc;
 mod openapi;
 mod valid;
 
@@ -221,4 +222,39 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
+}
+
+/// Makes the `#[idempotent]` methods of a tonic service idempotent: on the service's
+/// `impl` block, above `#[tonic::async_trait]`.
+///
+/// tonic's server traits go through `#[tonic::async_trait]`, which rewrites every method
+/// of the block before an attribute on a method could expand; this one, on the block,
+/// rewrites each method marked `#[idempotent(..)]` first. The method keeps tonic's
+/// signature, `&self` and the request, and may add `tx: Tx` after them: the rewrite
+/// takes it out of the signature and gives the method the request's transaction, as a
+/// handler gets it. The service holds the store: `Store: FromRef<Service>`, as a
+/// router's state does.
+///
+/// ```text
+/// #[idem::grpc]
+/// #[tonic::async_trait]
+/// impl Charges for ChargeService {
+///     #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer.id], key = request_id)]
+///     async fn create(&self, request: Request<NewCharge>, mut tx: Tx) -> Result<Response<Charge>, Status> { .. }
+/// }
+/// ```
+///
+/// The options are the attribute's, with what they mean for a message: `fields` names
+/// the request message's fields (a nested one through messages, which prost keeps in an
+/// `Option`: absent, the value is `None`); `key = request_id` reads the key from a field
+/// (AIP-155's `request_id`), `key = header("..")` from other metadata, and the default is
+/// the `idempotency-key` metadata. `principal`, `spread`, `completable` and
+/// `key = digest(body)` are for axum handlers and are compile errors here. `Ok` commits
+/// and is replayed, message and metadata, with `idempotent-replayed: true`; `Err` rolls
+/// back. A refusal is a status: `ABORTED` with `RetryInfo` for a duplicate in flight,
+/// `FAILED_PRECONDITION` for another payload under the key, `INVALID_ARGUMENT` without
+/// a key, `UNAVAILABLE` with the database away.
+#[proc_macro_attribute]
+pub fn grpc(args: TokenStream, item: TokenStream) -> TokenStream {
+    grpc::grpc(args.into(), item.into()).into()
 }

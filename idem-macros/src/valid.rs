@@ -81,7 +81,7 @@ pub(crate) fn handler<'a>(func: &'a ItemFn, errors: &Errors) -> Handler<'a> {
         match input {
             FnArg::Receiver(receiver) => errors.at(
                 receiver.self_token.span(),
-                "`#[idempotent]` handlers cannot take `self`: write a free function and pass state with `State`",
+                "`#[idempotent]` handlers cannot take `self`: write a free function and pass state with `State`; on a tonic service's method, put `#[idem::grpc]` on its `impl` block, above `#[tonic::async_trait]`",
             ),
             FnArg::Typed(param) => {
                 if is_tx(&param.ty) {

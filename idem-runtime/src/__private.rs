@@ -16,6 +16,13 @@ pub use crate::web::extract::{
 };
 pub use crate::web::{Answer, Claimed, Fields, Fingerprintable, Guard, Spec};
 
+/// What `#[idem::grpc]` generates calls: the gRPC adapter (`web::grpc`).
+#[cfg(feature = "tonic")]
+pub mod grpc {
+    pub use crate::web::grpc::{claim, finish, key_of, read, typed, ServiceStore};
+    pub use crate::web::policy::KeyRead;
+}
+
 /// What a refused `tx.commit()` or `tx.rollback()` becomes in the function
 /// `#[idempotent]` emits beside its error: the output of sqlx's `Transaction::commit`, so
 /// that the code around it type-checks and the refusal is the only error.

@@ -241,6 +241,11 @@ mod web;
 pub mod webhook;
 
 pub use fingerprint::FingerprintError;
+/// Makes a tonic service's `#[idempotent]` methods idempotent (the `tonic` feature): on
+/// the service's `impl` block, above `#[tonic::async_trait]`. See the book's gRPC chapter.
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use idem_macros::grpc;
 #[doc(inline)]
 pub use idem_macros::idempotent;
 pub use key::KeyError;

@@ -469,6 +469,114 @@ mod layer_chapter {
     }
 }
 
+/// "gRPC: tonic's service methods": the service, and the same one under the layer.
+#[rustfmt::skip]
+mod grpc_chapter {
+mod pb {
+    tonic::include_proto!("idem.charges.v1");
+}
+
+use axum::extract::FromRef;
+use idem::{idempotent, Store, Tx};
+use pb::charges_server::{Charges, ChargesServer};
+use pb::{Charge, CreateChargeRequest};
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, FromRef)]
+struct ChargeService {
+    store: Store,
+}
+
+#[idem::grpc]
+#[tonic::async_trait]
+impl Charges for ChargeService {
+    #[idempotent(scope = "charges", ttl = "24h", fields = [amount, currency, customer.id], key = request_id)]
+    async fn create_charge(
+        &self,
+        request: Request<CreateChargeRequest>,
+        mut tx: Tx,
+    ) -> Result<Response<Charge>, Status> {
+        let new = request.into_inner();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO charges (amount, currency) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(new.amount)
+        .bind(&new.currency)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Charge { id, amount: new.amount, currency: new.currency }))
+    }
+
+    #[idempotent(scope = "captures", fields = [amount, currency])]
+    async fn capture(
+        &self,
+        request: Request<CreateChargeRequest>,
+        mut tx: Tx,
+    ) -> Result<Response<Charge>, Status> {
+        let new = request.into_inner();
+        sqlx::query("UPDATE charges SET captured = true WHERE amount = $1")
+            .bind(new.amount)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Charge { id: 0, amount: new.amount, currency: new.currency }))
+    }
+}
+
+async fn serve(store: Store) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(ChargesServer::new(ChargeService { store }))
+        .serve("127.0.0.1:50051".parse().unwrap())
+        .await
+}
+
+mod layered {
+    use super::pb::charges_server::{Charges, ChargesServer};
+    use super::pb::{Charge, CreateChargeRequest};
+    use idem::layer::{IdempotencyLayer, Transaction};
+    use idem::Store;
+    use tonic::{Request, Response, Status};
+
+    struct LayeredCharges;
+
+    #[tonic::async_trait]
+    impl Charges for LayeredCharges {
+        async fn create_charge(
+            &self,
+            request: Request<CreateChargeRequest>,
+        ) -> Result<Response<Charge>, Status> {
+            let transaction = request.extensions().get::<Transaction>().cloned();
+            let transaction = transaction.ok_or_else(|| Status::internal("no IdempotencyLayer"))?;
+            let mut locked = transaction.lock().await.map_err(|e| Status::internal(e.to_string()))?;
+            let new = request.into_inner();
+            let id: i64 = sqlx::query_scalar("INSERT INTO charges (amount, currency) VALUES ($1, $2) RETURNING id")
+                .bind(new.amount)
+                .bind(&new.currency)
+                .fetch_one(&mut *locked.tx())
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            Ok(Response::new(Charge { id, amount: new.amount, currency: new.currency }))
+        }
+
+        async fn capture(
+            &self,
+            _: Request<CreateChargeRequest>,
+        ) -> Result<Response<Charge>, Status> {
+            Err(Status::unimplemented("capture"))
+        }
+    }
+
+    async fn serve(store: Store) -> Result<(), tonic::transport::Error> {
+        tonic::transport::Server::builder()
+            .layer(IdempotencyLayer::new(store, "charges"))
+            .add_service(ChargesServer::new(LayeredCharges))
+            .serve("127.0.0.1:50051".parse().unwrap())
+            .await
+    }
+}
+}
+
 /// "Testing your handlers": the complete test, as written (it runs, on a database of its
 /// own).
 #[rustfmt::skip]

@@ -514,12 +514,12 @@ impl Completer {
             .into_response();
         let record = match response::capture(
             problem,
-            &store.inner.replay_headers,
+            Some(&store.inner.replay_headers),
             store.inner.max_response_bytes,
         )
         .await
         {
-            Ok((record, _)) => record,
+            Ok((record, _, _)) => record,
             Err(error) => {
                 let _ = attempt.rollback().await;
                 return Run::Failed {

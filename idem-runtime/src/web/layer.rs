@@ -6,7 +6,9 @@
 //! fields are JSON pointers or a function of the body's bytes, the service reaches the
 //! transaction through a [`Transaction`] in the request's extensions, and the answer's
 //! status (or the service's error) says whether it commits, where the attribute reads
-//! the handler's `Result`.
+//! the handler's `Result`. A gRPC request (`application/grpc`) commits on its reply's
+//! status, OK in its trailers, and is answered in gRPC, statuses for problems, under
+//! the `tonic` feature (`web::grpc`).
 
 use std::fmt;
 use std::future::Future;
@@ -30,6 +32,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::problem::{problem_type, Problem, Problems};
+use super::response::GRPC_STATUS;
 use super::{Answer, Claimed, Fields, Guard, Spec};
 use crate::store::Store;
 use crate::table::Isolation;
@@ -303,10 +306,19 @@ where
         let settings = Arc::clone(&self.settings);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            match settings.claim(parts, Body::new(body)).await {
-                Ok((claimed, request)) => run(claimed, inner, request, settings.spec.scope).await,
-                Err(answer) => Ok(answer),
+            let grpc = super::response::is_grpc(&parts.headers);
+            let answer = match settings.claim(parts, Body::new(body)).await {
+                Ok((claimed, request)) => {
+                    run(claimed, inner, request, settings.spec.scope, grpc).await?
+                }
+                Err(answer) => answer,
+            };
+            // A gRPC client reads statuses, not problems.
+            #[cfg(feature = "tonic")]
+            if grpc {
+                return Ok(super::grpc::in_grpc(answer).await);
             }
+            Ok(answer)
         })
     }
 }
@@ -395,12 +407,13 @@ fn unread(problems: Problems<'_>, error: &axum::Error) -> Response {
 
 /// Runs the claimed request through `inner`, then takes the transaction back from the
 /// [`Transaction`] it lent (from then on, a copy kept past the answer finds it ended)
-/// and commits or rolls back with the answer.
+/// and commits or rolls back with the answer (a `grpc` one by its status).
 async fn run<S, ResBody>(
     claimed: Claimed,
     mut inner: S,
     mut request: Request<Body>,
     scope: &'static str,
+    grpc: bool,
 ) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = http::Response<ResBody>>,
@@ -430,6 +443,7 @@ where
         return Ok(problem.into_response());
     };
     match answered {
+        Ok(response) if grpc => Ok(claimed.finish(grpc_answer(response).await).await),
         Ok(response) => Ok(claimed.finish(Answer::ok(response.map(Body::new))).await),
         Err(error) => {
             let _ = claimed
@@ -438,6 +452,39 @@ where
             Err(error)
         }
     }
+}
+
+/// A gRPC reply as an [`Answer`]: it commits if its status, in its trailers (or its
+/// headers, for a reply without a message), is OK. Its body is read whole here, for its
+/// trailers; one that breaks off rolls back.
+async fn grpc_answer<ResBody>(response: http::Response<ResBody>) -> Answer
+where
+    ResBody: http_body::Body<Data = Bytes>,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    use http_body_util::BodyExt;
+
+    let (parts, body) = response.into_parts();
+    let collected = match body.collect().await {
+        Ok(collected) => collected,
+        Err(error) => {
+            let error: axum::BoxError = error.into();
+            tracing::warn!(%error, "idem: a gRPC reply's body failed; rolled back");
+            let mut broken = Response::from_parts(parts, Body::empty());
+            broken
+                .headers_mut()
+                .insert(GRPC_STATUS, http::HeaderValue::from_static("13"));
+            return Answer::rpc(broken, false);
+        }
+    };
+    let trailers = collected.trailers().cloned();
+    let status = trailers
+        .as_ref()
+        .and_then(|trailers| trailers.get(GRPC_STATUS))
+        .or_else(|| parts.headers.get(GRPC_STATUS));
+    let ok = status.is_some_and(|status| status == "0");
+    let body = super::response::body(collected.to_bytes(), trailers);
+    Answer::rpc(Response::from_parts(parts, body), ok)
 }
 
 /// The request's transaction, lent by [`IdempotencyLayer`] to the service it wraps, in

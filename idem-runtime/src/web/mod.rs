@@ -8,6 +8,8 @@
 
 pub(crate) mod escape;
 pub(crate) mod extract;
+#[cfg(feature = "tonic")]
+pub(crate) mod grpc;
 pub(crate) mod layer;
 pub(crate) mod policy;
 pub(crate) mod problem;
@@ -18,7 +20,6 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams};
 use axum::response::{IntoResponse, Response};
@@ -67,6 +68,9 @@ pub struct Spec {
 pub struct Answer {
     response: Response,
     commit: bool,
+    /// Whether every header is stored, not only the store's `replay_headers`: a gRPC
+    /// reply's metadata is the method's own, all of it replayed.
+    every_header: bool,
 }
 
 impl Answer {
@@ -74,7 +78,11 @@ impl Answer {
     pub fn ok(response: impl IntoResponse) -> Self {
         let response = response.into_response();
         let commit = !response.status().is_server_error();
-        Self { response, commit }
+        Self {
+            response,
+            commit,
+            every_header: false,
+        }
     }
 
     /// An `Err` answer: rolled back, retryable.
@@ -82,6 +90,17 @@ impl Answer {
         Self {
             response: response.into_response(),
             commit: false,
+            every_header: false,
+        }
+    }
+
+    /// A gRPC reply (`commit`: its status is OK): stored with every header, and with
+    /// its trailers, as gRPC sent it.
+    pub(crate) fn rpc(response: Response, commit: bool) -> Self {
+        Self {
+            response,
+            commit,
+            every_header: true,
         }
     }
 }
@@ -162,6 +181,16 @@ impl<S> Guard<S> {
             completion: None,
             state: PhantomData,
         })
+    }
+
+    /// Fingerprints `procedure` (a gRPC method's `Service/method`) as the route,
+    /// whatever router matched the request, and no path parameters.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn procedure(mut self, procedure: &str) -> Self {
+        self.route = None;
+        self.params = None;
+        self.unrouted = Some(procedure.to_owned());
+        self
     }
 
     /// Fingerprints `path` as the route if no router matched the request: a layer
@@ -490,13 +519,9 @@ impl Claimed {
             return observation.answer(Outcome::Unkeyed, response);
         }
 
-        let captured = response::capture(
-            answer.response,
-            &settings.replay_headers,
-            settings.max_response_bytes,
-        )
-        .await;
-        let (record, parts) = match captured {
+        let allow = (!answer.every_header).then_some(&settings.replay_headers[..]);
+        let captured = response::capture(answer.response, allow, settings.max_response_bytes).await;
+        let (record, parts, trailers) = match captured {
             Ok(captured) => captured,
             Err(error) => {
                 tracing::error!(parent: observation.span(), %error, "idem: the response cannot be stored; rolled back");
@@ -534,7 +559,7 @@ impl Claimed {
         }
         let status = parts.status;
         observation.finish(Outcome::Fresh, Some(status.as_u16()));
-        Response::from_parts(parts, Body::from(record.body))
+        Response::from_parts(parts, response::body(record.body, trailers))
     }
 }
 

@@ -3,10 +3,11 @@
 
 use axum::body::Body;
 use axum::response::Response;
-use http::header::HeaderName;
+use bytes::Bytes;
+use http::header::{HeaderName, CONTENT_TYPE};
 use http::response::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 
 use crate::table::Record;
 
@@ -38,26 +39,24 @@ impl std::fmt::Display for CaptureError {
     }
 }
 
-/// Reads the whole body (up to `limit` bytes) and keeps the allow-listed headers.
-/// Returns the stored form and the parts of the original response, which the first
-/// caller receives in full.
+/// Reads the whole body (up to `limit` bytes) and keeps the allow-listed headers (every
+/// header: `None`). Returns the stored form, the parts of the original response, which
+/// the first caller receives in full, and its trailers, which gRPC's status is sent in.
 pub(crate) async fn capture(
     response: Response,
-    allow: &[HeaderName],
+    allow: Option<&[HeaderName]>,
     limit: usize,
-) -> Result<(Record, Parts), CaptureError> {
+) -> Result<(Record, Parts, Option<HeaderMap>), CaptureError> {
     let (parts, body) = response.into_parts();
-    let body = Limited::new(body, limit)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<LengthLimitError>().is_some() {
-                CaptureError::TooLarge { limit }
-            } else {
-                CaptureError::Body(e)
-            }
-        })?
-        .to_bytes();
+    let collected = Limited::new(body, limit).collect().await.map_err(|e| {
+        if e.downcast_ref::<LengthLimitError>().is_some() {
+            CaptureError::TooLarge { limit }
+        } else {
+            CaptureError::Body(e)
+        }
+    })?;
+    let trailers = collected.trailers().cloned();
+    let body = collected.to_bytes();
     let headers = encode_headers(&parts.headers, allow);
     Ok((
         Record {
@@ -66,28 +65,62 @@ pub(crate) async fn capture(
             body,
         },
         parts,
+        trailers,
     ))
 }
 
-/// The replay: stored status, headers and body, plus `Idempotent-Replayed: true`.
+/// A body of `bytes`, then `trailers` if there are any.
+pub(crate) fn body(bytes: Bytes, trailers: Option<HeaderMap>) -> Body {
+    match trailers {
+        None => Body::from(bytes),
+        Some(trailers) => {
+            Body::new(Full::new(bytes).with_trailers(std::future::ready(Some(Ok(trailers)))))
+        }
+    }
+}
+
+/// The replay: stored status, headers and body, plus `Idempotent-Replayed: true`. A
+/// stored gRPC reply ends with its status, OK (only those are stored), in its trailers.
 pub(crate) fn replay(record: Record) -> Response {
-    let mut response = Response::new(Body::from(record.body));
+    let headers = decode_headers(&record.headers);
+    let trailers = is_grpc(&headers).then(|| {
+        let mut trailers = HeaderMap::new();
+        trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+        trailers
+    });
+    let mut response = Response::new(body(record.body, trailers));
     // The engine hands over only statuses in 100..=999, which `from_u16` accepts.
     *response.status_mut() =
         StatusCode::from_u16(record.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    *response.headers_mut() = decode_headers(&record.headers);
+    *response.headers_mut() = headers;
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
 }
 
+/// The header, or trailer, a gRPC reply's status is in.
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// Whether `headers` are a gRPC request's or reply's: `application/grpc`, with or without
+/// a subtype (`+proto`).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value == "application/grpc"
+                || value.starts_with("application/grpc+")
+                || value.starts_with("application/grpc;")
+        })
+}
+
 /// Headers as `name: value` lines. Header values cannot hold CR or LF and names cannot
 /// hold ':', so the form is unambiguous, and readable with `convert_from(headers, 'UTF8')`.
-fn encode_headers(headers: &HeaderMap, allow: &[HeaderName]) -> Vec<u8> {
+fn encode_headers(headers: &HeaderMap, allow: Option<&[HeaderName]>) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in headers {
-        if allow.contains(name) {
+        if allow.is_none_or(|allow| allow.contains(name)) {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(value.as_bytes());
@@ -131,7 +164,7 @@ mod tests {
         )
             .into_response();
         let allow = [CONTENT_TYPE, LOCATION];
-        let (stored, parts) = capture(response, &allow, 1024).await.unwrap();
+        let (stored, parts, _) = capture(response, Some(&allow), 1024).await.unwrap();
         assert_eq!(
             parts.headers[SET_COOKIE], "s=1",
             "the first caller gets every header"
@@ -152,7 +185,7 @@ mod tests {
     #[tokio::test]
     async fn over_the_cap_is_refused() {
         let response = "x".repeat(2000).into_response();
-        let err = capture(response, &[], 1000).await.unwrap_err();
+        let err = capture(response, Some(&[]), 1000).await.unwrap_err();
         assert!(matches!(err, CaptureError::TooLarge { limit: 1000 }));
     }
 
@@ -161,7 +194,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.append("link", "<a>; rel=a".parse().unwrap());
         headers.append("link", "<b>; rel=b".parse().unwrap());
-        let decoded = decode_headers(&encode_headers(&headers, &[http::header::LINK]));
+        let decoded = decode_headers(&encode_headers(&headers, Some(&[http::header::LINK])));
         assert_eq!(decoded.get_all("link").iter().count(), 2);
     }
 }

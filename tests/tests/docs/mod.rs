@@ -10,7 +10,7 @@ pub(crate) const README: &str = include_str!("../../../README.md");
 
 /// The guide's chapters (`docs/book/src`), by file name, in the order of its summary.
 /// `book.rs` fails when a chapter on disk is not listed here.
-pub(crate) const CHAPTERS: [(&str, &str); 16] = [
+pub(crate) const CHAPTERS: [(&str, &str); 17] = [
     (
         "introduction.md",
         include_str!("../../../docs/book/src/introduction.md"),
@@ -28,6 +28,7 @@ pub(crate) const CHAPTERS: [(&str, &str); 16] = [
         "client.md",
         include_str!("../../../docs/book/src/client.md"),
     ),
+    ("grpc.md", include_str!("../../../docs/book/src/grpc.md")),
     (
         "webhooks.md",
         include_str!("../../../docs/book/src/webhooks.md"),
