@@ -181,8 +181,8 @@ fn rewrite(
     let request_pat = &request.pat;
     let request_ty = &request.ty;
     let bind_tx = tx.map(|tx| {
-        let pat = &tx.pat;
-        quote!(let #pat = __idem_claim.tx();)
+        let (pat, ty) = (&tx.pat, with_elided_lifetime(&tx.ty));
+        quote!(let #pat: #ty = __idem_claim.tx();)
     });
     let name = &sig.ident;
     let block = &method.block;
@@ -275,6 +275,20 @@ fn refuse_http_only(args: &Args, errors: &Errors) {
             "`completable = ..` is not for a gRPC method: the completer re-sends a stored HTTP request through an axum router, and a tonic method is no route of one (the book's gRPC chapter says more)",
         );
     }
+}
+
+/// `Tx` as `Tx<'_>`: a type in a `let` may not hide its lifetime
+/// (`elided_lifetimes_in_paths`), and the user's token keeps its import used.
+fn with_elided_lifetime(ty: &syn::Type) -> syn::Type {
+    let mut ty = ty.clone();
+    if let syn::Type::Path(path) = &mut ty {
+        if let Some(last) = path.path.segments.last_mut() {
+            if last.arguments.is_none() {
+                last.arguments = syn::PathArguments::AngleBracketed(syn::parse_quote!(<'_>));
+            }
+        }
+    }
+    ty
 }
 
 fn millis(millis: Option<u64>) -> TokenStream {

@@ -471,6 +471,7 @@ mod layer_chapter {
 
 /// "gRPC: tonic's service methods": the service, and the same one under the layer.
 #[rustfmt::skip]
+#[allow(unreachable_pub, missing_docs)] // tonic-build's code
 mod grpc_chapter {
 mod pb {
     tonic::include_proto!("idem.charges.v1");
