@@ -292,6 +292,7 @@ fn code_of(status: StatusCode) -> Code {
 mod tests {
     use super::*;
     use axum::response::IntoResponse;
+    use prost::Message as _;
 
     #[test]
     fn a_frame_holds_one_message() {
