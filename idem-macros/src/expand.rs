@@ -381,7 +381,7 @@ fn whole_last<'e, 't>(
 }
 
 /// The endpoint's `ttl`, as a `Duration`, spanned on its literal.
-fn ttl(args: &Args) -> TokenStream {
+pub(crate) fn ttl(args: &Args) -> TokenStream {
     let span = args
         .ttl
         .as_ref()
@@ -555,7 +555,7 @@ fn header_key(key_source: Option<&KeySource>, extracted: &[(Ident, &Type)]) -> T
 
 /// The endpoint's waits and isolation, as the `Spec` takes them: how long a duplicate
 /// waits (`concurrency = wait`), the statement timeout, the isolation level's name.
-fn timing(args: &Args) -> (TokenStream, TokenStream, TokenStream) {
+pub(crate) fn timing(args: &Args) -> (TokenStream, TokenStream, TokenStream) {
     let conflict_wait = match args.wait() {
         Some(wait) => {
             let millis = u64_at(wait.millis, wait.lit.span());
@@ -733,7 +733,7 @@ fn last_for_key(extracted: &[(Ident, &Type)]) -> Option<(Ident, Type)> {
 }
 
 /// The span of a field path as written: `customer.id`.
-fn joined_span(path: &FieldPath) -> Span {
+pub(crate) fn joined_span(path: &FieldPath) -> Span {
     path.members
         .iter()
         .map(Ident::span)

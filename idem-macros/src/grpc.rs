@@ -8,13 +8,14 @@
 //! message's named fields, claims, runs its body with the `Tx` it asked for, and stores
 //! its reply (`idem::__private::grpc`, on the web adapter's guard and claim).
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ImplItem, ImplItemFn, ItemImpl, ReturnType};
 
 use crate::attr::{self, Args, FieldPath, KeySource};
 use crate::errors::Errors;
+use crate::expand::{self, joined_span};
 use crate::valid;
 
 pub(crate) fn grpc(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -134,15 +135,8 @@ fn rewrite(
 
     let (_, scope) = &args.scope;
     let required = args.required();
-    let secs = args.ttl_secs();
-    let ttl = quote!(::core::time::Duration::from_secs(#secs));
-    let conflict_wait = millis(args.wait().map(|wait| wait.millis));
-    let statement_timeout = millis(args.statement_timeout.as_ref().map(|(_, t)| t.millis));
-    let isolation = match args.isolation.as_ref().map(|(_, level)| *level) {
-        None | Some(attr::Isolation::ReadCommitted) => quote!(ReadCommitted),
-        Some(attr::Isolation::RepeatableRead) => quote!(RepeatableRead),
-        Some(attr::Isolation::Serializable) => quote!(Serializable),
-    };
+    let ttl = expand::ttl(&args);
+    let (conflict_wait, statement_timeout, isolation) = expand::timing(&args);
     let procedure = format!("{service}/{}", sig.ident);
     let key = match args.key.as_ref().map(|(_, source)| source) {
         None => quote!(::core::option::Option::None),
@@ -291,15 +285,6 @@ fn with_elided_lifetime(ty: &syn::Type) -> syn::Type {
     ty
 }
 
-fn millis(millis: Option<u64>) -> TokenStream {
-    match millis {
-        Some(millis) => {
-            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-        }
-        None => quote!(::core::option::Option::None),
-    }
-}
-
 /// A field of the message, possibly nested: `__idem_message.amount`, or, through the
 /// messages prost wraps in `Option`, `__idem_message.customer.as_ref().map(|m| &m.id)`:
 /// `None` when a message on the way is absent.
@@ -316,13 +301,4 @@ fn value_of(path: &FieldPath) -> TokenStream {
         value = quote!(#value.and_then(|__idem_m| __idem_m.#member.as_ref()));
     }
     quote!(#value.map(|__idem_m| &__idem_m.#last))
-}
-
-/// The span of a field path as written: `customer.id`.
-fn joined_span(path: &FieldPath) -> Span {
-    path.members
-        .iter()
-        .map(|member| member.span())
-        .reduce(|a, b| a.join(b).unwrap_or(a))
-        .unwrap_or_else(Span::call_site)
 }
