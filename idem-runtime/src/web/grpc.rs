@@ -257,14 +257,8 @@ pub(crate) async fn status_of(mut problem: Response) -> Status {
     }
     let mut status = Status::with_error_details(code_of(parts.status), message, details);
     if let Some(after) = retry {
-        status.metadata_mut().insert(
-            PUSHBACK,
-            after
-                .as_millis()
-                .to_string()
-                .parse()
-                .unwrap_or_else(|_| tonic::metadata::MetadataValue::from_static("1000")),
-        );
+        let millis = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        status.metadata_mut().insert(PUSHBACK, millis.into());
     }
     status
 }

@@ -32,7 +32,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::problem::{problem_type, Problem, Problems};
-use super::response::GRPC_STATUS;
+use super::response::{CaptureError, GRPC_STATUS};
 use super::{Answer, Claimed, Fields, Guard, Spec};
 use crate::store::Store;
 use crate::table::Isolation;
@@ -443,7 +443,10 @@ where
         return Ok(problem.into_response());
     };
     match answered {
-        Ok(response) if grpc => Ok(claimed.finish(grpc_answer(response).await).await),
+        Ok(response) if grpc => {
+            let answer = grpc_answer(response, &store).await;
+            Ok(claimed.finish(answer).await)
+        }
         Ok(response) => Ok(claimed.finish(Answer::ok(response.map(Body::new))).await),
         Err(error) => {
             let _ = claimed
@@ -455,26 +458,28 @@ where
 }
 
 /// A gRPC reply as an [`Answer`]: it commits if its status, in its trailers (or its
-/// headers, for a reply without a message), is OK. Its body is read whole here, for its
-/// trailers; one that breaks off rolls back.
-async fn grpc_answer<ResBody>(response: http::Response<ResBody>) -> Answer
+/// headers, for a reply without a message), is OK. Its body is read here, for its
+/// trailers, up to the store's cap on a stored response; one over it, or one that breaks
+/// off, rolls back, as `Claimed::finish` answers such a body.
+async fn grpc_answer<ResBody>(response: http::Response<ResBody>, store: &Store) -> Answer
 where
     ResBody: http_body::Body<Data = Bytes>,
     ResBody::Error: Into<axum::BoxError>,
 {
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+    let limit = store.inner.max_response_bytes;
     let (parts, body) = response.into_parts();
-    let collected = match body.collect().await {
+    let collected = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected,
         Err(error) => {
-            let error: axum::BoxError = error.into();
-            tracing::warn!(%error, "idem: a gRPC reply's body failed; rolled back");
-            let mut broken = Response::from_parts(parts, Body::empty());
-            broken
-                .headers_mut()
-                .insert(GRPC_STATUS, http::HeaderValue::from_static("13"));
-            return Answer::rpc(broken, false);
+            let error = if error.is::<LengthLimitError>() {
+                CaptureError::TooLarge { limit }
+            } else {
+                CaptureError::Body(error)
+            };
+            tracing::warn!(%error, "idem: a gRPC reply cannot be stored; rolled back");
+            return Answer::err(Problems::of(store).capture_error(&error));
         }
     };
     let trailers = collected.trailers().cloned();
