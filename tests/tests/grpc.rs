@@ -436,3 +436,27 @@ async fn with_the_database_away_a_tonic_method_answers_unavailable_and_runs_noth
     })
     .await;
 }
+
+/// A reply over the store's cap on stored responses cannot be replayed, so it is not
+/// committed: the method's writes roll back, and the client gets `INTERNAL` with the
+/// reason, both ways of writing the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_over_the_stored_cap_rolls_back() {
+    with_test_db(async |db| {
+        let store = Store::builder(db.pool(4).await)
+            .max_response_bytes(8)
+            .build()
+            .unwrap();
+        prepare(db, &store).await;
+        for written in [Written::Attribute, Written::Layer] {
+            let client = serve(&store, written).await;
+            let refused = call(&client, Keyed::ByMetadata, Some("k-1"), new_charge(100))
+                .await
+                .expect_err("over the cap");
+            assert_eq!(refused.code(), Code::Internal, "{written:?}: {refused:?}");
+            assert_eq!(reason(&refused), "RESPONSE_TOO_LARGE", "{written:?}");
+            assert_eq!(charges(db).await, 0, "{written:?}");
+        }
+    })
+    .await;
+}
