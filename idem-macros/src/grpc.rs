@@ -157,6 +157,11 @@ fn rewrite(
             return None;
         }
     };
+    // Without `fields`, the whole message, as a handler's whole body.
+    let whole = args
+        .fields
+        .is_none()
+        .then(|| quote!(::idem::__private::grpc::whole(&mut __idem_fields, __idem_message);));
     let adds = args
         .fields
         .iter()
@@ -219,6 +224,7 @@ fn rewrite(
                 #[allow(unused_variables)]
                 let __idem_message = __idem_request.get_ref();
                 #(#adds)*
+                #whole
             }
             let mut __idem_claim = match ::idem::__private::grpc::claim(
                 __idem_guard, &__IDEM_SPEC, __idem_key, __idem_fields,

@@ -246,7 +246,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// The options are the attribute's, with what they mean for a message: `fields` names
 /// the request message's fields (a nested one through messages, which prost keeps in an
-/// `Option`: absent, the value is `None`); `key = request_id` reads the key from a field
+/// `Option`: absent, the value is `None`), and without it the whole message, as prost
+/// encodes it, is the payload; `key = request_id` reads the key from a field
 /// (AIP-155's `request_id`), `key = header("..")` from other metadata, and the default is
 /// the `idempotency-key` metadata. `principal`, `spread`, `completable` and
 /// `key = digest(body)` are for axum handlers and are compile errors here. `Ok` commits

@@ -19,7 +19,7 @@ pub use crate::web::{Answer, Claimed, Fields, Fingerprintable, Guard, Spec};
 /// What `#[idem::grpc]` generates calls: the gRPC adapter (`web::grpc`).
 #[cfg(feature = "tonic")]
 pub mod grpc {
-    pub use crate::web::grpc::{claim, finish, key_of, read, typed, ServiceStore};
+    pub use crate::web::grpc::{claim, finish, key_of, read, typed, whole, ServiceStore};
     pub use crate::web::policy::KeyRead;
 }
 

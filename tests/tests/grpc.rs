@@ -81,7 +81,8 @@ impl Charges for ChargeService {
         charge(&mut tx, request).await
     }
 
-    #[idempotent(scope = "captures", fields = [amount, currency, customer.id])]
+    // Without `fields`: the whole message.
+    #[idempotent(scope = "captures")]
     async fn capture(
         &self,
         request: Request<CreateChargeRequest>,
@@ -330,43 +331,58 @@ async fn holds_the_contract(db: &TestDb, client: &ChargesClient<Channel>, keyed:
 }
 
 /// What only the attribute reads: fields, not bytes. A field it does not name may
-/// change on a retry, a nested one it names may not.
+/// change on a retry, a nested one it names may not; without `fields`, the whole
+/// message is the payload.
 async fn fingerprints_named_fields(client: &ChargesClient<Channel>) {
-    for keyed in [Keyed::ByField, Keyed::ByMetadata] {
-        call(client, keyed, Some("f-1"), new_charge(100))
-            .await
-            .expect("a charge");
-        let renoted = CreateChargeRequest {
-            note: "a retry".into(),
-            ..new_charge(100)
-        };
-        let replay = call(client, keyed, Some("f-1"), renoted)
-            .await
-            .expect("a replay");
-        assert_eq!(
-            replay.metadata().get("idempotent-replayed").unwrap(),
-            "true"
-        );
-        let other_customer = CreateChargeRequest {
-            customer: Some(Customer {
-                id: "cus_2".into(),
-                name: "Ada".into(),
-            }),
-            ..new_charge(100)
-        };
-        let reused = call(client, keyed, Some("f-1"), other_customer)
-            .await
-            .expect_err("another customer");
-        assert_eq!(reused.code(), Code::FailedPrecondition);
-        let no_customer = CreateChargeRequest {
-            customer: None,
-            ..new_charge(100)
-        };
-        let reused = call(client, keyed, Some("f-1"), no_customer)
-            .await
-            .expect_err("no customer");
-        assert_eq!(reused.code(), Code::FailedPrecondition);
-    }
+    call(client, Keyed::ByField, Some("f-1"), new_charge(100))
+        .await
+        .expect("a charge");
+    let renoted = CreateChargeRequest {
+        note: "a retry".into(),
+        ..new_charge(100)
+    };
+    let replay = call(client, Keyed::ByField, Some("f-1"), renoted.clone())
+        .await
+        .expect("a replay");
+    assert_eq!(
+        replay.metadata().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    let other_customer = CreateChargeRequest {
+        customer: Some(Customer {
+            id: "cus_2".into(),
+            name: "Ada".into(),
+        }),
+        ..new_charge(100)
+    };
+    let reused = call(client, Keyed::ByField, Some("f-1"), other_customer)
+        .await
+        .expect_err("another customer");
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+    let no_customer = CreateChargeRequest {
+        customer: None,
+        ..new_charge(100)
+    };
+    let reused = call(client, Keyed::ByField, Some("f-1"), no_customer)
+        .await
+        .expect_err("no customer");
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+
+    // `capture` names no fields: its whole message, the note too.
+    call(client, Keyed::ByMetadata, Some("f-1"), new_charge(100))
+        .await
+        .expect("a capture");
+    let replay = call(client, Keyed::ByMetadata, Some("f-1"), new_charge(100))
+        .await
+        .expect("a replay");
+    assert_eq!(
+        replay.metadata().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    let reused = call(client, Keyed::ByMetadata, Some("f-1"), renoted)
+        .await
+        .expect_err("another note");
+    assert_eq!(reused.code(), Code::FailedPrecondition);
 }
 
 /// The contract in one mode, for both ways of writing the service.

@@ -139,6 +139,14 @@ pub async fn finish<R: prost::Message + Default>(
     }
 }
 
+/// Without `fields = [..]`, the whole message: its bytes as prost encodes them, fields
+/// in their numbers' order. A map's entries are encoded in the map's own order, which
+/// prost's `HashMap` does not keep from one decoding to the next: name the fields of a
+/// message with a map.
+pub fn whole<M: prost::Message>(fields: &mut Fields, message: &M) {
+    fields.bytes(&message.encode_to_vec());
+}
+
 /// The key of `key = field`: the field's text, where an empty one is no key, as proto3
 /// sends a string field that was never set.
 pub fn key_of<K: KeySource + ?Sized>(value: &K) -> KeyRead {

@@ -361,7 +361,7 @@ impl BodyFingerprint {
     fn add(&self, bytes: &[u8], fields: &mut Fields) -> Result<(), String> {
         match self {
             Self::Whole => {
-                fields.add(crate::fingerprint::WHOLE_BODY, &Raw(bytes));
+                fields.bytes(bytes);
                 Ok(())
             }
             Self::Pointers(pointers) => {
@@ -375,15 +375,6 @@ impl BodyFingerprint {
             }
             Self::Function(read) => read(bytes, fields),
         }
-    }
-}
-
-/// A body's bytes, fingerprinted as bytes (not as a sequence of numbers).
-struct Raw<'a>(&'a [u8]);
-
-impl Serialize for Raw<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(self.0)
     }
 }
 

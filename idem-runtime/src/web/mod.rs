@@ -430,6 +430,20 @@ impl Fields {
         tag.add(self, name, value);
     }
 
+    /// Adds the whole body's bytes, as bytes (not as a sequence of numbers), under
+    /// [`crate::fingerprint::WHOLE_BODY`].
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
+        struct Raw<'a>(&'a [u8]);
+
+        impl Serialize for Raw<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_bytes(self.0)
+            }
+        }
+
+        self.add(crate::fingerprint::WHOLE_BODY, &Raw(bytes));
+    }
+
     /// Adds a named field, or the whole body under [`crate::fingerprint::WHOLE_BODY`].
     pub(crate) fn add<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
         if self.error.is_none() {
