@@ -83,6 +83,100 @@ fn rewrite(
     };
     let args = attr::parse(args_tokens, errors);
     let sig = &method.sig;
+    let (request, tx, output) = signature(sig, errors)?;
+    let args = args?;
+    refuse_http_only(&args, errors);
+
+    let (_, scope) = &args.scope;
+    let required = args.required();
+    let ttl = expand::ttl(&args);
+    let (conflict_wait, statement_timeout, isolation) = expand::timing(&args);
+    let procedure = format!("{service}/{}", sig.ident);
+    let key = key(&args, errors)?;
+    let fields = fields(&args);
+    let request_pat = &request.pat;
+    let request_ty = &request.ty;
+    let bind_tx = tx.map(|tx| {
+        let (pat, ty) = (&tx.pat, with_elided_lifetime(&tx.ty));
+        quote!(let #pat: #ty = __idem_claim.tx();)
+    });
+    let name = &sig.ident;
+    let block = &method.block;
+    let attrs = &method.attrs;
+    let vis = &method.vis;
+    let asyncness = &sig.asyncness;
+    let receiver = sig.inputs.first();
+    let request_arg = format_ident!("__idem_request", span = request.pat.span());
+
+    // The attribute is taken off the method, so its import would be unused: named here.
+    let attribute_path = attribute.path();
+    let tokens = quote! {
+        #(#attrs)*
+        #vis #asyncness fn #name(#receiver, #request_arg: #request_ty) -> #output {
+            #[allow(unused_imports)]
+            use #attribute_path as _;
+            #[allow(unused_imports)]
+            use ::idem::__private::{NotSerializeLevel as _, SerializeLevel as _};
+            static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
+                scope: #scope,
+                ttl: #ttl,
+                required: #required,
+                conflict_wait: #conflict_wait,
+                isolation: ::idem::__private::Isolation::#isolation,
+                statement_timeout: #statement_timeout,
+            };
+            let mut __idem_request = #request_arg;
+            let (__idem_guard, mut __idem_fields) = match ::idem::__private::grpc::read(
+                self, &__IDEM_SPEC, #procedure, &mut __idem_request,
+            ).await {
+                ::core::result::Result::Ok(read) => read,
+                ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),
+            };
+            let __idem_key = {
+                #[allow(unused_variables)]
+                let __idem_message = __idem_request.get_ref();
+                #key
+            };
+            {
+                #[allow(unused_variables)]
+                let __idem_message = __idem_request.get_ref();
+                #fields
+            }
+            let mut __idem_claim = match ::idem::__private::grpc::claim(
+                __idem_guard, &__IDEM_SPEC, __idem_key, __idem_fields,
+            ).await {
+                ::core::result::Result::Ok(claim) => claim,
+                ::core::result::Result::Err(answer) => return answer,
+            };
+            let __idem_span = __idem_claim.span();
+            let __idem_out = {
+                #bind_tx
+                let #request_pat = __idem_request;
+                ::idem::__private::in_span(
+                    ::idem::__private::grpc::typed::<#output, _>(async move #block),
+                    __idem_span,
+                    ::core::stringify!(#name),
+                )
+                .await
+            };
+            ::idem::__private::grpc::finish(__idem_claim, __idem_out).await
+        }
+    };
+    match syn::parse2(tokens) {
+        Ok(method) => Some(method),
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+/// The method's request, its `tx: Tx` if it takes one, and its return type: what tonic's
+/// trait has, and a transaction after.
+fn signature<'a>(
+    sig: &'a syn::Signature,
+    errors: &Errors,
+) -> Option<(&'a syn::PatType, Option<&'a syn::PatType>, &'a syn::Type)> {
     if sig.asyncness.is_none() {
         errors.at(
             sig.fn_token.span(),
@@ -130,14 +224,12 @@ fn rewrite(
         );
         return None;
     };
-    let args = args?;
-    refuse_http_only(&args, errors);
+    Some((request, tx, output))
+}
 
-    let (_, scope) = &args.scope;
-    let required = args.required();
-    let ttl = expand::ttl(&args);
-    let (conflict_wait, statement_timeout, isolation) = expand::timing(&args);
-    let procedure = format!("{service}/{}", sig.ident);
+/// The key's expression: `key = field` from the message, `key = header(..)` from its
+/// metadata, none for the `idempotency-key` metadata the guard reads.
+fn key(args: &Args, errors: &Errors) -> Option<TokenStream> {
     let key = match args.key.as_ref().map(|(_, source)| source) {
         None => quote!(::core::option::Option::None),
         Some(KeySource::Field(path)) => {
@@ -157,6 +249,11 @@ fn rewrite(
             return None;
         }
     };
+    Some(key)
+}
+
+/// The fingerprint's additions: each named field of the message, or the whole message.
+fn fields(args: &Args) -> TokenStream {
     // Without `fields`, the whole message, as a handler's whole body.
     let whole = args
         .fields
@@ -177,82 +274,7 @@ fn rewrite(
                 );
             }
         });
-    let request_pat = &request.pat;
-    let request_ty = &request.ty;
-    let bind_tx = tx.map(|tx| {
-        let (pat, ty) = (&tx.pat, with_elided_lifetime(&tx.ty));
-        quote!(let #pat: #ty = __idem_claim.tx();)
-    });
-    let name = &sig.ident;
-    let block = &method.block;
-    let attrs = &method.attrs;
-    let vis = &method.vis;
-    let asyncness = &sig.asyncness;
-    let receiver = sig.inputs.first();
-    let request_arg = format_ident!("__idem_request", span = request.pat.span());
-
-    // The attribute is taken off the method, so its import would be unused: named here.
-    let attribute_path = attribute.path();
-    let tokens = quote! {
-        #(#attrs)*
-        #vis #asyncness fn #name(#receiver, #request_arg: #request_ty) -> #output {
-            #[allow(unused_imports)]
-            use #attribute_path as _;
-            #[allow(unused_imports)]
-            use ::idem::__private::{NotSerializeLevel as _, SerializeLevel as _};
-            static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec {
-                scope: #scope,
-                ttl: #ttl,
-                required: #required,
-                conflict_wait: #conflict_wait,
-                isolation: ::idem::__private::Isolation::#isolation,
-                statement_timeout: #statement_timeout,
-            };
-            let mut __idem_request = #request_arg;
-            let (__idem_guard, mut __idem_fields) = match ::idem::__private::grpc::read(
-                self, &__IDEM_SPEC, #procedure, &mut __idem_request,
-            ).await {
-                ::core::result::Result::Ok(read) => read,
-                ::core::result::Result::Err(status) => return ::core::result::Result::Err(status),
-            };
-            let __idem_key = {
-                #[allow(unused_variables)]
-                let __idem_message = __idem_request.get_ref();
-                #key
-            };
-            {
-                #[allow(unused_variables)]
-                let __idem_message = __idem_request.get_ref();
-                #(#adds)*
-                #whole
-            }
-            let mut __idem_claim = match ::idem::__private::grpc::claim(
-                __idem_guard, &__IDEM_SPEC, __idem_key, __idem_fields,
-            ).await {
-                ::core::result::Result::Ok(claim) => claim,
-                ::core::result::Result::Err(answer) => return answer,
-            };
-            let __idem_span = __idem_claim.span();
-            let __idem_out = {
-                #bind_tx
-                let #request_pat = __idem_request;
-                ::idem::__private::in_span(
-                    ::idem::__private::grpc::typed::<#output, _>(async move #block),
-                    __idem_span,
-                    ::core::stringify!(#name),
-                )
-                .await
-            };
-            ::idem::__private::grpc::finish(__idem_claim, __idem_out).await
-        }
-    };
-    match syn::parse2(tokens) {
-        Ok(method) => Some(method),
-        Err(e) => {
-            errors.push(e);
-            None
-        }
-    }
+    quote!(#(#adds)* #whole)
 }
 
 /// The options that mean something only for an axum handler.
