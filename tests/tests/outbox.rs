@@ -910,7 +910,16 @@ async fn two_relays(store: &Store, pool: &PgPool, listen: bool) {
     for (key, order) in &per_key {
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{key}: {order:?}");
     }
-    let stats: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
+    // A relay counts an event once its mark commits, after the publish the recorder
+    // saw: the last marks may still be on their way.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let stats: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
+        if stats.iter().sum::<u64>() >= total as u64 || Instant::now() > deadline {
+            break stats;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(stats.iter().sum::<u64>(), total as u64);
     assert!(
         stats.iter().all(|&n| n > 0),
